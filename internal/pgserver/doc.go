@@ -1,0 +1,44 @@
+// Package pgserver finds a PostgreSQL server to run tests and the demo against, and starts a
+// throwaway one from the machine's own PostgreSQL binaries when none is running.
+//
+// It is used by internal/testkit (per-test databases) and by the sample service's demo, so
+// it is not test-only; it never touches a server it did not start.
+//
+// # Where the server comes from
+//
+// Find tries, in order:
+//
+//  1. the first set variable of Options.EnvVars (TEST_DATABASE_URL, then DATABASE_URL). A
+//     set variable is a decision by the user: if that server does not answer, Find fails and
+//     names the variable and the host; it never falls back to another server silently;
+//  2. a server on 127.0.0.1:5432 that lets user postgres (then $PGUSER, then $USER) connect
+//     to database postgres (then test) and create databases;
+//  3. a throwaway cluster: initdb, pg_ctl and postgres found on PATH or in the usual install
+//     directories, a fresh stepwise-pg-* directory under the temp dir, a free 127.0.0.1 port,
+//     durability switched off (fsync, synchronous_commit, full_page_writes: the data is
+//     thrown away anyway). Run as root, the cluster runs as the unprivileged user nobody,
+//     because initdb refuses root. Server.Close stops it and removes the directory;
+//  4. otherwise an error that says how to install PostgreSQL or which variable to set.
+//
+// # Clusters left behind
+//
+// A process killed with kill -9 cannot stop its cluster. Each cluster directory holds the
+// pid of the process that started it, and the next Find that starts a cluster stops and
+// removes every stepwise-pg-* directory whose owner is dead, so killed test runs do not
+// pile up postgres processes.
+//
+// # Testing the fallback
+//
+// STEPWISE_PG_SKIP_LOCAL=1 makes Find skip step 2, as Options.SkipLocal does. It exists only
+// to exercise the throwaway path on a machine that has a local server; do not set it
+// otherwise.
+//
+// # Example
+//
+//	srv, err := pgserver.Find(ctx, &pgserver.Options{Logf: log.Printf})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer srv.Close()
+//	pool, err := pgxpool.New(ctx, srv.URL)
+package pgserver

@@ -1,0 +1,114 @@
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSweepLeaked plants databases as a kill -9'ed test process would leave them and
+// checks that only those of dead processes on this host are dropped.
+func TestSweepLeaked(t *testing.T) {
+	t.Parallel()
+	requireServer(t)
+	if !server.Local() {
+		t.Skipf("server %s is not on this machine; sweeping is off", server.Source)
+	}
+	ctx := context.Background()
+	dead := deadPid(t)
+	leaked := fmt.Sprintf("%s%d_%s_1", testDBPrefix, dead, hostTag())
+	otherHost := fmt.Sprintf("%s%d_ffffff_1", testDBPrefix, dead)
+	alive := fmt.Sprintf("%s%d_%s_1", testDBPrefix, os.Getppid(), hostTag())
+	for _, name := range []string{leaked, otherHost, alive} {
+		_, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name))
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, "CREATE DATABASE "+ident(name)+" TEMPLATE template0")
+		require.NoError(t, err)
+		t.Cleanup(func() { admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+ident(name)) })
+	}
+	mine := DBURL(t) // this process's own databases are alive too
+
+	require.NoError(t, sweepLeaked(ctx, false))
+
+	exists := func(name string) bool {
+		var ok bool
+		require.NoError(t, admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&ok))
+		return ok
+	}
+	require.False(t, exists(leaked), "database of a dead process must be swept")
+	require.True(t, exists(otherHost), "a pid of another host says nothing about its process")
+	require.True(t, exists(alive), "database of a live process must stay")
+	require.Contains(t, mine, testDBPrefix)
+	var myName string
+	require.NoError(t, poolFor(t, mine).QueryRow(ctx, "SELECT current_database()").Scan(&myName))
+	require.True(t, exists(myName))
+}
+
+func TestParseTestDBName(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		pid  int
+		host string
+		ok   bool
+	}{
+		{"stepwise_test_123_abcdef_7", 123, "abcdef", true},
+		{"stepwise_test_0_abcdef_7", 0, "", false},
+		{"stepwise_test_x_abcdef_7", 0, "", false},
+		{"stepwise_test_123_abcdef", 0, "", false},
+		{"stepwise_test_123_abc_def_7", 0, "", false},
+	} {
+		pid, host, ok := parseTestDBName(tt.name)
+		require.Equal(t, tt.ok, ok, tt.name)
+		require.Equal(t, tt.pid, pid, tt.name)
+		require.Equal(t, tt.host, host, tt.name)
+	}
+}
+
+func TestWithDatabase(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://u:p@127.0.0.1:5432/postgres?sslmode=disable": "postgres://u:p@127.0.0.1:5432/x?sslmode=disable",
+		"postgresql://h/db":                                      "postgresql://h/x",
+		"host=/tmp dbname=postgres user=u":                       "host=/tmp dbname=postgres user=u dbname=x",
+	} {
+		require.Equal(t, want, withDatabase(in, "x"), in)
+	}
+}
+
+// BenchmarkFreshDB measures what each test pays for its own database: the clone from the
+// migrated template, and the drop at cleanup.
+func BenchmarkFreshDB(b *testing.B) {
+	requireServer(b)
+	ctx := context.Background()
+	tpl, err := template("", nil)
+	require.NoError(b, err)
+	var create, drop time.Duration
+	i := 0
+	for b.Loop() {
+		i++
+		name := fmt.Sprintf("%s%d_%s_b%d", testDBPrefix, os.Getpid(), hostTag(), i)
+		start := time.Now()
+		require.NoError(b, createFromTemplate(ctx, name, tpl))
+		mid := time.Now()
+		_, err := admin.Exec(ctx, "DROP DATABASE "+ident(name)+" WITH (FORCE)")
+		require.NoError(b, err)
+		create += mid.Sub(start)
+		drop += time.Since(mid)
+	}
+	b.ReportMetric(float64(create.Milliseconds())/float64(i), "create-ms/db")
+	b.ReportMetric(float64(drop.Milliseconds())/float64(i), "drop-ms/db")
+	b.ReportMetric(float64(i)/(create+drop).Seconds(), "dbs/s")
+}
+
+func deadPid(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	return cmd.ProcessState.Pid()
+}

@@ -1,0 +1,467 @@
+package testkit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+	"go.uber.org/goleak"
+
+	"github.com/stepwise-go/stepwise/internal/pgserver"
+	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/workflowtest"
+)
+
+const (
+	// testDBPrefix starts the name of every per-test database; the pid and host tag that
+	// follow let a later process drop the ones a killed process left behind.
+	testDBPrefix = "stepwise_test_"
+	// templatePrefix starts template names; the hash that follows changes with any
+	// migration, so a changed migration never clones a stale schema.
+	templatePrefix = "stepwise_tpl_"
+	maxNameLen     = 20 // for TemplateDB names: keeps every identifier under Postgres's 63 bytes
+)
+
+var templateNameRE = regexp.MustCompile(`^[a-z0-9_]{1,20}$`)
+
+var (
+	mainRunning atomic.Bool
+
+	serverOnce sync.Once
+	server     *pgserver.Server
+	admin      *pgxpool.Pool
+	serverErr  error
+
+	templatesMu sync.Mutex
+	templates   = map[string]*templateEntry{}
+
+	dbSeq atomic.Int64
+)
+
+type templateEntry struct {
+	once sync.Once
+	name string
+	err  error
+}
+
+// Main runs the tests of a package. Use it as the package's TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
+//
+// In a child started by workflowtest.Start it runs the child's role instead of the tests.
+// Otherwise it runs the tests, then closes the connection to the server and stops a
+// throwaway cluster if this process started one, then fails the run if goroutines started
+// during the tests are still running (goleak).
+func Main(m *testing.M) int {
+	if handled, code := workflowtest.RunRoleIfChild(); handled {
+		return code
+	}
+	// Goroutines that exist before any test ran (started by package init functions) are
+	// not the tests' leaks.
+	preexisting := goleak.IgnoreCurrent()
+	mainRunning.Store(true)
+	code := m.Run()
+	mainRunning.Store(false)
+
+	if err := shutdown(); err != nil {
+		fmt.Fprintf(os.Stderr, "testkit: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(preexisting); err != nil {
+			fmt.Fprintf(os.Stderr, "testkit: goroutines still running after the tests (close pools, stop clients, cancel contexts):\n%v\n", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+func shutdown() error {
+	if admin != nil {
+		admin.Close()
+	}
+	if server != nil {
+		if err := server.Close(); err != nil {
+			return fmt.Errorf("closing %s: %w", server.Source, err)
+		}
+	}
+	return nil
+}
+
+// DB returns a pool on a fresh database of its own, cloned from a template migrated with
+// migrations.Migrate. The pool is closed and the database dropped at t's cleanup.
+func DB(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return poolFor(t, DBURL(t))
+}
+
+// DBURL is DB's URL twin, for code that opens its own connections, such as a child process
+// started with workflowtest.Start. The database is dropped at t's cleanup, even while
+// something is still connected to it.
+func DBURL(t testing.TB) string {
+	t.Helper()
+	return TemplateDBURL(t, "", nil)
+}
+
+// TemplateDB is DB with the template additionally prepared by setup (business tables of
+// the sample service, for instance). setup runs once per template, not per test; name goes
+// into the template's name, so change name whenever setup changes, or tests will go on
+// cloning the old template. name is 1–20 characters of [a-z0-9_].
+func TemplateDB(t testing.TB, name string, setup func(ctx context.Context, pool *pgxpool.Pool) error) *pgxpool.Pool {
+	t.Helper()
+	return poolFor(t, TemplateDBURL(t, name, setup))
+}
+
+// TemplateDBURL is TemplateDB's URL twin.
+func TemplateDBURL(t testing.TB, name string, setup func(ctx context.Context, pool *pgxpool.Pool) error) string {
+	t.Helper()
+	if name != "" && !templateNameRE.MatchString(name) {
+		t.Fatalf("testkit.TemplateDB: name %q must be 1-%d characters of [a-z0-9_]", name, maxNameLen)
+	}
+	if name != "" && setup == nil {
+		t.Fatalf("testkit.TemplateDB(%q): setup is nil; use testkit.DB for the plain migrated template", name)
+	}
+	srv := requireServer(t)
+	tpl, err := template(name, setup)
+	if err != nil {
+		t.Fatalf("testkit: preparing template database: %v", err)
+	}
+	return clone(t, srv, tpl)
+}
+
+// EmptyDB returns a pool on a fresh database with no schema at all (cloned from template0),
+// for tests of migrations themselves.
+func EmptyDB(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return poolFor(t, EmptyDBURL(t))
+}
+
+// EmptyDBURL is EmptyDB's URL twin.
+func EmptyDBURL(t testing.TB) string {
+	t.Helper()
+	return clone(t, requireServer(t), "template0")
+}
+
+func poolFor(t testing.TB, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatalf("testkit: opening pool: %v", err)
+	}
+	t.Cleanup(pool.Close) // runs before the drop registered by clone (cleanups run last-in first-out)
+	return pool
+}
+
+func requireServer(t testing.TB) *pgserver.Server {
+	t.Helper()
+	if !mainRunning.Load() {
+		t.Fatalf("testkit: add func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) } to this package: " +
+			"Main stops a throwaway PostgreSQL started for the tests and runs child roles of workflowtest.Start")
+	}
+	serverOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		server, serverErr = pgserver.Find(ctx, &pgserver.Options{
+			EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"},
+			Logf:    func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+		})
+		if serverErr != nil {
+			return
+		}
+		cfg, err := pgxpool.ParseConfig(server.URL)
+		if err != nil {
+			serverErr = fmt.Errorf("parsing server URL: %w", err)
+			return
+		}
+		cfg.MaxConns = 8
+		if admin, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			serverErr = fmt.Errorf("connecting to %s: %w", server.Source, err)
+			return
+		}
+		if server.Local() {
+			if err := sweepLeaked(ctx, true); err != nil {
+				fmt.Fprintf(os.Stderr, "testkit: sweeping databases of killed test processes: %v\n", err)
+			}
+		}
+	})
+	if serverErr != nil {
+		t.Fatalf("testkit: %v", serverErr)
+	}
+	return server
+}
+
+// clone creates a fresh database from tpl and drops it at t's cleanup.
+func clone(t testing.TB, srv *pgserver.Server, tpl string) string {
+	t.Helper()
+	name := fmt.Sprintf("%s%d_%s_%d", testDBPrefix, os.Getpid(), hostTag(), dbSeq.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := createFromTemplate(ctx, name, tpl); err != nil {
+		t.Fatalf("testkit: creating database %s from %s on %s: %v", name, tpl, srv.Source, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		// FORCE: a River client or a child process the test forgot may still be connected.
+		// IF EXISTS: the test may have dropped it itself.
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)"); err != nil {
+			t.Errorf("testkit: dropping database %s: %v", name, err)
+		}
+	})
+	return withDatabase(srv.URL, name)
+}
+
+// createFromTemplate clones tpl. CREATE DATABASE fails while anyone is connected to the
+// template ("source database is being accessed by other users"), e.g. a template being
+// published by another process; that passes, so retry.
+func createFromTemplate(ctx context.Context, name, tpl string) error {
+	backoff := 10 * time.Millisecond
+	for {
+		_, err := admin.Exec(ctx, "CREATE DATABASE "+ident(name)+" TEMPLATE "+ident(tpl))
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// template returns the name of a ready template, building it on first use.
+func template(name string, setup func(context.Context, *pgxpool.Pool) error) (string, error) {
+	hash, err := schemaHash()
+	if err != nil {
+		return "", err
+	}
+	tpl := templatePrefix + hash
+	if name != "" {
+		tpl = templatePrefix + name + "_" + hash
+	}
+	templatesMu.Lock()
+	e, ok := templates[tpl]
+	if !ok {
+		e = &templateEntry{name: tpl}
+		templates[tpl] = e
+	}
+	templatesMu.Unlock()
+	e.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		e.err = buildTemplate(ctx, tpl, setup)
+	})
+	return e.name, e.err
+}
+
+// buildTemplate creates tpl unless it exists. Many test binaries run at once under
+// go test ./..., each its own process, so the build holds an advisory lock (taken in the
+// admin database, which every process of this run shares). The template is built under a
+// temporary name and renamed when complete, so no process can ever clone a half-migrated
+// template, even one that does not honour the lock.
+func buildTemplate(ctx context.Context, tpl string, setup func(context.Context, *pgxpool.Pool) error) error {
+	conn, err := admin.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connecting to the server: %w", err)
+	}
+	defer conn.Release()
+	sum := sha256.Sum256([]byte("stepwise testkit template " + tpl))
+	key := int64(binary.BigEndian.Uint64(sum[:8]))
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		return fmt.Errorf("taking the template lock: %w", err)
+	}
+	defer func() {
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+			conn.Conn().Close(unlockCtx) //nolint:errcheck // closing the session drops the lock
+		}
+	}()
+
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", tpl).Scan(&exists); err != nil {
+		return fmt.Errorf("looking for template %s: %w", tpl, err)
+	}
+	if exists {
+		return nil
+	}
+
+	// Under the lock nobody else builds this template, so any build database of it is
+	// left over from a process killed mid-build.
+	build := tpl + "_b"
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(build)+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("dropping leftover %s: %w", build, err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident(build)+" TEMPLATE template0"); err != nil {
+		return fmt.Errorf("creating %s: %w", build, err)
+	}
+	if err := prepare(ctx, withDatabase(server.URL, build), setup); err != nil {
+		return fmt.Errorf("preparing template %s: %w", tpl, err)
+	}
+	// No connections from now on: a session left on a template makes every clone fail.
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident(build)+" WITH ALLOW_CONNECTIONS false"); err != nil {
+		return fmt.Errorf("closing %s to connections: %w", build, err)
+	}
+	for {
+		// Backends of the closed pool may take a moment to exit; rename needs them gone.
+		_, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", build)
+		if err == nil {
+			_, err = conn.Exec(ctx, "ALTER DATABASE "+ident(build)+" RENAME TO "+ident(tpl))
+		}
+		var pgErr *pgconn.PgError
+		if err == nil {
+			return nil
+		}
+		if !errors.As(err, &pgErr) || pgErr.Code != "55006" {
+			return fmt.Errorf("publishing template %s: %w", tpl, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("publishing template %s: %w", tpl, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func prepare(ctx context.Context, dbURL string, setup func(context.Context, *pgxpool.Pool) error) error {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if setup != nil {
+		if err := setup(ctx, pool); err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
+	}
+	return nil
+}
+
+var (
+	schemaHashOnce sync.Once
+	schemaHashVal  string
+	schemaHashErr  error
+)
+
+// schemaHash covers Stepwise's embedded migrations and River's, so bumping either (a new
+// migration file, a River upgrade) builds a new template instead of cloning a stale one.
+func schemaHash() (string, error) {
+	schemaHashOnce.Do(func() {
+		h := sha256.New()
+		all, err := migrations.All()
+		if err != nil {
+			schemaHashErr = err
+			return
+		}
+		for _, m := range all {
+			fmt.Fprintf(h, "stepwise %d %s\n%s\n", m.Version, m.Name, m.SQL)
+		}
+		migrator, err := rivermigrate.New(riverpgxv5.New(nil), nil)
+		if err != nil {
+			schemaHashErr = fmt.Errorf("listing River's migrations: %w", err)
+			return
+		}
+		for _, m := range migrator.AllVersions() {
+			fmt.Fprintf(h, "river %d %s\n%s\n", m.Version, m.Name, m.SQLUp)
+		}
+		schemaHashVal = hex.EncodeToString(h.Sum(nil))[:12]
+	})
+	return schemaHashVal, schemaHashErr
+}
+
+// sweepLeaked drops per-test databases left by test processes of this host that died
+// before their cleanup (kill -9, a test timeout). Only called for a server on this machine:
+// elsewhere a pid means nothing. With dropOwn, databases named with this process's own pid
+// are dropped too: called before this process created any, they are leftovers of an earlier
+// process that had the same pid.
+func sweepLeaked(ctx context.Context, dropOwn bool) error {
+	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", testDBPrefix)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		pid, host, ok := parseTestDBName(name)
+		if !ok || host != hostTag() {
+			continue
+		}
+		if pid == os.Getpid() && !dropOwn || pid != os.Getpid() && processAlive(pid) {
+			continue
+		}
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)"); err != nil {
+			errs = append(errs, fmt.Errorf("dropping %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parseTestDBName splits stepwise_test_<pid>_<host>_<seq>.
+func parseTestDBName(name string) (pid int, host string, ok bool) {
+	parts := strings.Split(strings.TrimPrefix(name, testDBPrefix), "_")
+	if len(parts) != 3 {
+		return 0, "", false
+	}
+	pid, err := strconv.Atoi(parts[0])
+	if err != nil || pid <= 0 {
+		return 0, "", false
+	}
+	return pid, parts[1], true
+}
+
+var hostTagOnce = sync.OnceValue(func() string {
+	h, _ := os.Hostname()
+	sum := sha256.Sum256([]byte(h))
+	return hex.EncodeToString(sum[:3])
+})
+
+// hostTag identifies this machine in database names, so a process never judges a pid from
+// another host (sharing the server) dead.
+func hostTag() string { return hostTagOnce() }
+
+// processAlive reports whether pid exists; EPERM means it belongs to someone else.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// withDatabase returns the admin URL pointed at database name; it handles both URLs and
+// keyword/value strings (where the last dbname wins).
+func withDatabase(adminURL, name string) string {
+	if u, err := url.Parse(adminURL); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
+		u.RawPath = ""
+		return u.String()
+	}
+	return adminURL + " dbname=" + name
+}

@@ -237,6 +237,11 @@ func childEnv(role string, extra []string) []string {
 		env = append(env, kv)
 	}
 	env = append(env, RoleEnv+"="+role, lifelineEnv+"=3")
+	if os.Getenv("GORACE") == "" {
+		// Under -race a Go program sleeps 1s before exiting by default; a chaos test that
+		// restarts workers many times would spend its time there.
+		env = append(env, "GORACE=atexit_sleep_ms=0")
+	}
 	return append(env, extra...) // later entries win: exec.Cmd keeps the last of duplicates
 }
 

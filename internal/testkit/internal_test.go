@@ -74,8 +74,8 @@ func TestWithDatabase(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
 		"postgres://u:p@127.0.0.1:5432/postgres?sslmode=disable": "postgres://u:p@127.0.0.1:5432/x?sslmode=disable",
-		"postgresql://h/db":                                      "postgresql://h/x",
-		"host=/tmp dbname=postgres user=u":                       "host=/tmp dbname=postgres user=u dbname=x",
+		"postgresql://h/db":                "postgresql://h/x",
+		"host=/tmp dbname=postgres user=u": "host=/tmp dbname=postgres user=u dbname=x",
 	} {
 		require.Equal(t, want, withDatabase(in, "x"), in)
 	}

@@ -1,0 +1,133 @@
+package migrations_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/migrations"
+)
+
+func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
+
+// schemaState is what a second Migrate must leave untouched.
+type schemaState struct {
+	Stepwise []string // version, name, applied_at
+	River    []string
+	Tables   []string
+}
+
+func readState(t *testing.T, pool *pgxpool.Pool) schemaState {
+	t.Helper()
+	ctx := context.Background()
+	strs := func(sql string) []string {
+		rows, err := pool.Query(ctx, sql)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	return schemaState{
+		Stepwise: strs("SELECT format('%s %s %s', version, name, applied_at) FROM stepwise_migration ORDER BY version"),
+		River:    strs("SELECT format('%s %s %s', line, version, created_at) FROM river_migration ORDER BY line, version"),
+		Tables:   strs("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"),
+	}
+}
+
+func TestMigrateTwiceIsNoOp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.EmptyDB(t)
+
+	require.NoError(t, migrations.Migrate(ctx, pool))
+	first := readState(t, pool)
+	all, err := migrations.All()
+	require.NoError(t, err)
+	require.Len(t, first.Stepwise, len(all))
+	require.NotEmpty(t, first.River)
+
+	require.NoError(t, migrations.Migrate(ctx, pool))
+	require.Equal(t, first, readState(t, pool), "a second Migrate must change nothing")
+}
+
+// TestMigrateConcurrently starts 8 Migrate calls at once on a fresh database, each with its
+// own pool, as 8 processes starting together would.
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := testkit.EmptyDBURL(t)
+
+	const n = 8
+	pools := make([]*pgxpool.Pool, n)
+	for i := range pools {
+		pool, err := pgxpool.New(ctx, url)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		pools[i] = pool
+	}
+	start := make(chan struct{})
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			errs[i] = migrations.Migrate(ctx, pools[i])
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "Migrate #%d", i)
+	}
+	all, err := migrations.All()
+	require.NoError(t, err)
+	v, err := migrations.Version(ctx, pools[0])
+	require.NoError(t, err)
+	require.Equal(t, all[len(all)-1].Version, v)
+	require.Len(t, readState(t, pools[0]).Stepwise, len(all), "each version applied exactly once")
+}
+
+func TestMigrateRefusesNewerDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.EmptyDB(t)
+	require.NoError(t, migrations.Migrate(ctx, pool))
+	_, err := pool.Exec(ctx, "INSERT INTO stepwise_migration (version, name) VALUES (999, 'from_the_future')")
+	require.NoError(t, err)
+
+	err = migrations.Migrate(ctx, pool)
+	require.ErrorIs(t, err, migrations.ErrDatabaseNewer)
+	require.ErrorContains(t, err, "999")
+}
+
+// TestMigrateConcurrentlySharedPool is 8 goroutines of one process migrating through one
+// pool. It documents a known bug and is skipped until Migrate is fixed: each waiter holds a
+// pool connection while it waits for the advisory lock, so with MaxConns <= callers (4 by
+// default on 2 cores) the lock holder can never get the connection rivermigrate needs, and
+// every call hangs until its context ends. Fix: wait for the lock on a connection from
+// outside the pool (pgx.ConnectConfig(pool.Config().ConnConfig)).
+func TestMigrateConcurrentlySharedPool(t *testing.T) {
+	t.Skip("known bug in migrations.Migrate: concurrent calls on one small pool deadlock; see comment")
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := testkit.EmptyDB(t)
+
+	errs := make([]error, 8)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = migrations.Migrate(ctx, pool) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "Migrate #%d (pool MaxConns %d)", i, pool.Config().MaxConns)
+	}
+}

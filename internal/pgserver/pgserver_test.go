@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -16,7 +15,29 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/workflowtest"
 )
+
+func TestMain(m *testing.M) {
+	if handled, code := workflowtest.RunRoleIfChild(); handled {
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+func init() {
+	// Starts a throwaway cluster and never closes it: the test kills this process.
+	workflowtest.RegisterRole("start-cluster", func(ctx context.Context, env map[string]string) error {
+		srv, err := Find(ctx, &Options{SkipEnv: true, SkipLocal: true, tempDir: env["CLUSTER_BASE"]})
+		if err != nil {
+			return err
+		}
+		fmt.Println("cluster", strings.TrimPrefix(srv.Source, "throwaway:"))
+		<-ctx.Done()
+		return srv.Close()
+	})
+}
 
 func TestFindEnvDeadPortNamesVariable(t *testing.T) {
 	port, err := freePort() // nothing listens once freePort returns
@@ -108,22 +129,27 @@ func TestThrowawayCluster(t *testing.T) {
 	require.NoError(t, srv.Close(), "a second Close is a no-op")
 }
 
-// TestSweepStaleClusters leaves a cluster behind as a kill -9'ed owner would (a dead pid in
-// owner.pid, the server still running) and checks that the next cluster start removes it,
-// and leaves alone a directory still being set up.
+// TestSweepStaleClusters leaves a cluster behind as a test process killed with kill -9
+// would (a real child process starts it and is SIGKILLed alone, so its postmaster keeps
+// running), and checks that the next cluster start stops and removes it, removes an old
+// directory without an owner file, and leaves alone a fresh one, which may be mid-setup.
 func TestSweepStaleClusters(t *testing.T) {
 	t.Parallel()
 	if _, err := findBinDir(); err != nil {
 		t.Skipf("no PostgreSQL binaries on this machine: %v", err)
 	}
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	base := sharedTempDir(t)
 
-	left, err := Find(ctx, &Options{SkipEnv: true, SkipLocal: true, tempDir: base})
+	owner := workflowtest.Start(t, "start-cluster", "CLUSTER_BASE="+base)
+	line, err := owner.WaitForLine(ctx, "cluster ")
 	require.NoError(t, err)
-	leftDir := strings.TrimPrefix(left.Source, "throwaway:")
+	leftDir := strings.TrimPrefix(line, "cluster ")
 	leftPostmaster := postmasterPid(t, leftDir)
-	require.NoError(t, os.WriteFile(filepath.Join(leftDir, ownerFile), []byte(strconv.Itoa(deadPid(t))), 0o644))
+	require.NoError(t, owner.Signal(syscall.SIGKILL)) // the owner only, not its group
+	require.Error(t, owner.Wait())
+	require.True(t, processAlive(leftPostmaster), "the postmaster outlives its owner; that is what sweeping is for")
 
 	settingUp := filepath.Join(base, dirPrefix+"settingup")
 	require.NoError(t, os.Mkdir(settingUp, 0o700))
@@ -144,9 +170,7 @@ func TestSweepStaleClusters(t *testing.T) {
 	require.NoDirExists(t, abandoned)
 	require.DirExists(t, settingUp, "a fresh directory without owner.pid may be mid-setup")
 	require.Contains(t, strings.Join(logs, "\n"), "removed stale throwaway cluster "+leftDir)
-
 	require.NoError(t, next.Close())
-	require.NoError(t, left.Close(), "closing an already swept cluster is not an error")
 }
 
 func TestVersionOf(t *testing.T) {
@@ -206,14 +230,6 @@ func postmasterPid(t *testing.T, dir string) int {
 	pid, err := strconv.Atoi(strings.TrimSpace(first))
 	require.NoError(t, err)
 	return pid
-}
-
-// deadPid returns the pid of a process that has exited and been reaped.
-func deadPid(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("true")
-	require.NoError(t, cmd.Run())
-	return cmd.ProcessState.Pid()
 }
 
 // gone reports whether pid has exited, waiting up to a few seconds for it to do so. A

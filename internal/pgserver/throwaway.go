@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,7 +76,13 @@ func startThrowaway(ctx context.Context, opts *Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	sweepStale(ctx, base, bin, opts.Logf)
+	if opts.tempDir != "" {
+		sweepStale(ctx, base, bin, opts.Logf)
+	} else {
+		for _, dir := range sweepDirs(base) {
+			sweepStale(ctx, dir, bin, opts.Logf)
+		}
+	}
 
 	started := time.Now()
 	dir, err := os.MkdirTemp(base, dirPrefix+"*")
@@ -127,6 +135,7 @@ synchronous_commit = off
 full_page_writes = off
 max_connections = 200
 shared_buffers = 64MB
+max_wal_size = 256MB
 `, strings.ReplaceAll(c.dir, "'", "''"))
 	f, err := os.OpenFile(filepath.Join(c.dataDir(), "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
@@ -285,9 +294,14 @@ func runAsCredential() (*syscall.Credential, string, error) {
 		strings.Join(unprivilegedUsers, ", "))
 }
 
-// baseDir is the directory throwaway clusters live in: the temp dir, or /tmp when the
-// cluster's user could not reach the temp dir (e.g. TMPDIR under /root).
+// baseDir is the directory throwaway clusters live in. On Linux, /dev/shm when it is a
+// tmpfs with room to spare: on a disk, CREATE DATABASE (a per-test database) costs
+// 150–300 ms in file creation alone, on tmpfs under 20 ms. Else the temp dir, or /tmp when
+// the cluster's user could not reach the temp dir (e.g. TMPDIR under /root).
 func baseDir(cred *syscall.Credential) (string, error) {
+	if onTmpfs(shmDir) {
+		return shmDir, nil
+	}
 	base := os.TempDir()
 	if cred == nil || traversableByOthers(base) {
 		return base, nil
@@ -296,6 +310,38 @@ func baseDir(cred *syscall.Credential) (string, error) {
 		return "/tmp", nil
 	}
 	return "", fmt.Errorf("neither %s nor /tmp can be reached by user %d, which the throwaway cluster runs as; set TMPDIR to a directory every user can enter", base, cred.Uid)
+}
+
+// shmDir is Linux's memory-backed tmpfs.
+const shmDir = "/dev/shm"
+
+// minTmpfsFree is the free space /dev/shm must have to hold a cluster (data and WAL live in
+// memory there); containers often mount a 64 MB /dev/shm, which would not do.
+const minTmpfsFree = 2 << 30
+
+func onTmpfs(dir string) bool {
+	if runtime.GOOS != "linux" {
+		return false
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return false
+	}
+	const tmpfsMagic = 0x01021994
+	return int64(st.Type) == tmpfsMagic &&
+		uint64(st.Bavail)*uint64(st.Bsize) >= minTmpfsFree &&
+		traversableByOthers(dir) && syscall.Access(dir, 2 /* W_OK */) == nil
+}
+
+// sweepDirs are the directories a throwaway cluster may have been left in.
+func sweepDirs(base string) []string {
+	dirs := []string{base}
+	for _, d := range []string{shmDir, os.TempDir(), "/tmp"} {
+		if !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }
 
 func traversableByOthers(dir string) bool {

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -49,6 +51,68 @@ func TestSweepLeaked(t *testing.T) {
 	require.True(t, exists(myName))
 }
 
+// TestTemplateRebuiltWhenDropped drops a template behind testkit's back, as a process of
+// other migrations does with outdated ones, and checks the next clone rebuilds it.
+func TestTemplateRebuiltWhenDropped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var calls atomic.Int32
+	setup := func(ctx context.Context, pool *pgxpool.Pool) error {
+		calls.Add(1)
+		_, err := pool.Exec(ctx, "CREATE TABLE merchant (id bigint PRIMARY KEY)")
+		return err
+	}
+	name := fmt.Sprintf("rb%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	TemplateDBURL(t, name, setup)
+	tpl, err := template(name, setup, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+ident(tpl)) })
+	_, err = admin.Exec(ctx, "DROP DATABASE "+ident(tpl))
+	require.NoError(t, err)
+
+	var hasTable bool
+	require.NoError(t, poolFor(t, TemplateDBURL(t, name, setup)).QueryRow(ctx,
+		"SELECT to_regclass('merchant') IS NOT NULL").Scan(&hasTable))
+	require.True(t, hasTable)
+	require.EqualValues(t, 2, calls.Load(), "setup runs again for the rebuilt template")
+}
+
+// TestDropOutdatedTemplates checks that only templates of the same name and other
+// migrations are dropped.
+func TestDropOutdatedTemplates(t *testing.T) {
+	t.Parallel()
+	requireServer(t)
+	ctx := context.Background()
+	name := fmt.Sprintf("od%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	current := templatePrefix + name + "_aaaaaaaaaaaa"
+	outdated := templatePrefix + name + "_bbbbbbbbbbbb"
+	otherName := templatePrefix + name + "x_cccccccccccc"
+	for _, db := range []string{current, outdated, otherName} {
+		_, err := admin.Exec(ctx, "CREATE DATABASE "+ident(db)+" TEMPLATE template0")
+		require.NoError(t, err)
+		t.Cleanup(func() { admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+ident(db)) })
+	}
+	conn, err := admin.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var superuser bool
+	require.NoError(t, conn.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&superuser))
+	if !superuser {
+		t.Skip("pg_stat_file needs superuser; outdated templates are then kept")
+	}
+
+	dropOutdatedTemplates(ctx, conn, current, 0)
+
+	exists := func(db string) bool {
+		var ok bool
+		require.NoError(t, conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", db).Scan(&ok))
+		return ok
+	}
+	require.True(t, exists(current))
+	require.False(t, exists(outdated), "same name, other migrations: dropped")
+	require.True(t, exists(otherName), "another TemplateDB name is not ours to drop")
+}
+
 func TestParseTestDBName(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -86,7 +150,7 @@ func TestWithDatabase(t *testing.T) {
 func BenchmarkFreshDB(b *testing.B) {
 	requireServer(b)
 	ctx := context.Background()
-	tpl, err := template("", nil)
+	tpl, err := template("", nil, false)
 	require.NoError(b, err)
 	var create, drop time.Duration
 	i := 0

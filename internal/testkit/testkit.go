@@ -57,9 +57,19 @@ var (
 )
 
 type templateEntry struct {
-	once sync.Once
-	name string
-	err  error
+	once  sync.Once
+	ready chan struct{} // closed when once has run
+	name  string
+	err   error
+}
+
+func (e *templateEntry) done() bool {
+	select {
+	case <-e.ready:
+		return true
+	default:
+		return false
+	}
 }
 
 // Main runs the tests of a package. Use it as the package's TestMain:
@@ -142,11 +152,11 @@ func TemplateDBURL(t testing.TB, name string, setup func(ctx context.Context, po
 		t.Fatalf("testkit.TemplateDB(%q): setup is nil; use testkit.DB for the plain migrated template", name)
 	}
 	srv := requireServer(t)
-	tpl, err := template(name, setup)
+	tpl, err := template(name, setup, false)
 	if err != nil {
 		t.Fatalf("testkit: preparing template database: %v", err)
 	}
-	return clone(t, srv, tpl)
+	return clone(t, srv, templateRef{name: tpl, rebuild: func() (string, error) { return template(name, setup, true) }})
 }
 
 // EmptyDB returns a pool on a fresh database with no schema at all (cloned from template0),
@@ -159,7 +169,7 @@ func EmptyDB(t testing.TB) *pgxpool.Pool {
 // EmptyDBURL is EmptyDB's URL twin.
 func EmptyDBURL(t testing.TB) string {
 	t.Helper()
-	return clone(t, requireServer(t), "template0")
+	return clone(t, requireServer(t), templateRef{name: "template0"})
 }
 
 func poolFor(t testing.TB, dbURL string) *pgxpool.Pool {
@@ -210,14 +220,29 @@ func requireServer(t testing.TB) *pgserver.Server {
 	return server
 }
 
+// templateRef names the template to clone, and how to build it again if it vanished.
+type templateRef struct {
+	name    string
+	rebuild func() (string, error)
+}
+
 // clone creates a fresh database from tpl and drops it at t's cleanup.
-func clone(t testing.TB, srv *pgserver.Server, tpl string) string {
+func clone(t testing.TB, srv *pgserver.Server, tpl templateRef) string {
 	t.Helper()
 	name := fmt.Sprintf("%s%d_%s_%d", testDBPrefix, os.Getpid(), hostTag(), dbSeq.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := createFromTemplate(ctx, name, tpl); err != nil {
-		t.Fatalf("testkit: creating database %s from %s on %s: %v", name, tpl, srv.Source, err)
+	err := createFromTemplate(ctx, name, tpl.name)
+	if isMissingDB(err) && tpl.rebuild != nil {
+		// Another process dropped the template as outdated (see dropOutdatedTemplates):
+		// build it again rather than fail the test.
+		var rebuilt string
+		if rebuilt, err = tpl.rebuild(); err == nil {
+			err = createFromTemplate(ctx, name, rebuilt)
+		}
+	}
+	if err != nil {
+		t.Fatalf("testkit: creating database %s from %s on %s: %v", name, tpl.name, srv.Source, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -251,8 +276,9 @@ func createFromTemplate(ctx context.Context, name, tpl string) error {
 	}
 }
 
-// template returns the name of a ready template, building it on first use.
-func template(name string, setup func(context.Context, *pgxpool.Pool) error) (string, error) {
+// template returns the name of a ready template, building it on first use (or again, with
+// rebuild, after it was found missing).
+func template(name string, setup func(context.Context, *pgxpool.Pool) error, rebuild bool) (string, error) {
 	hash, err := schemaHash()
 	if err != nil {
 		return "", err
@@ -263,12 +289,13 @@ func template(name string, setup func(context.Context, *pgxpool.Pool) error) (st
 	}
 	templatesMu.Lock()
 	e, ok := templates[tpl]
-	if !ok {
-		e = &templateEntry{name: tpl}
+	if !ok || rebuild && e.done() {
+		e = &templateEntry{name: tpl, ready: make(chan struct{})}
 		templates[tpl] = e
 	}
 	templatesMu.Unlock()
 	e.once.Do(func() {
+		defer close(e.ready)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		e.err = buildTemplate(ctx, tpl, setup)
@@ -332,6 +359,7 @@ func buildTemplate(ctx context.Context, tpl string, setup func(context.Context, 
 		}
 		var pgErr *pgconn.PgError
 		if err == nil {
+			dropOutdatedTemplates(ctx, conn, tpl, outdatedTemplateAge)
 			return nil
 		}
 		if !errors.As(err, &pgErr) || pgErr.Code != "55006" {
@@ -343,6 +371,48 @@ func buildTemplate(ctx context.Context, tpl string, setup func(context.Context, 
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// templateNameParts matches stepwise_tpl_[<name>_]<hash>.
+var templateNameParts = regexp.MustCompile(`^` + templatePrefix + `(?:(.+)_)?([0-9a-f]{12})$`)
+
+// outdatedTemplateAge is how long a template of other migrations is kept after it was
+// created: a checkout on another branch may still be cloning it (and rebuilds it if not).
+const outdatedTemplateAge = time.Hour
+
+// dropOutdatedTemplates drops templates of the same name built from other migrations and
+// older than outdatedTemplateAge. Without it, every edit of a migration during development
+// would leave a template database on the server for good. Best effort: the age comes from
+// pg_stat_file, which needs superuser (or pg_read_server_files); without it nothing is
+// dropped.
+func dropOutdatedTemplates(ctx context.Context, conn *pgxpool.Conn, current string, age time.Duration) {
+	want := templateNameParts.FindStringSubmatch(current)
+	if want == nil {
+		return
+	}
+	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database
+		WHERE starts_with(datname, $1) AND datname <> $2
+		  AND (pg_stat_file('base/' || oid || '/PG_VERSION')).modification < now() - make_interval(secs => $3)`,
+		templatePrefix, current, age.Seconds())
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		got := templateNameParts.FindStringSubmatch(name)
+		if got == nil || got[1] != want[1] || got[2] == want[2] {
+			continue
+		}
+		conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(name)) //nolint:errcheck // best effort; fails harmlessly while being cloned
+	}
+}
+
+func isMissingDB(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "3D000" // invalid_catalog_name
 }
 
 func prepare(ctx context.Context, dbURL string, setup func(context.Context, *pgxpool.Pool) error) error {

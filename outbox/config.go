@@ -1,0 +1,296 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Sender performs operations of one kind against an external system.
+//
+// Send must pass op.IdempotencyKey() (the operation id) as the idempotency key, so that a
+// resend after RETRYABLE or a reconciler's resend is applied at most once. It must honour
+// ctx: the dispatcher gives it KindConfig.Timeout. Classify its error honestly:
+//
+//   - nil: the external system confirmed the operation;
+//   - Permanent(err): it definitely refused it;
+//   - NotSent(err): it definitely did not act on it (never reached, or said so);
+//   - anything else: it may have happened. The operation becomes UNKNOWN_EXTERNAL and the
+//     reconciler asks the external system. This is the default on purpose.
+type Sender interface {
+	Send(ctx context.Context, op *Operation) (Receipt, error)
+}
+
+// SendFunc adapts a function to Sender.
+type SendFunc func(ctx context.Context, op *Operation) (Receipt, error)
+
+// Send calls f.
+func (f SendFunc) Send(ctx context.Context, op *Operation) (Receipt, error) { return f(ctx, op) }
+
+// Receipt is what a Sender learned from a successful send.
+type Receipt struct {
+	// ExternalRef is the external system's reference for the effect (a payment id), kept in
+	// the ledger for support and reconciliation.
+	ExternalRef string
+}
+
+// Outcome is a transition the ledger recorded, as told to an OutcomeFunc.
+type Outcome struct {
+	From State
+	To   State
+	// Actor is who moved the operation: "outbox/<id>" for a dispatcher, "reconcile" for the
+	// reconciler, a person's name for a manual resolution.
+	Actor string
+	// ExternalRef is the external system's reference, when known.
+	ExternalRef string
+	// Error is the (bounded) error that caused the move, if any.
+	Error string
+	// Reason explains a move to MANUAL or a manual resolution.
+	Reason string
+}
+
+// OutcomeFunc is called in the transaction that records a transition, so that business state
+// moves with the ledger: a settlement becomes PAID exactly when its payout becomes SUCCEEDED,
+// and neither commits without the other. It is called once per recorded transition out of
+// PROCESSING, UNKNOWN_EXTERNAL and MANUAL (not for claims), with the operation as it is after
+// the move. Returning an error rolls the transition back; it is then retried.
+type OutcomeFunc func(ctx context.Context, tx pgx.Tx, op *Operation, outcome Outcome) error
+
+// OutcomeBatchFunc is the set-based form of OutcomeFunc: one call per recorded batch, for a
+// callback that updates business rows with one statement instead of one per operation.
+type OutcomeBatchFunc func(ctx context.Context, tx pgx.Tx, batch []OperationOutcome) error
+
+// OperationOutcome pairs an operation with its recorded outcome.
+type OperationOutcome struct {
+	Op      *Operation
+	Outcome Outcome
+}
+
+// KindConfig configures the delivery of one kind of operation.
+type KindConfig struct {
+	// Sender performs the operations. Required.
+	Sender Sender
+
+	// OnOutcome is called in the transaction of each recorded transition. Optional; at most
+	// one of OnOutcome and OnOutcomeBatch.
+	OnOutcome OutcomeFunc
+
+	// OnOutcomeBatch is called once per recorded batch of transitions, in its transaction.
+	// Optional; at most one of OnOutcome and OnOutcomeBatch.
+	OnOutcomeBatch OutcomeBatchFunc
+
+	// BatchSize is how many due operations a dispatcher claims at once. Larger batches mean
+	// fewer round trips per operation; every operation of a batch waits for the slowest send
+	// of the batch before its outcome is recorded.
+	//
+	// Defaults to 200.
+	BatchSize int
+
+	// Concurrency is how many Send calls of this kind run at once in one process.
+	//
+	// Defaults to 16.
+	Concurrency int
+
+	// RatePerSecond caps Send calls per second for this kind in one process, so that a burst
+	// does not trip the external system's own rate limit.
+	//
+	// Defaults to 0: no limit.
+	RatePerSecond float64
+
+	// Timeout bounds each Send call. A send that times out is UNKNOWN_EXTERNAL, not failed.
+	//
+	// Defaults to 30s.
+	Timeout time.Duration
+
+	// Lease is how long a claim protects an operation in PROCESSING. A lease that expires
+	// means the dispatcher died (or stalled) somewhere between claiming and recording; the
+	// operation then becomes UNKNOWN_EXTERNAL, because it may have been sent. It must outlast
+	// a whole batch: every send (BatchSize/Concurrency rounds of Timeout, plus the rate limit's
+	// spacing) and the recording.
+	//
+	// Defaults to that worst case plus 30s.
+	Lease time.Duration
+
+	// RetryBackoff is the wait before the attempt-th resend of a RETRYABLE operation.
+	//
+	// Defaults to DefaultRetryBackoff: 1s doubling to 10m, with jitter.
+	RetryBackoff func(attempt int) time.Duration
+
+	// MaxAttempts is how many times an operation is sent (all RETRYABLE) before it is moved to
+	// MANUAL with the reason, for a person to decide.
+	//
+	// Defaults to 25. -1 retries forever.
+	MaxAttempts int
+}
+
+// Config configures an Outbox.
+type Config struct {
+	// Kinds configures each kind of operation this process delivers. Required; at least one.
+	Kinds map[string]*KindConfig
+
+	// ID names this process in the ledger's lease (leased_by) and audit events.
+	//
+	// Defaults to "<hostname>/<pid>".
+	ID string
+
+	// Logger receives what cannot be returned: a batch whose outcome callback keeps failing.
+	//
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// PollInterval is how often the poll (a River periodic job, run on the leader) looks for
+	// due operations that no dispatcher was woken for: operations enqueued outside a River
+	// worker, RETRYABLE ones whose backoff elapsed, and PROCESSING ones whose lease expired.
+	//
+	// Defaults to 1s (River's minimum for a periodic job).
+	PollInterval time.Duration
+
+	// Slice is how long one dispatcher job delivers before it returns to River and queues
+	// itself again, so that a busy kind never looks stuck to River and the job's timeout
+	// stays bounded.
+	//
+	// Defaults to 30s.
+	Slice time.Duration
+}
+
+// DefaultRetryBackoff waits 1s, 2s, 4s, ... up to 10 minutes before the attempt-th resend,
+// each with ±25% jitter, so that the operations refused in one burst do not return in one.
+func DefaultRetryBackoff(attempt int) time.Duration {
+	d := time.Second
+	for i := 1; i < attempt && d < 10*time.Minute; i++ {
+		d *= 2
+	}
+	d = min(d, 10*time.Minute)
+	return jitter(d, 0.25)
+}
+
+// jitter spreads d uniformly over ±frac.
+func jitter(d time.Duration, frac float64) time.Duration {
+	return time.Duration(float64(d) * (1 - frac + 2*frac*rand.Float64()))
+}
+
+// WithDefaults returns a copy of the config with every unset field at its default. Kind
+// configs are copied too.
+func (c *Config) WithDefaults() *Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.ID == "" {
+		host, _ := os.Hostname()
+		out.ID = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = time.Second
+	}
+	if out.Slice == 0 {
+		out.Slice = 30 * time.Second
+	}
+	kinds := make(map[string]*KindConfig, len(out.Kinds))
+	for name, kc := range out.Kinds {
+		if kc == nil {
+			kinds[name] = nil
+			continue
+		}
+		k := kc.withDefaults()
+		kinds[name] = &k
+	}
+	out.Kinds = kinds
+	return &out
+}
+
+func (k KindConfig) withDefaults() KindConfig {
+	if k.BatchSize == 0 {
+		k.BatchSize = 200
+	}
+	if k.Concurrency == 0 {
+		k.Concurrency = 16
+	}
+	if k.Timeout == 0 {
+		k.Timeout = 30 * time.Second
+	}
+	if k.Lease == 0 && k.BatchSize > 0 && k.Concurrency > 0 && k.Timeout > 0 {
+		k.Lease = k.minLease() + 30*time.Second
+	}
+	if k.RetryBackoff == nil {
+		k.RetryBackoff = DefaultRetryBackoff
+	}
+	if k.MaxAttempts == 0 {
+		k.MaxAttempts = 25
+	}
+	return k
+}
+
+// minLease is the longest a batch can legitimately hold its claims: every round of sends
+// timing out, the rate limit's spacing, and one more Timeout for claiming and recording.
+func (k *KindConfig) minLease() time.Duration {
+	rounds := (k.BatchSize + k.Concurrency - 1) / k.Concurrency
+	d := time.Duration(rounds+1) * k.Timeout
+	if k.RatePerSecond > 0 {
+		d += time.Duration(float64(k.BatchSize) / k.RatePerSecond * float64(time.Second))
+	}
+	return d
+}
+
+func (c *Config) validate() error {
+	if len(c.Kinds) == 0 {
+		return errors.New("outbox: Config.Kinds is empty; configure at least one kind with its Sender")
+	}
+	names := make([]string, 0, len(c.Kinds))
+	for name := range c.Kinds {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		k := c.Kinds[name]
+		if err := validateKind(name); err != nil {
+			return fmt.Errorf("outbox: Config.Kinds: %w", err)
+		}
+		if k == nil {
+			return fmt.Errorf("outbox: Config.Kinds[%q] is nil; give it a KindConfig with a Sender", name)
+		}
+		if k.Sender == nil {
+			return fmt.Errorf("outbox: Config.Kinds[%q].Sender is nil; every kind needs a Sender", name)
+		}
+		if k.OnOutcome != nil && k.OnOutcomeBatch != nil {
+			return fmt.Errorf("outbox: Config.Kinds[%q]: both OnOutcome and OnOutcomeBatch are set; keep one", name)
+		}
+		if k.BatchSize < 1 || k.BatchSize > 10000 {
+			return fmt.Errorf("outbox: Config.Kinds[%q].BatchSize %d: want 1 to 10000", name, k.BatchSize)
+		}
+		if k.Concurrency < 1 || k.Concurrency > 10000 {
+			return fmt.Errorf("outbox: Config.Kinds[%q].Concurrency %d: want 1 to 10000", name, k.Concurrency)
+		}
+		if k.RatePerSecond < 0 {
+			return fmt.Errorf("outbox: Config.Kinds[%q].RatePerSecond %v is negative; use 0 for no limit", name, k.RatePerSecond)
+		}
+		if k.Timeout < 0 {
+			return fmt.Errorf("outbox: Config.Kinds[%q].Timeout %s is negative", name, k.Timeout)
+		}
+		if k.Lease < k.minLease() {
+			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s is shorter than a batch may take (%s: %d sends at concurrency %d, each up to Timeout %s); "+
+				"raise Lease or lower BatchSize — a lease that expires under a live dispatcher turns its operations UNKNOWN_EXTERNAL",
+				name, k.Lease, k.minLease(), k.BatchSize, k.Concurrency, k.Timeout)
+		}
+		if k.MaxAttempts < -1 {
+			return fmt.Errorf("outbox: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)
+		}
+	}
+	if c.PollInterval < time.Second {
+		return fmt.Errorf("outbox: Config.PollInterval %s is below River's minimum period of 1s", c.PollInterval)
+	}
+	if c.Slice < time.Second {
+		return fmt.Errorf("outbox: Config.Slice %s: want at least 1s", c.Slice)
+	}
+	return nil
+}

@@ -1,0 +1,470 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/internal/faultpoint"
+)
+
+// recordTimeout bounds recording a batch's outcomes. Recording runs even when the
+// dispatcher's context is cancelled (a shutdown mid-batch): the sends happened, and what we
+// learned about them must not be thrown away.
+const recordTimeout = 30 * time.Second
+
+// DeliverBatch claims one batch of due operations of kind, sends them and records their
+// outcomes: what a dispatcher does in a loop. It returns how many operations it claimed
+// (0 when none was due). River runs it through the dispatcher job; tests and tools call it
+// directly.
+func (o *Outbox) DeliverBatch(ctx context.Context, kind string) (int, error) {
+	ks, ok := o.kinds[kind]
+	if !ok {
+		return 0, fmt.Errorf("%w: %q; configured kinds are %v", ErrUnknownKind, kind, o.kindNames)
+	}
+	return o.deliverBatch(ctx, ks)
+}
+
+// Drain delivers batches of kind until none is due, and returns how many operations it
+// claimed. Operations waiting for a backoff are not due and are left for later.
+func (o *Outbox) Drain(ctx context.Context, kind string) (int, error) {
+	ks, ok := o.kinds[kind]
+	if !ok {
+		return 0, fmt.Errorf("%w: %q; configured kinds are %v", ErrUnknownKind, kind, o.kindNames)
+	}
+	if _, err := o.recoverExpired(ctx, ks); err != nil {
+		return 0, err
+	}
+	total := 0
+	for {
+		n, err := o.deliverBatch(ctx, ks)
+		total += n
+		if err != nil || n == 0 {
+			return total, err
+		}
+	}
+}
+
+// RecoverExpired moves the PROCESSING operations of kind whose lease expired to
+// UNKNOWN_EXTERNAL, and returns how many it moved. An expired lease means the dispatcher that
+// claimed them died or stalled between claiming and recording (a kill -9 after the external
+// system applied the request is exactly that), so they may have been sent: they are never
+// resent blindly and never failed, but left to the reconciler.
+func (o *Outbox) RecoverExpired(ctx context.Context, kind string) (int, error) {
+	ks, ok := o.kinds[kind]
+	if !ok {
+		return 0, fmt.Errorf("%w: %q; configured kinds are %v", ErrUnknownKind, kind, o.kindNames)
+	}
+	return o.recoverExpired(ctx, ks)
+}
+
+func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error) {
+	ks.mu.Lock()
+	ks.lastExpiry = time.Now()
+	ks.mu.Unlock()
+	total := 0
+	for {
+		var n int
+		err := pgx.BeginFunc(ctx, o.db, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `
+				SELECT operation_id, attempts, coalesce(leased_by, ''), lease_until FROM stepwise_operation
+				WHERE kind = $1 AND state = 'PROCESSING' AND lease_until < now()
+				ORDER BY lease_until LIMIT $2
+				FOR UPDATE SKIP LOCKED`, ks.name, ks.cfg.BatchSize)
+			if err != nil {
+				return err
+			}
+			var ts []Transition
+			for rows.Next() {
+				var t Transition
+				var by string
+				var until time.Time
+				if err := rows.Scan(&t.OperationID, &t.Attempts, &by, &until); err != nil {
+					rows.Close()
+					return err
+				}
+				t.From, t.To, t.Actor = StateProcessing, StateUnknownExternal, o.actor
+				t.Error = fmt.Sprintf("lease of %s expired at %s while PROCESSING: the dispatcher died or stalled after claiming, so it may have been sent",
+					by, until.UTC().Format(time.RFC3339))
+				t.Detail = map[string]any{"cause": "lease_expired", "leased_by": by}
+				ts = append(ts, t)
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			out, err := o.TransitionTx(ctx, tx, ts)
+			n = len(out)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("recovering expired leases of kind %q: %w", ks.name, err)
+		}
+		total += n
+		if n < ks.cfg.BatchSize {
+			return total, nil
+		}
+	}
+}
+
+// expiryEvery is how often a busy dispatcher looks for expired leases of its kind.
+const expiryEvery = 5 * time.Second
+
+func (o *Outbox) deliverBatch(ctx context.Context, ks *kindState) (int, error) {
+	ks.mu.Lock()
+	expiryDue := time.Since(ks.lastExpiry) > expiryEvery
+	ks.mu.Unlock()
+	if expiryDue {
+		if _, err := o.recoverExpired(ctx, ks); err != nil {
+			return 0, err
+		}
+	}
+	ops, err := o.claim(ctx, ks)
+	if err != nil || len(ops) == 0 {
+		return 0, err
+	}
+	// The claim is committed: from here a crash leaves the batch PROCESSING until its lease
+	// expires, and then UNKNOWN_EXTERNAL. A fault here proves that path.
+	if err := faultpoint.Hit(faultpoint.AfterProcessing); err != nil {
+		return len(ops), err
+	}
+	results := o.sendAll(ctx, ks, ops)
+	if err := o.record(ctx, ks, ops, results); err != nil {
+		return len(ops), err
+	}
+	if err := faultpoint.Hit(faultpoint.AfterOutcomeCommit); err != nil {
+		return len(ops), err
+	}
+	return len(ops), nil
+}
+
+// claimSQL takes a batch of due operations in one short statement (its own transaction):
+// rows other dispatchers hold are skipped, not waited for, and every claimed row gets a lease,
+// one more attempt and an audit event. Nothing is held locked while sending.
+const claimSQL = `
+WITH c AS (
+	SELECT operation_id, state FROM stepwise_operation
+	WHERE kind = $1 AND state IN ('PENDING', 'RETRYABLE') AND next_attempt_at <= now()
+	ORDER BY next_attempt_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+), u AS (
+	UPDATE stepwise_operation o SET
+		state        = 'PROCESSING',
+		attempts     = o.attempts + 1,
+		lease_until  = now() + $3::interval,
+		leased_by    = $4,
+		last_sent_at = now(),
+		updated_at   = now()
+	FROM c
+	WHERE o.operation_id = c.operation_id
+	RETURNING o.*, c.state AS from_state
+), e AS (
+	INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, attempt)
+	SELECT 'op:' || u.operation_id, 'op.transition', u.from_state, 'PROCESSING', $4, u.attempts FROM u
+)
+SELECT ` + "%s" + ` FROM u ORDER BY next_attempt_at`
+
+var claimQuery = fmt.Sprintf(claimSQL, Columns("u"))
+
+func (o *Outbox) claim(ctx context.Context, ks *kindState) ([]*Operation, error) {
+	rows, err := o.db.Query(ctx, claimQuery, ks.name, ks.cfg.BatchSize, ks.cfg.Lease, o.actor)
+	if err != nil {
+		return nil, fmt.Errorf("claiming operations of kind %q: %w", ks.name, err)
+	}
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Operation, error) { return scanOperation(r) })
+	if err != nil {
+		return nil, fmt.Errorf("claiming operations of kind %q: %w", ks.name, err)
+	}
+	o.metrics.claimedN(ks.name, len(ops))
+	return ops, nil
+}
+
+type sendResult struct {
+	started   bool // Send was called (so it may have taken effect)
+	abandoned bool // a fault point stopped us from recording: it stays PROCESSING
+	receipt   Receipt
+	err       error
+	elapsed   time.Duration
+}
+
+// sendAll sends a batch with at most Concurrency calls in flight and at most RatePerSecond
+// calls begun per second. It always waits for every call it began.
+func (o *Outbox) sendAll(ctx context.Context, ks *kindState, ops []*Operation) []sendResult {
+	results := make([]sendResult, len(ops))
+	sem := make(chan struct{}, ks.cfg.Concurrency)
+	var wg sync.WaitGroup
+loop:
+	for i, op := range ops {
+		if err := ks.limiter.wait(ctx); err != nil {
+			break
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			break loop
+		}
+		if ctx.Err() != nil {
+			<-sem
+			break
+		}
+		wg.Add(1)
+		go func(i int, op *Operation) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results[i] = o.sendOne(ctx, ks, op)
+		}(i, op)
+	}
+	wg.Wait()
+	return results
+}
+
+// panicError is a Sender's panic, classified like any unclassified error: UNKNOWN_EXTERNAL,
+// because the panic may have come after the request left.
+type panicError struct {
+	value any
+	stack string
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("sender panicked: %v", e.value) }
+
+func (o *Outbox) sendOne(ctx context.Context, ks *kindState, op *Operation) (r sendResult) {
+	r.started = true
+	sctx, cancel := context.WithTimeout(ctx, ks.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				r.err = &panicError{value: p, stack: string(debug.Stack())}
+			}
+		}()
+		sendOp := *op // the Sender gets its own copy; our record of the claim stays intact
+		r.receipt, r.err = ks.cfg.Sender.Send(sctx, &sendOp)
+	}()
+	r.elapsed = time.Since(start)
+	if pe, ok := r.err.(*panicError); ok {
+		o.config.Logger.ErrorContext(ctx, "stepwise outbox: sender panicked; the operation is UNKNOWN_EXTERNAL",
+			slog.String("kind", ks.name), slog.String("operation_id", op.ID.String()),
+			slog.Any("panic", pe.value), slog.String("stack", pe.stack))
+	}
+	// The external call returned and nothing is recorded yet: a crash here is the case the
+	// lease and the reconciler exist for.
+	if err := faultpoint.Hit(faultpoint.AfterSend); err != nil {
+		r.abandoned = true
+	}
+	return r
+}
+
+// outcomeOf turns a send's result into the transition it proves.
+func (o *Outbox) outcomeOf(ks *kindState, op *Operation, r sendResult) (Transition, bool) {
+	t := Transition{OperationID: op.ID, From: StateProcessing, Attempts: op.Attempts, Actor: o.actor}
+	if r.abandoned {
+		return t, false
+	}
+	if !r.started {
+		// Never handed to the Sender: the dispatcher was stopping. Definitely not sent.
+		t.To, t.Error = StateRetryable, "not sent: the dispatcher stopped before sending"
+		return t, true
+	}
+	t.To = Classify(r.err)
+	if r.err != nil {
+		t.Error = r.err.Error()
+	}
+	switch t.To {
+	case StateSucceeded:
+		t.ExternalRef = r.receipt.ExternalRef
+	case StateRetryable:
+		if ks.cfg.MaxAttempts > 0 && op.Attempts >= ks.cfg.MaxAttempts {
+			t.To = StateManual
+			t.Reason = fmt.Sprintf("gave up: not sent after %d attempts; last error: %s", op.Attempts, truncateError(t.Error))
+		} else {
+			t.NextAt = time.Now().Add(ks.cfg.RetryBackoff(op.Attempts))
+		}
+	}
+	return t, true
+}
+
+// record writes a batch's outcomes, the business callbacks and the audit events in one
+// transaction. If that fails (a callback refusing one operation, say), it falls back to one
+// transaction per operation, so that one bad operation cannot hold back the others; one that
+// still fails stays PROCESSING, and after its lease UNKNOWN_EXTERNAL, for the reconciler.
+func (o *Outbox) record(ctx context.Context, ks *kindState, ops []*Operation, results []sendResult) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	ts := make([]Transition, 0, len(ops))
+	for i, op := range ops {
+		o.metrics.sent(ks.name, results[i])
+		if t, ok := o.outcomeOf(ks, op, results[i]); ok {
+			ts = append(ts, t)
+		}
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	batchErr := pgx.BeginFunc(rctx, o.db, func(tx pgx.Tx) error {
+		_, err := o.TransitionTx(rctx, tx, ts)
+		return err
+	})
+	if batchErr == nil {
+		return nil
+	}
+	var dbErrs []error
+	for _, t := range ts {
+		err := pgx.BeginFunc(rctx, o.db, func(tx pgx.Tx) error {
+			_, err := o.TransitionTx(rctx, tx, []Transition{t})
+			return err
+		})
+		if err == nil {
+			continue
+		}
+		var cbErr *callbackError
+		if !errors.As(err, &cbErr) {
+			dbErrs = append(dbErrs, err)
+			continue
+		}
+		// The business callback refuses this outcome. We cannot record one without the other,
+		// so the operation waits for its lease and the reconciler, which will call it again.
+		o.metrics.callbackFailed(ks.name)
+		o.config.Logger.ErrorContext(ctx, "stepwise outbox: outcome callback failed; the operation stays PROCESSING until its lease expires",
+			slog.String("kind", ks.name), slog.String("operation_id", t.OperationID.String()),
+			slog.String("outcome", string(t.To)), slog.String("error", err.Error()))
+		if _, err := o.db.Exec(rctx, `UPDATE stepwise_operation SET last_error = $2 WHERE operation_id = $1 AND state = 'PROCESSING' AND attempts = $3`,
+			t.OperationID, truncateError("outcome "+string(t.To)+" not recorded: "+err.Error()), t.Attempts); err != nil {
+			dbErrs = append(dbErrs, err)
+		}
+	}
+	if len(dbErrs) > 0 {
+		return fmt.Errorf("recording outcomes of kind %q (%d of %d failed): %w", ks.name, len(dbErrs), len(ts), errors.Join(dbErrs...))
+	}
+	return nil
+}
+
+// dispatch is the River dispatcher job: it delivers batches for at most one slice, then
+// snoozes itself to run again; when no work is left it completes, in a transaction that
+// proves nothing was enqueued meanwhile.
+func (o *Outbox) dispatch(ctx context.Context, job *river.Job[DispatchArgs]) error {
+	ks, ok := o.kinds[job.Args.OperationKind]
+	if !ok {
+		return river.JobCancel(fmt.Errorf("%w: %q has no KindConfig in this process; configure it, or do not work queue %q here",
+			ErrUnknownKind, job.Args.OperationKind, QueueName(job.Args.OperationKind)))
+	}
+	stop := o.heartbeat(ctx, ks.name, job.ID)
+	defer stop()
+	if _, err := o.recoverExpired(ctx, ks); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(o.config.Slice)
+	for {
+		n, err := o.deliverBatch(ctx, ks)
+		if ctx.Err() != nil {
+			// Shutting down: come back as soon as a client runs again, without counting an
+			// attempt against the job.
+			return river.JobSnooze(0)
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			idle, err := o.completeIfIdle(ctx, ks, job)
+			if err != nil {
+				return err
+			}
+			if idle {
+				return nil
+			}
+			// Due work we could not claim: another dispatcher holds it this instant.
+			select {
+			case <-ctx.Done():
+				return river.JobSnooze(0)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if time.Now().After(deadline) {
+			return river.JobSnooze(0)
+		}
+	}
+}
+
+// completeIfIdle completes the dispatcher job and then checks for due work, in one
+// transaction. The order matters. A wake enqueued while this job runs is swallowed by its
+// uniqueness, but River's unique insert locks this job's row until the waking transaction
+// commits, so completing waits for that commit and the check after it sees the new rows (we
+// roll back and go on). A wake that comes after our completion commits finds the job
+// completed and queues a new one. Either way no operation waits for the poll.
+func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.Job[DispatchArgs]) (bool, error) {
+	if _, err := river.ClientFromContextSafely[pgx.Tx](ctx); err != nil {
+		return true, nil // not run by River (a test calling dispatch directly): nothing to complete
+	}
+	tx, err := o.db.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("completing the dispatcher of kind %q: %w", ks.name, err)
+	}
+	defer rollback(ctx, tx)
+	if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+		return false, fmt.Errorf("completing the dispatcher of kind %q: %w", ks.name, err)
+	}
+	var due bool
+	if err := tx.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM stepwise_operation
+				WHERE kind = $1 AND state IN ('PENDING', 'RETRYABLE') AND next_attempt_at <= now())
+			OR EXISTS (SELECT 1 FROM stepwise_operation
+				WHERE kind = $1 AND state = 'PROCESSING' AND lease_until < now())`, ks.name).Scan(&due); err != nil {
+		return false, fmt.Errorf("checking for due operations of kind %q: %w", ks.name, err)
+	}
+	if due {
+		return false, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("completing the dispatcher of kind %q: %w", ks.name, err)
+	}
+	return true, nil
+}
+
+// heartbeat proves, every heartbeatEvery, that a dispatcher of kind is alive, until stop is
+// called. The poll reads it to tell a dispatcher that River still calls running but whose
+// process is gone from one that is merely busy.
+func (o *Outbox) heartbeat(ctx context.Context, kind string, jobID int64) (stop func()) {
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	beat := func() {
+		bctx, c := context.WithTimeout(hctx, 5*time.Second)
+		defer c()
+		_, err := o.db.Exec(bctx, `
+			INSERT INTO stepwise_outbox_dispatcher (kind, owner, river_job_id, heartbeat_at) VALUES ($1, $2, $3, now())
+			ON CONFLICT (kind) DO UPDATE SET owner = $2, river_job_id = $3, heartbeat_at = now()`, kind, o.actor, jobID)
+		if err != nil && hctx.Err() == nil {
+			o.config.Logger.WarnContext(hctx, "stepwise outbox: dispatcher heartbeat failed", slog.String("kind", kind), slog.String("error", err.Error()))
+		}
+	}
+	beat()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(heartbeatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-hctx.Done():
+				return
+			case <-t.C:
+				beat()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// rollback ends tx on a context that is not cancelled, like River's RollbackWithoutCancel: a
+// transaction left open on a pooled connection would hold its locks.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}

@@ -1,0 +1,133 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/outbox"
+)
+
+func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
+
+// payoutPayload is what the test sender needs beyond the operation's amount and currency.
+type payoutPayload struct {
+	Account string `json:"account"`
+}
+
+// bankSender pays operations at the fake bank and classifies its errors as the fake bank's
+// documentation says a caller honestly can.
+type bankSender struct{ c *fakebank.Client }
+
+func (s bankSender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+	var p payoutPayload
+	if err := json.Unmarshal(op.Payload, &p); err != nil {
+		return outbox.Receipt{}, outbox.Permanent(fmt.Errorf("decoding payload: %w", err))
+	}
+	pay, err := s.c.Pay(ctx, op.IdempotencyKey(), fakebank.PaymentRequest{
+		Account: p.Account, Amount: op.Amount, Currency: op.Currency, Reference: op.BusinessKey,
+	})
+	switch {
+	case err == nil:
+		return outbox.Receipt{ExternalRef: pay.ID}, nil
+	case fakebank.IsDeclined(err):
+		return outbox.Receipt{}, outbox.Permanent(err)
+	case fakebank.IsNotProcessed(err):
+		return outbox.Receipt{}, outbox.NotSent(err)
+	default:
+		return outbox.Receipt{}, err
+	}
+}
+
+// startBank starts a fake bank for the test. keepAlive false gives every request its own
+// connection: net/http silently resends a request carrying an Idempotency-Key when a reused
+// connection dies before the answer, which would turn a dropped answer into a success and
+// make the test's prediction of UNKNOWN_EXTERNAL wrong for a reason that is not ours.
+func startBank(t testing.TB, cfg *fakebank.Config, timeout time.Duration, keepAlive bool) (*fakebank.Bank, *fakebank.Client) {
+	t.Helper()
+	bank := fakebank.New(cfg)
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DisableKeepAlives = !keepAlive
+	tr.MaxIdleConnsPerHost = 256
+	hc := &http.Client{Timeout: timeout, Transport: tr}
+	t.Cleanup(tr.CloseIdleConnections)
+	return bank, fakebank.NewClient(bank.URL(), hc)
+}
+
+// payout builds a payout operation of amount cents to account.
+func payout(key, account string, amount int64) outbox.Operation {
+	p, _ := json.Marshal(payoutPayload{Account: account})
+	return outbox.Operation{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
+}
+
+// enqueue commits ops in a transaction of their own.
+func enqueue(t testing.TB, pool *pgxpool.Pool, ops ...outbox.Operation) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, ops...)
+		return err
+	})
+	require.NoError(t, err)
+}
+
+func get(t testing.TB, pool *pgxpool.Pool, id uuid.UUID) *outbox.Operation {
+	t.Helper()
+	op, err := outbox.Get(context.Background(), pool, id)
+	require.NoError(t, err)
+	return op
+}
+
+// stateCounts returns the number of operations per state.
+func stateCounts(t testing.TB, pool *pgxpool.Pool) map[outbox.State]int64 {
+	t.Helper()
+	counts, err := outbox.Counts(context.Background(), pool)
+	require.NoError(t, err)
+	out := map[outbox.State]int64{}
+	for _, c := range counts {
+		out[c.State] += c.Count
+	}
+	return out
+}
+
+// events returns the audit transitions of an operation, as "FROM>TO".
+func events(t testing.TB, pool *pgxpool.Pool, id uuid.UUID) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(),
+		`SELECT coalesce(from_state, '') || '>' || to_state FROM stepwise_event WHERE subject = $1 ORDER BY id`, "op:"+id.String())
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
+}
+
+// newOutbox builds an Outbox for kind "payout" with the given sender; mod adjusts the kind.
+func newOutbox(t testing.TB, pool *pgxpool.Pool, sender outbox.Sender, mod func(*outbox.KindConfig)) *outbox.Outbox {
+	t.Helper()
+	kc := &outbox.KindConfig{
+		Sender:       sender,
+		Timeout:      2 * time.Second,
+		RetryBackoff: func(int) time.Duration { return 0 },
+	}
+	if mod != nil {
+		mod(kc)
+	}
+	ob, err := outbox.New(pool, &outbox.Config{ID: "test", Logger: slog.New(slog.DiscardHandler),
+		Kinds: map[string]*outbox.KindConfig{"payout": kc}})
+	require.NoError(t, err)
+	return ob
+}

@@ -1,0 +1,272 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// DB is what the Outbox needs of a database handle; *pgxpool.Pool satisfies it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// PollQueue is the River queue of the poll job.
+const PollQueue = "stepwise_outbox"
+
+// heartbeatEvery is how often a running dispatcher proves it is alive; takeoverAfter is how
+// stale that proof may get before the poll starts another dispatcher beside it. The gap
+// absorbs a slow database; a takeover beside a live dispatcher is safe anyway (claims skip
+// locked rows, outcomes are fenced by attempt), only wasteful.
+const (
+	heartbeatEvery = time.Second
+	takeoverAfter  = 15 * time.Second
+)
+
+// dispatchUniqueStates are the River states in which a dispatcher counts as already queued.
+// River requires available, pending, running and scheduled; retryable is added so that a
+// failing dispatcher backs off instead of being doubled by every wake.
+var dispatchUniqueStates = []rivertype.JobState{
+	rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
+	rivertype.JobStateScheduled, rivertype.JobStateRetryable,
+}
+
+// Outbox delivers the operations of the configured kinds: River workers and a periodic poll
+// that the user adds to their own River client, plus methods to deliver on demand.
+type Outbox struct {
+	db        DB
+	config    *Config
+	kinds     map[string]*kindState
+	kindNames []string
+	actor     string
+	metrics   *metrics
+}
+
+type kindState struct {
+	name    string
+	cfg     *KindConfig
+	limiter *limiter
+
+	mu         sync.Mutex
+	lastExpiry time.Time
+}
+
+// New returns an Outbox for the kinds in config. db is the pool the River client uses.
+func New(db DB, config *Config) (*Outbox, error) {
+	if db == nil {
+		return nil, errors.New("outbox.New: db is nil; pass the *pgxpool.Pool your River client uses")
+	}
+	cfg := config.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	o := &Outbox{
+		db:      db,
+		config:  cfg,
+		kinds:   make(map[string]*kindState, len(cfg.Kinds)),
+		actor:   "outbox/" + cfg.ID,
+		metrics: newMetrics(),
+	}
+	for name, kc := range cfg.Kinds {
+		o.kinds[name] = &kindState{name: name, cfg: kc, limiter: newLimiter(kc.RatePerSecond)}
+		o.kindNames = append(o.kindNames, name)
+	}
+	sort.Strings(o.kindNames)
+	o.metrics.db = db
+	o.metrics.kinds = o.kindNames
+	return o, nil
+}
+
+// Kinds returns the configured kinds, sorted.
+func (o *Outbox) Kinds() []string { return append([]string(nil), o.kindNames...) }
+
+// KindConfig returns the effective (defaulted) configuration of kind, or nil.
+func (o *Outbox) KindConfig(kind string) *KindConfig {
+	if ks, ok := o.kinds[kind]; ok {
+		c := *ks.cfg
+		return &c
+	}
+	return nil
+}
+
+// AddWorkers registers the Outbox's River workers (dispatcher and poll) on workers. It
+// panics if they are already registered, like river.AddWorker.
+func (o *Outbox) AddWorkers(workers *river.Workers) {
+	if err := o.AddWorkersSafely(workers); err != nil {
+		panic(err)
+	}
+}
+
+// AddWorkersSafely is AddWorkers returning an error instead of panicking.
+func (o *Outbox) AddWorkersSafely(workers *river.Workers) error {
+	if err := river.AddWorkerSafely[DispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
+		return fmt.Errorf("adding the outbox dispatcher: %w", err)
+	}
+	if err := river.AddWorkerSafely[PollArgs](workers, &pollWorker{o: o}); err != nil {
+		return fmt.Errorf("adding the outbox poll: %w", err)
+	}
+	return nil
+}
+
+// PeriodicJobs returns the poll, to add to the River client's Config.PeriodicJobs. River runs
+// periodic jobs on its elected leader only.
+func (o *Outbox) PeriodicJobs() []*river.PeriodicJob {
+	kinds := o.Kinds()
+	return []*river.PeriodicJob{river.NewPeriodicJob(
+		river.PeriodicInterval(o.config.PollInterval),
+		func() (river.JobArgs, *river.InsertOpts) { return PollArgs{Kinds: kinds}, nil },
+		&river.PeriodicJobOpts{ID: "stepwise_outbox_poll", RunOnStart: true},
+	)}
+}
+
+// Queues returns the River queues the Outbox's jobs run in, to merge into the client's
+// Config.Queues: one per kind, so that a slow external system holds up its own kind only,
+// and PollQueue. Each holds at most one dispatcher (plus a takeover after a crash); the
+// concurrency of sends is KindConfig.Concurrency, inside the dispatcher.
+func (o *Outbox) Queues() map[string]river.QueueConfig {
+	q := map[string]river.QueueConfig{PollQueue: {MaxWorkers: 2}}
+	for _, k := range o.kindNames {
+		q[QueueName(k)] = river.QueueConfig{MaxWorkers: 2}
+	}
+	return q
+}
+
+// Install adds the Outbox's workers, periodic jobs and queues to a River client config, before
+// river.NewClient. Queues already in the config are left as configured.
+func (o *Outbox) Install(rc *river.Config) error {
+	if rc == nil {
+		return errors.New("outbox: Install: river config is nil")
+	}
+	if rc.Workers == nil {
+		rc.Workers = river.NewWorkers()
+	}
+	if err := o.AddWorkersSafely(rc.Workers); err != nil {
+		return err
+	}
+	rc.PeriodicJobs = append(rc.PeriodicJobs, o.PeriodicJobs()...)
+	if rc.Queues == nil {
+		rc.Queues = map[string]river.QueueConfig{}
+	}
+	for name, qc := range o.Queues() {
+		if _, ok := rc.Queues[name]; !ok {
+			rc.Queues[name] = qc
+		}
+	}
+	return nil
+}
+
+type dispatchWorker struct {
+	river.WorkerDefaults[DispatchArgs]
+	o *Outbox
+}
+
+// Timeout covers one slice plus the longest batch that may be in flight when it ends. A
+// dispatcher never runs longer: it snoozes itself at the end of its slice.
+func (w *dispatchWorker) Timeout(job *river.Job[DispatchArgs]) time.Duration {
+	if ks, ok := w.o.kinds[job.Args.OperationKind]; ok {
+		return w.o.config.Slice + ks.cfg.Lease + time.Minute
+	}
+	return 0
+}
+
+func (w *dispatchWorker) Work(ctx context.Context, job *river.Job[DispatchArgs]) error {
+	return w.o.dispatch(ctx, job)
+}
+
+// PollArgs is the periodic River job that wakes dispatchers for due work nobody woke them for.
+type PollArgs struct {
+	Kinds []string `json:"kinds"`
+}
+
+// Kind is the River job kind.
+func (PollArgs) Kind() string { return "stepwise_outbox_poll" }
+
+// InsertOpts keeps at most one poll queued or running: polls that pile up while no worker
+// runs them would all do the same thing.
+func (PollArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{
+		Queue:       PollQueue,
+		MaxAttempts: 1,
+		UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
+			rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
+		}},
+	}
+}
+
+type pollWorker struct {
+	river.WorkerDefaults[PollArgs]
+	o *Outbox
+}
+
+func (w *pollWorker) Timeout(*river.Job[PollArgs]) time.Duration { return 30 * time.Second }
+
+func (w *pollWorker) Work(ctx context.Context, job *river.Job[PollArgs]) error {
+	_, err := w.o.poll(ctx, job.Args.Kinds)
+	return err
+}
+
+// poll wakes the dispatcher of every kind that has due work: PENDING or RETRYABLE operations
+// whose time has come, or PROCESSING ones whose lease expired. When the wake is swallowed by a
+// dispatcher job that River still calls running but that stopped heartbeating (its process
+// was killed), it queues a takeover dispatcher named after that job.
+func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
+	client := clientFrom(ctx)
+	if client == nil {
+		return nil, errors.New("outbox: poll needs a River client in its context; run it as a River job")
+	}
+	rows, err := o.db.Query(ctx, `
+		SELECT k,
+			coalesce((SELECT heartbeat_at > now() - $2::interval FROM stepwise_outbox_dispatcher d WHERE d.kind = k), false)
+		FROM unnest($1::text[]) AS k
+		WHERE EXISTS (SELECT 1 FROM stepwise_operation
+				WHERE kind = k AND state IN ('PENDING', 'RETRYABLE') AND next_attempt_at <= now())
+			OR EXISTS (SELECT 1 FROM stepwise_operation
+				WHERE kind = k AND state = 'PROCESSING' AND lease_until < now())`,
+		kinds, takeoverAfter)
+	if err != nil {
+		return nil, fmt.Errorf("finding kinds with due operations: %w", err)
+	}
+	type due struct {
+		kind  string
+		alive bool
+	}
+	dues, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (due, error) {
+		var d due
+		return d, r.Scan(&d.kind, &d.alive)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("finding kinds with due operations: %w", err)
+	}
+	var woken []string
+	for _, d := range dues {
+		err := pgx.BeginFunc(ctx, o.db, func(tx pgx.Tx) error {
+			res, err := client.InsertTx(ctx, tx, DispatchArgs{OperationKind: d.kind}, nil)
+			if err != nil {
+				return err
+			}
+			if res.UniqueSkippedAsDuplicate && res.Job.State == rivertype.JobStateRunning && !d.alive {
+				args := DispatchArgs{OperationKind: d.kind, Takeover: res.Job.ID}
+				if _, err := client.InsertTx(ctx, tx, args, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return woken, fmt.Errorf("waking the dispatcher of kind %q: %w", d.kind, err)
+		}
+		woken = append(woken, d.kind)
+	}
+	return woken, nil
+}

@@ -1,0 +1,148 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Querier is what the read functions need: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Get returns the operation with id, or an error matching ErrNotFound.
+func Get(ctx context.Context, q Querier, id uuid.UUID) (*Operation, error) {
+	op, err := scanOperation(q.QueryRow(ctx, `SELECT `+columns+` FROM stepwise_operation WHERE operation_id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading operation %s: %w", id, err)
+	}
+	return op, nil
+}
+
+// ListParams selects operations for List.
+type ListParams struct {
+	// State selects operations in this state. Required.
+	State State
+	// Kind, when set, selects operations of this kind only.
+	Kind string
+	// Limit caps the result. Defaults to 100.
+	Limit int
+}
+
+// List returns operations in a state, oldest update first (for UNKNOWN_EXTERNAL and MANUAL,
+// the ones waiting longest).
+func List(ctx context.Context, q Querier, params *ListParams) ([]*Operation, error) {
+	if params == nil || !params.State.valid() {
+		return nil, errors.New("outbox.List: ListParams.State is required; use one of outbox.States()")
+	}
+	limit := params.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM stepwise_operation
+		WHERE state = $1 AND ($2 = '' OR kind = $2)
+		ORDER BY updated_at, operation_id LIMIT $3`, params.State, params.Kind, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s operations: %w", params.State, err)
+	}
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Operation, error) { return scanOperation(r) })
+	if err != nil {
+		return nil, fmt.Errorf("listing %s operations: %w", params.State, err)
+	}
+	return ops, nil
+}
+
+// KindStateCount is the number of operations of a kind in a state.
+type KindStateCount struct {
+	Kind  string
+	State State
+	Count int64
+}
+
+// Counts returns the number of operations per kind and state (states with none are left
+// out). It reads the whole ledger: use it for reports, not on a hot path; the metrics count
+// only the states that are not terminal.
+func Counts(ctx context.Context, q Querier) ([]KindStateCount, error) {
+	rows, err := q.Query(ctx, `SELECT kind, state, count(*) FROM stepwise_operation GROUP BY kind, state ORDER BY kind, state`)
+	if err != nil {
+		return nil, fmt.Errorf("counting operations: %w", err)
+	}
+	return collectCounts(rows)
+}
+
+// CountsActive is Counts for the states that are not terminal (PENDING, PROCESSING, RETRYABLE,
+// UNKNOWN_EXTERNAL, MANUAL). Each is read through its partial index, so its cost does not
+// grow with the history of finished operations.
+func CountsActive(ctx context.Context, q Querier) ([]KindStateCount, error) {
+	rows, err := q.Query(ctx, `
+		SELECT kind, state, count(*) FROM stepwise_operation WHERE state IN ('PENDING', 'RETRYABLE') GROUP BY kind, state
+		UNION ALL
+		SELECT kind, state, count(*) FROM stepwise_operation WHERE state = 'PROCESSING' GROUP BY kind, state
+		UNION ALL
+		SELECT kind, state, count(*) FROM stepwise_operation WHERE state = 'UNKNOWN_EXTERNAL' GROUP BY kind, state
+		UNION ALL
+		SELECT kind, state, count(*) FROM stepwise_operation WHERE state = 'MANUAL' GROUP BY kind, state
+		ORDER BY 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("counting active operations: %w", err)
+	}
+	return collectCounts(rows)
+}
+
+func collectCounts(rows pgx.Rows) ([]KindStateCount, error) {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (KindStateCount, error) {
+		var c KindStateCount
+		return c, r.Scan(&c.Kind, &c.State, &c.Count)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("counting operations: %w", err)
+	}
+	return out, nil
+}
+
+// OldestUnknown returns, per kind, how long the longest-waiting UNKNOWN_EXTERNAL operation has
+// been unknown. Kinds with none are left out.
+func OldestUnknown(ctx context.Context, q Querier) (map[string]time.Duration, error) {
+	rows, err := q.Query(ctx, `
+		SELECT kind, extract(epoch FROM now() - min(unknown_since))::float8
+		FROM stepwise_operation WHERE state = 'UNKNOWN_EXTERNAL' GROUP BY kind`)
+	if err != nil {
+		return nil, fmt.Errorf("reading the oldest unknown operations: %w", err)
+	}
+	out := map[string]time.Duration{}
+	for rows.Next() {
+		var kind string
+		var secs float64
+		if err := rows.Scan(&kind, &secs); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading the oldest unknown operations: %w", err)
+		}
+		out[kind] = time.Duration(secs * float64(time.Second))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the oldest unknown operations: %w", err)
+	}
+	return out, nil
+}
+
+// UnfinishedForRuns counts the operations enqueued by the given runs (Operation.RunKey) that
+// are not terminal: a batch is complete only when this is zero and its runs succeeded.
+// MANUAL counts as unfinished: a person has yet to decide.
+func UnfinishedForRuns(ctx context.Context, q Querier, runKeys ...string) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation
+		WHERE run_key = ANY($1) AND state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT')`, runKeys).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("counting unfinished operations of %d runs: %w", len(runKeys), err)
+	}
+	return n, nil
+}

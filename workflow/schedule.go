@@ -1,0 +1,518 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/internal/cronslot"
+)
+
+// GapPolicy says what happens to a fixed local time that falls in a spring-forward gap,
+// such as 02:30 in America/New_York on 2026-03-08. It matters only for specs with a fixed
+// minute and hour ("30 2 * * *", @daily); specs with a wildcard hour follow absolute time.
+type GapPolicy = cronslot.GapPolicy
+
+const (
+	// GapRunAfter runs a local time that falls in a gap once, at the first instant after
+	// the gap (03:00 EDT in New York), as Vixie cron does: a daily job still runs that day.
+	GapRunAfter = cronslot.GapRunAfter
+
+	// GapSkip drops a local time that falls in a gap: no slot for it that day.
+	GapSkip = cronslot.GapSkip
+)
+
+// OverlapPolicy decides what happens to a slot that falls due while runs of an earlier slot
+// of the same schedule are still pending or running. There is no default: a settlement that
+// silently overlapped itself, or silently did not run, would both be wrong somewhere, so the
+// schedule must say which it wants.
+type OverlapPolicy int
+
+const (
+	// OverlapAllowAll starts every slot when it is due, whatever is still running.
+	OverlapAllowAll OverlapPolicy = iota + 1
+
+	// OverlapSkip records a slot as skipped (reason overlap_skip) when an earlier slot's
+	// runs are unfinished.
+	OverlapSkip
+
+	// OverlapBufferOne keeps one slot waiting (buffered) while an earlier slot's runs are
+	// unfinished and starts it when they end; further slots due meanwhile are recorded as
+	// skipped (reason overlap_buffer_full). The oldest waiting slot is kept, as in
+	// Temporal's BUFFER_ONE.
+	OverlapBufferOne
+
+	// OverlapBufferAll keeps every slot that falls due while an earlier one is unfinished
+	// and starts them one at a time in slot order: runs of the schedule are strictly
+	// serial. Nothing is skipped; a run that never ends holds back every later slot
+	// (visible as buffered slots in ListSlots).
+	OverlapBufferAll
+
+	// OverlapCancelOther asks the unfinished runs of earlier slots to stop (CancelRun: their
+	// step's context is cancelled, they end 'cancelled' and record why) and starts the new
+	// slot once they have ended, so two slots' runs never work at once. A slot still
+	// waiting when a newer one arrives is itself superseded (skipped, reason
+	// overlap_superseded).
+	OverlapCancelOther
+)
+
+// String returns the policy's stored name: allow_all, skip, buffer_one, buffer_all or
+// cancel_other.
+func (o OverlapPolicy) String() string {
+	switch o {
+	case OverlapAllowAll:
+		return "allow_all"
+	case OverlapSkip:
+		return "skip"
+	case OverlapBufferOne:
+		return "buffer_one"
+	case OverlapBufferAll:
+		return "buffer_all"
+	case OverlapCancelOther:
+		return "cancel_other"
+	}
+	return fmt.Sprintf("OverlapPolicy(%d)", int(o))
+}
+
+// MisfirePolicy decides what happens to slots that fell due while no tick ran: an outage,
+// a deploy, a leader change, a paused schedule. Use CatchUpAll, RunLatest or SkipMissed.
+type MisfirePolicy interface {
+	// describe returns the policy as stored in stepwise_schedule.misfire.
+	describe() map[string]any
+	// withDefaults returns the policy with zero fields set to their defaults.
+	withDefaults() MisfirePolicy
+	// validate checks the policy for a schedule ticked every tickInterval.
+	validate(tickInterval time.Duration) error
+}
+
+// CatchUpAll runs every missed slot, oldest first, but bounded so that a long outage does
+// not flood the database and the workers: at most PerTick slots are materialized per tick
+// (a rate of PerTick per SchedulerConfig.TickInterval), and when more than Max slots are
+// waiting, the oldest beyond Max are recorded as skipped (reason catch_up_limit).
+type CatchUpAll struct {
+	// Max is the most slots a tick keeps waiting to be caught up; older ones are skipped.
+	// Defaults to 1000.
+	Max int
+
+	// PerTick is the most slots one tick materializes (each with Shards runs).
+	// Defaults to 100.
+	PerTick int
+}
+
+func (p CatchUpAll) describe() map[string]any {
+	return map[string]any{"policy": "catch_up_all", "max": p.Max, "per_tick": p.PerTick}
+}
+
+func (p CatchUpAll) withDefaults() MisfirePolicy {
+	if p.Max == 0 {
+		p.Max = 1000
+	}
+	if p.PerTick == 0 {
+		p.PerTick = 100
+	}
+	return p
+}
+
+func (p CatchUpAll) validate(time.Duration) error {
+	switch {
+	case p.Max < 0:
+		return fmt.Errorf("Misfire CatchUpAll.Max is %d; it must be positive (0 means the default, 1000)", p.Max)
+	case p.PerTick < 0:
+		return fmt.Errorf("Misfire CatchUpAll.PerTick is %d; it must be positive (0 means the default, 100)", p.PerTick)
+	}
+	return nil
+}
+
+// RunLatest runs only the newest missed slot and records the older ones as skipped (reason
+// misfire_run_latest). Right for a job whose newest run supersedes older ones (a refresh),
+// wrong for one where each slot is its own batch (a daily settlement).
+type RunLatest struct{}
+
+func (RunLatest) describe() map[string]any      { return map[string]any{"policy": "run_latest"} }
+func (p RunLatest) withDefaults() MisfirePolicy { return p }
+func (RunLatest) validate(time.Duration) error  { return nil }
+
+// SkipMissed runs a slot only if a tick decides it within StartingDeadline of its time, like
+// a Kubernetes CronJob's startingDeadlineSeconds; slots later than that are recorded as
+// skipped (reason misfire_deadline). It is named SkipMissed rather than Skip so it cannot be
+// read as a step outcome beside Continue and Done.
+type SkipMissed struct {
+	// StartingDeadline is how late a slot may still start. It must be longer than the
+	// scheduler's TickInterval, or slots would be skipped in normal operation merely for
+	// waiting for the next tick. Required.
+	StartingDeadline time.Duration
+}
+
+func (p SkipMissed) withDefaults() MisfirePolicy { return p }
+func (p SkipMissed) describe() map[string]any {
+	return map[string]any{"policy": "skip_missed", "starting_deadline": p.StartingDeadline.String()}
+}
+
+func (p SkipMissed) validate(tickInterval time.Duration) error {
+	if p.StartingDeadline <= tickInterval {
+		return fmt.Errorf("Misfire SkipMissed.StartingDeadline is %s; it must be longer than the scheduler's TickInterval (%s), or on-time slots would be skipped while waiting for a tick; e.g. %s",
+			p.StartingDeadline, tickInterval, 3*tickInterval)
+	}
+	return nil
+}
+
+// Schedule defines a durable cron schedule whose slots start runs of A's workflow. Register
+// it with AddSchedule.
+type Schedule[A river.JobArgs] struct {
+	// Name identifies the schedule forever: its row, its slots and its run keys
+	// ("<Name>/<slot>/<shard>"). 1 to 128 characters of letters, digits, '_', '.', ':' and
+	// '-', starting with a letter or digit. Required.
+	Name string
+
+	// Spec is a cron spec in robfig/cron/v3's standard syntax: five fields "minute hour
+	// day-of-month month day-of-week", or a descriptor (@daily, @hourly, @weekly, @monthly,
+	// @yearly). A "CRON_TZ=Zone " prefix overrides Zone. @every is refused: its slots would
+	// depend on when a process started. Required.
+	Spec string
+
+	// Zone is the IANA time zone the spec is read in, e.g. "America/New_York" or "UTC".
+	// Required unless Spec starts with CRON_TZ=; "Local" is refused, because it differs
+	// between hosts and every node must compute the same slots.
+	Zone string
+
+	// Gap says what happens to a fixed local time that falls in a spring-forward gap.
+	// Defaults to GapRunAfter.
+	Gap GapPolicy
+
+	// Misfire decides slots missed while no tick ran. Required: CatchUpAll, RunLatest or
+	// SkipMissed.
+	Misfire MisfirePolicy
+
+	// Overlap decides a slot that falls due while an earlier slot's runs are unfinished.
+	// Required.
+	Overlap OverlapPolicy
+
+	// Shards is how many runs each slot fans out to, shard 0 to Shards-1; use ShardOf to
+	// assign business keys to shards. Required, at least 1.
+	Shards int
+
+	// Args builds the input of the run for (slot, shard). slot is in UTC; convert it to
+	// the schedule's zone for business dates. It must be deterministic: the run's key is
+	// fixed by (slot, shard), and a second start with different input is ErrRunConflict.
+	// Required.
+	Args func(slot time.Time, shard int) A
+
+	// InsertOpts are passed to River for each run's job (queue, priority, max attempts).
+	// Defaults to nil: River's defaults.
+	InsertOpts *river.InsertOpts
+
+	// StartAt, for a schedule that has no row yet, makes the first slot considered the
+	// first one at or after StartAt, so history since StartAt is back-filled through the
+	// misfire policy. Defaults to the zero time: the schedule starts at its first tick, with
+	// no back-fill. Ignored once the schedule's row exists (its watermark rules).
+	StartAt time.Time
+}
+
+// scheduleNameRE matches names valid in stepwise_schedule.name; keep the two in step.
+var scheduleNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
+
+// schedule is a registered Schedule with its type parameter erased.
+type schedule struct {
+	name       string
+	spec       *cronslot.Spec
+	specText   string
+	zone       string
+	gap        GapPolicy
+	misfire    MisfirePolicy
+	overlap    OverlapPolicy
+	shards     int
+	startAt    time.Time
+	workflow   string
+	start      func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, slot time.Time, shard int) (*Run, error)
+	misfireDoc []byte // misfire.describe() as JSON
+}
+
+func gapName(g GapPolicy) string {
+	if g == GapSkip {
+		return "skip"
+	}
+	return "run_after"
+}
+
+// SchedulerConfig configures a Scheduler.
+type SchedulerConfig struct {
+	// TickInterval is how often River's leader inserts the tick job that materializes due
+	// slots. A slot starts at most about TickInterval after its time. Defaults to 5s.
+	TickInterval time.Duration
+
+	// Now is the clock ticks compare slots with. Defaults to nil: the database's clock
+	// (now() of the tick's transaction). The database clock is the one every node shares:
+	// a node whose own clock ran ahead would otherwise materialize slots before they are
+	// due, one running behind would start them late, and two nodes would disagree about
+	// which slots are due; leases are timed by the same clock. Tests set it to control time.
+	Now func() time.Time
+
+	// MaxSlotsPerTick bounds how many slots one tick decides per schedule (skipped ones
+	// included), which bounds the tick's transaction. A longer backlog is worked off over
+	// the following ticks. Defaults to 10,000.
+	MaxSlotsPerTick int
+
+	// Logger receives schedule changes and tick failures. Defaults to the Engine's logger.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c *SchedulerConfig) WithDefaults() *SchedulerConfig {
+	out := SchedulerConfig{}
+	if c != nil {
+		out = *c
+	}
+	if out.TickInterval == 0 {
+		out.TickInterval = 5 * time.Second
+	}
+	if out.MaxSlotsPerTick == 0 {
+		out.MaxSlotsPerTick = 10_000
+	}
+	return &out
+}
+
+func (c *SchedulerConfig) validate() error {
+	switch {
+	case c.TickInterval <= 0:
+		return fmt.Errorf("workflow.SchedulerConfig.TickInterval is %s; it must be positive (0 means the default, 5s)", c.TickInterval)
+	case c.MaxSlotsPerTick < 1:
+		return fmt.Errorf("workflow.SchedulerConfig.MaxSlotsPerTick is %d; it must be positive (0 means the default, 10000)", c.MaxSlotsPerTick)
+	}
+	return nil
+}
+
+// Scheduler turns cron specs into durable, deterministic slots, each fanned out to one run per
+// shard. River's own periodic jobs keep their state in the leader's memory, so a slot that
+// falls due during a deploy or a leader change is lost; a Stepwise schedule keeps a
+// watermark (the last slot decided) in stepwise_schedule and advances it only in the
+// transaction that inserts the slot's runs and River jobs. A tick that commits and then
+// crashes leaves nothing to redo; a tick that crashes before commit leaves nothing done.
+//
+// # Slots
+//
+// The slots of a schedule are the chain spec.Next(previous) in the schedule's zone, stored
+// as UTC timestamps (package internal/cronslot does the arithmetic, DST included), so every
+// node computes the same instants. Each slot is decided exactly once, under the schedule
+// row's lock, and recorded in stepwise_schedule_slot as materialized, skipped (with a reason)
+// or buffered (waiting for the previous slot's runs to finish). A materialized slot has one
+// run per shard with key "<schedule>/<slot RFC 3339 UTC>/<shard>" (ScheduleRunKey); run keys
+// are unique forever, so even a tick that somehow ran twice could not start a second run.
+//
+// # Misfires
+//
+// Slots missed while no tick ran (an outage, a long deploy, a paused schedule) are decided
+// by the schedule's MisfirePolicy when ticking resumes: CatchUpAll runs them (bounded in
+// count and rate), RunLatest runs only the newest, SkipMissed runs none older than a
+// starting deadline. Every slot not run is recorded as skipped with its reason.
+//
+// # Overlap
+//
+// When a slot is due while runs of an earlier slot are unfinished, the OverlapPolicy
+// decides: OverlapAllowAll, OverlapSkip, OverlapBufferOne, OverlapBufferAll (strictly serial,
+// in slot order) or OverlapCancelOther (cooperative cancellation of the older runs through
+// CancelRun; the new slot starts once they have ended).
+//
+// # Batch status
+//
+// SlotStatus and ListSlots derive a slot's status from evidence (its runs and the operations
+// they enqueued), never from a loop that merely returned: see BatchStatus.
+//
+// # Example
+//
+//	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{TickInterval: 5 * time.Second})
+//	if err != nil {
+//		return err
+//	}
+//	err = workflow.AddSchedule(sched, workflow.Schedule[SettleArgs]{
+//		Name:    "settle",
+//		Spec:    "30 2 * * *",
+//		Zone:    "America/New_York",
+//		Misfire: workflow.CatchUpAll{Max: 30, PerTick: 5},
+//		Overlap: workflow.OverlapBufferAll,
+//		Shards:  8,
+//		Args: func(slot time.Time, shard int) SettleArgs {
+//			return SettleArgs{Date: slot.In(ny).Format(time.DateOnly), Shard: shard}
+//		},
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	if err := sched.AddWorkers(workers); err != nil {
+//		return err
+//	}
+//	riverConfig.PeriodicJobs = append(riverConfig.PeriodicJobs, sched.PeriodicJobs()...)
+//
+// # Wiring
+//
+// Create one Scheduler per Engine with NewScheduler, register schedules with AddSchedule,
+// its tick worker with AddWorkers and its tick job with PeriodicJobs. Every node should
+// register the same schedules: the tick job runs on whichever node fetches it, and ticks
+// only the schedules that node knows. Tick can also be called by hand.
+type Scheduler struct {
+	e       *Engine
+	cfg     *SchedulerConfig
+	logger  *slog.Logger
+	metrics *ScheduleMetrics
+
+	mu        sync.Mutex
+	schedules []*schedule
+	byName    map[string]*schedule
+}
+
+// NewScheduler returns a Scheduler whose runs are started through engine's tables.
+func NewScheduler(engine *Engine, cfg *SchedulerConfig) (*Scheduler, error) {
+	if engine == nil {
+		return nil, errors.New("workflow.NewScheduler: engine is nil; create one with workflow.New")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = engine.logger
+	}
+	return &Scheduler{
+		e:       engine,
+		cfg:     cfg,
+		logger:  logger,
+		metrics: NewScheduleMetrics(),
+		byName:  map[string]*schedule{},
+	}, nil
+}
+
+// AddSchedule registers a schedule. Every mistake a schedule can hold is reported here, at
+// registration, naming the schedule and the fix, never at fire time: an invalid spec, an
+// unknown zone, a missing policy, fewer than one shard, a name already registered.
+//
+// Registration is in memory; the schedule's row is created or updated by the next tick
+// (under the row's lock, so concurrent nodes do not race). A changed definition keeps the
+// watermark, so it takes effect from the next slot, and is audited as a 'schedule.changed'
+// event with the old and new definition.
+func AddSchedule[A river.JobArgs](s *Scheduler, sch Schedule[A]) error {
+	if s == nil {
+		return errors.New("workflow.AddSchedule: scheduler is nil; create one with workflow.NewScheduler")
+	}
+	def, err := compileSchedule(sch, s.cfg.TickInterval)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.byName[sch.Name]; dup {
+		return fmt.Errorf("%w: schedule %q is registered twice: give each schedule its own Name", ErrInvalidSchedule, sch.Name)
+	}
+	s.byName[sch.Name] = def
+	s.schedules = append(s.schedules, def)
+	return nil
+}
+
+// compileSchedule validates sch and erases its type parameter. tickInterval is the
+// scheduler's, which some policies are checked against.
+func compileSchedule[A river.JobArgs](sch Schedule[A], tickInterval time.Duration) (*schedule, error) {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%w: schedule %q: %s", ErrInvalidSchedule, sch.Name, fmt.Sprintf(format, args...))
+	}
+	if !scheduleNameRE.MatchString(sch.Name) {
+		return nil, fmt.Errorf("%w: schedule name %q: use 1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit (it goes into run keys \"<name>/<slot>/<shard>\")",
+			ErrInvalidSchedule, sch.Name)
+	}
+	var zone *time.Location
+	if sch.Zone != "" {
+		var err error
+		if zone, err = cronslot.LoadZone(sch.Zone); err != nil {
+			return nil, fail("Zone: %v", err)
+		}
+	}
+	spec, err := cronslot.Parse(sch.Spec, zone, sch.Gap)
+	if err != nil {
+		if zone == nil && !errors.Is(err, cronslot.ErrUnknownZone) {
+			return nil, fail("%v (Zone is empty: set Zone to an IANA name such as \"America/New_York\" or \"UTC\", or prefix the spec with CRON_TZ=)", err)
+		}
+		return nil, fail("Spec: %v", err)
+	}
+	if sch.Misfire == nil {
+		return nil, fail("Misfire is nil: choose workflow.CatchUpAll{Max: ..., PerTick: ...}, workflow.RunLatest{} or workflow.SkipMissed{StartingDeadline: ...}")
+	}
+	misfire := sch.Misfire.withDefaults()
+	if err := misfire.validate(tickInterval); err != nil {
+		return nil, fail("%v", err)
+	}
+	if sch.Overlap < OverlapAllowAll || sch.Overlap > OverlapCancelOther {
+		return nil, fail("Overlap is %s: choose workflow.OverlapAllowAll, OverlapSkip, OverlapBufferOne, OverlapBufferAll or OverlapCancelOther", sch.Overlap)
+	}
+	if sch.Shards < 1 {
+		return nil, fail("Shards is %d: a slot needs at least one run; set Shards to 1 for an unsharded schedule", sch.Shards)
+	}
+	if sch.Args == nil {
+		return nil, fail("Args is nil: give a func(slot time.Time, shard int) %T that builds each run's input", *new(A))
+	}
+	misfireDoc, err := json.Marshal(misfire.describe())
+	if err != nil {
+		return nil, fail("encoding misfire policy: %v", err)
+	}
+	var a A
+	def := &schedule{
+		name:       sch.Name,
+		spec:       spec,
+		specText:   spec.String(),
+		zone:       spec.Location().String(),
+		gap:        sch.Gap,
+		misfire:    misfire,
+		overlap:    sch.Overlap,
+		shards:     sch.Shards,
+		startAt:    sch.StartAt,
+		workflow:   a.Kind(),
+		misfireDoc: misfireDoc,
+	}
+	args, insertOpts, name := sch.Args, sch.InsertOpts, sch.Name
+	def.start = func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, slot time.Time, shard int) (*Run, error) {
+		var opts *river.InsertOpts
+		if insertOpts != nil {
+			cp := *insertOpts
+			opts = &cp
+		}
+		return StartTx(ctx, client, tx, ScheduleRunKey(name, slot, shard), args(slot, shard), &StartOpts{
+			Schedule:   name,
+			Slot:       slot,
+			Shard:      &shard,
+			InsertOpts: opts,
+		})
+	}
+	return def, nil
+}
+
+// ErrInvalidSchedule is matched (errors.Is) by every error AddSchedule returns for a schedule
+// it cannot accept; the message names the schedule, the field and the fix.
+var ErrInvalidSchedule = errors.New("workflow: invalid schedule")
+
+// ErrScheduleNotFound is returned for a schedule name that has no row (it was never ticked).
+var ErrScheduleNotFound = errors.New("workflow: schedule not found")
+
+// ScheduleRunKey returns the run key of a schedule's slot and shard:
+// "<schedule>/<slot in RFC 3339, UTC>/<shard>", e.g. "settle/2026-03-08T07:00:00Z/3".
+func ScheduleRunKey(schedule string, slot time.Time, shard int) string {
+	return fmt.Sprintf("%s/%s/%d", schedule, slot.UTC().Format(time.RFC3339), shard)
+}
+
+// ShardOf returns the shard, in [0, n), of a business key: the 64-bit FNV-1a hash of the
+// key's bytes modulo n. The hash is fixed forever (tests pin its values): changing it would
+// move items between shards of runs already started, so an item could be processed by two
+// shards or by none. ShardOf panics if n < 1, like a division by zero.
+func ShardOf(key string, n int) int {
+	if n < 1 {
+		panic(fmt.Sprintf("workflow.ShardOf: n is %d; a schedule has at least one shard", n))
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key)) // hash.Hash.Write never fails
+	return int(h.Sum64() % uint64(n))
+}

@@ -1,0 +1,884 @@
+package workflow_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/faultpoint"
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest"
+)
+
+// The schedule tick's role for subprocess drills. RegisterRole may be called from init
+// (testkit.Main runs the role before any test), so this file needs nothing in TestMain.
+func init() {
+	workflowtest.RegisterRole("schedule-tick-once", runTickOnceRole)
+}
+
+// settleArgs is the scheduled test workflow's input.
+type settleArgs struct {
+	Slot  time.Time `json:"slot"`
+	Shard int       `json:"shard"`
+}
+
+func (settleArgs) Kind() string { return "test_settle" }
+
+// fakeClock is the schedule's injectable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock(t time.Time) *fakeClock { return &fakeClock{t: t} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+func (c *fakeClock) Add(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+	return c.t
+}
+
+// t0 is a fixed start for simulated time: a Wednesday, well away from DST switches.
+var t0 = time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)
+
+type schedBundle struct {
+	pool   *pgxpool.Pool
+	engine *workflow.Engine
+	client *river.Client[pgx.Tx] // insert-only: runs are inserted, never worked
+	sched  *workflow.Scheduler
+	clock  *fakeClock
+}
+
+// setupScheduler builds a Scheduler on pool with an injected clock at t0 and an insert-only
+// River client: enough to check what ticks materialize.
+func setupScheduler(t testing.TB, pool *pgxpool.Pool, clock *fakeClock) *schedBundle {
+	t.Helper()
+	engine, err := workflow.New(pool, &workflow.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	if clock == nil {
+		clock = newClock(t0)
+	}
+	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{TickInterval: 5 * time.Second, Now: clock.Now})
+	require.NoError(t, err)
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	return &schedBundle{pool: pool, engine: engine, client: client, sched: sched, clock: clock}
+}
+
+func settleSchedule(name, spec string, misfire workflow.MisfirePolicy, overlap workflow.OverlapPolicy, shards int) workflow.Schedule[settleArgs] {
+	return workflow.Schedule[settleArgs]{
+		Name: name, Spec: spec, Zone: "UTC", Misfire: misfire, Overlap: overlap, Shards: shards,
+		Args: func(slot time.Time, shard int) settleArgs { return settleArgs{Slot: slot, Shard: shard} },
+	}
+}
+
+func (b *schedBundle) tick(t testing.TB, name string) *workflow.ScheduleTick {
+	t.Helper()
+	res, err := b.sched.Tick(context.Background(), b.client)
+	require.NoError(t, err)
+	st := res.Schedule(name)
+	require.NotNil(t, st, "no result for schedule %q", name)
+	return st
+}
+
+func queryInt(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// requireOneRunPerSlotShard checks invariant 1 of DESIGN.md for a schedule: every
+// materialized slot has exactly one run per shard and each run exactly one River job, and
+// nothing else exists.
+func requireOneRunPerSlotShard(t testing.TB, pool *pgxpool.Pool, schedule string) (slots, runs int) {
+	t.Helper()
+	slots = queryInt(t, pool, `SELECT count(*) FROM stepwise_schedule_slot WHERE schedule = $1 AND status = 'materialized'`, schedule)
+	want := queryInt(t, pool, `SELECT coalesce(sum(shards), 0)::int FROM stepwise_schedule_slot WHERE schedule = $1 AND status = 'materialized'`, schedule)
+	runs = queryInt(t, pool, `SELECT count(*) FROM stepwise_run WHERE schedule = $1`, schedule)
+	require.Equal(t, want, runs, "runs of %q", schedule)
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM (SELECT slot, shard FROM stepwise_run WHERE schedule = $1
+		GROUP BY slot, shard HAVING count(*) > 1) d`, schedule), "duplicate (slot, shard) runs")
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM stepwise_run r LEFT JOIN stepwise_schedule_slot s
+		ON s.schedule = r.schedule AND s.slot = r.slot AND s.status = 'materialized'
+		WHERE r.schedule = $1 AND s.slot IS NULL`, schedule), "runs of slots not materialized")
+	require.Equal(t, runs, queryInt(t, pool, `SELECT count(*) FROM river_job WHERE metadata->>'stepwise_run' LIKE $1 || '/%'`, schedule),
+		"one River job per run")
+	return slots, runs
+}
+
+// Drill 1, in process: the tick commits and then fails before its caller hears back (fault
+// point tick-after-commit). The next tick inserts nothing new. Not parallel: fault points
+// are per process, and a parallel schedule test would consume the fault.
+func TestScheduleTickFailsAfterCommit(t *testing.T) {
+	require.NoError(t, faultpoint.Configure(faultpoint.TickAfterCommit+":error@n=1", "1"))
+	t.Cleanup(func() { _ = faultpoint.Configure("", "") })
+	b := setupScheduler(t, testkit.DB(t), nil)
+	sch := settleSchedule("drill1", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 3)
+	sch.StartAt = t0.Add(-5 * time.Minute)
+	require.NoError(t, workflow.AddSchedule(b.sched, sch))
+
+	res, err := b.sched.Tick(context.Background(), b.client)
+	require.ErrorIs(t, err, faultpoint.ErrInjected)
+	require.Len(t, res.Schedule("drill1").Materialized, 6, "the failing tick committed its work before failing")
+	slots, runs := requireOneRunPerSlotShard(t, b.pool, "drill1")
+	require.Equal(t, 6, slots) // -4m .. 0m, plus -5m itself: StartAt is inclusive
+	require.Equal(t, 18, runs)
+
+	st := b.tick(t, "drill1")
+	require.Empty(t, st.Materialized)
+	require.Zero(t, st.RunsStarted)
+	slots, runs = requireOneRunPerSlotShard(t, b.pool, "drill1")
+	require.Equal(t, 6, slots)
+	require.Equal(t, 18, runs)
+}
+
+// runTickOnceRole ticks once in a child process, with the schedule and clock the parent
+// passes; the parent arms STEPWISE_FAULTS=tick-after-commit:kill, so it never returns.
+func runTickOnceRole(ctx context.Context, env map[string]string) error {
+	pool, err := pgxpool.New(ctx, env["STEPWISE_TEST_DB"])
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	now, err := time.Parse(time.RFC3339, env["FAKE_NOW"])
+	if err != nil {
+		return err
+	}
+	engine, err := workflow.New(pool, nil)
+	if err != nil {
+		return err
+	}
+	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{Now: func() time.Time { return now }})
+	if err != nil {
+		return err
+	}
+	sch := settleSchedule("drill1", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 3)
+	sch.StartAt = t0.Add(-5 * time.Minute)
+	if err := workflow.AddSchedule(sched, sch); err != nil {
+		return err
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	fmt.Println("ticking")
+	_, err = sched.Tick(ctx, client)
+	fmt.Println("tick returned", err)
+	return err
+}
+
+// Drill 1 with a real crash: a child process ticks and is killed (SIGKILL) right after its
+// tick committed. The parent's tick from the same watermark adds nothing.
+func TestScheduleTickKilledAfterCommit(t *testing.T) {
+	t.Parallel()
+	url := testkit.DBURL(t)
+	child := workflowtest.Start(t, "schedule-tick-once",
+		"STEPWISE_FAULTS="+faultpoint.TickAfterCommit+":kill",
+		"STEPWISE_TEST_DB="+url,
+		"FAKE_NOW="+t0.Format(time.RFC3339))
+	err := child.Wait()
+	require.Error(t, err, "the child must have been killed at the fault point")
+	require.Contains(t, err.Error(), "killed")
+	_, err = child.WaitForLine(context.Background(), "stepwise-fault: tick-after-commit:kill")
+	require.NoError(t, err)
+	for _, l := range child.Lines() {
+		require.NotContains(t, l, "tick returned", "the child got past the fault point")
+	}
+
+	b := setupScheduler(t, mustPool(t, url), nil)
+	sch := settleSchedule("drill1", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 3)
+	sch.StartAt = t0.Add(-5 * time.Minute)
+	require.NoError(t, workflow.AddSchedule(b.sched, sch))
+	slots, runs := requireOneRunPerSlotShard(t, b.pool, "drill1")
+	require.Equal(t, 6, slots, "the killed tick's commit is durable")
+	require.Equal(t, 18, runs)
+
+	st := b.tick(t, "drill1")
+	require.False(t, st.Created)
+	require.Empty(t, st.Materialized)
+	slots, runs = requireOneRunPerSlotShard(t, b.pool, "drill1")
+	require.Equal(t, 6, slots)
+	require.Equal(t, 18, runs)
+}
+
+// Drill 5: no tick for 10 hours of a per-minute schedule. CatchUpAll materializes the 600
+// slots at its configured rate; RunLatest runs one; SkipMissed runs none past its deadline.
+// Every slot is recorded either way.
+func TestScheduleMisfireDrill(t *testing.T) {
+	t.Parallel()
+	outage := 10 * time.Hour
+	setup := func(t *testing.T, m workflow.MisfirePolicy) *schedBundle {
+		b := setupScheduler(t, testkit.DB(t), nil)
+		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("minutely", "* * * * *", m, workflow.OverlapAllowAll, 2)))
+		st := b.tick(t, "minutely") // creates the row, watermark t0
+		require.True(t, st.Created)
+		require.Empty(t, st.Materialized)
+		b.clock.Set(t0.Add(outage)) // the scheduler was down for ten hours
+		return b
+	}
+	recorded := func(t *testing.T, b *schedBundle, status, reason string) int {
+		return queryInt(t, b.pool, `SELECT count(*) FROM stepwise_schedule_slot
+			WHERE schedule = 'minutely' AND status = $1 AND coalesce(reason, '') = $2`, status, reason)
+	}
+
+	t.Run("CatchUpAll", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.CatchUpAll{Max: 1000, PerTick: 50})
+		var perTick []int
+		for range 20 {
+			st := b.tick(t, "minutely")
+			if len(st.Materialized) == 0 {
+				break
+			}
+			perTick = append(perTick, len(st.Materialized))
+			require.LessOrEqual(t, len(st.Materialized), 50, "rate: at most PerTick slots per tick")
+			require.Equal(t, 2*len(st.Materialized), st.RunsStarted)
+		}
+		require.Len(t, perTick, 12, "600 slots at 50 per tick: %v", perTick)
+		slots, runs := requireOneRunPerSlotShard(t, b.pool, "minutely")
+		require.Equal(t, 600, slots)
+		require.Equal(t, 1200, runs)
+		require.Zero(t, recorded(t, b, "skipped", workflow.ReasonCatchUpLimit))
+		// Every slot but the newest, which was decided on time, was missed by the ticks.
+		require.Equal(t, 599.0, counterValue(t, b.sched.Metrics().Misfires.WithLabelValues("minutely")))
+		info, err := workflow.GetSchedule(context.Background(), b.pool, "minutely")
+		require.NoError(t, err)
+		require.Equal(t, t0.Add(outage), info.Watermark)
+	})
+	t.Run("CatchUpAll beyond Max", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.CatchUpAll{Max: 100, PerTick: 100})
+		st := b.tick(t, "minutely")
+		require.Len(t, st.Skipped, 500)
+		require.Len(t, st.Materialized, 100)
+		require.Equal(t, t0.Add(outage-99*time.Minute), st.Materialized[0], "the newest Max slots run")
+		require.Equal(t, 500, recorded(t, b, "skipped", workflow.ReasonCatchUpLimit))
+		require.Equal(t, 100, recorded(t, b, "materialized", ""))
+	})
+	t.Run("RunLatest", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.RunLatest{})
+		st := b.tick(t, "minutely")
+		require.Equal(t, []time.Time{t0.Add(outage)}, st.Materialized)
+		require.Len(t, st.Skipped, 599)
+		require.Equal(t, 599, recorded(t, b, "skipped", workflow.ReasonMisfireRunLatest))
+		slots, runs := requireOneRunPerSlotShard(t, b.pool, "minutely")
+		require.Equal(t, 1, slots)
+		require.Equal(t, 2, runs)
+		require.Equal(t, 599.0, counterValue(t, b.sched.Metrics().SkippedSlots.WithLabelValues("minutely", workflow.ReasonMisfireRunLatest)))
+		require.Empty(t, b.tick(t, "minutely").Materialized)
+	})
+	t.Run("SkipMissed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.SkipMissed{StartingDeadline: 2 * time.Minute})
+		st := b.tick(t, "minutely")
+		require.Len(t, st.Skipped, 597)
+		require.Equal(t, 597, recorded(t, b, "skipped", workflow.ReasonMisfireDeadline))
+		require.Len(t, st.Materialized, 3)
+		for _, slot := range st.Materialized {
+			require.LessOrEqual(t, t0.Add(outage).Sub(slot), 2*time.Minute, "no slot past the deadline runs")
+		}
+		require.Equal(t, 600, queryInt(t, b.pool, `SELECT count(*) FROM stepwise_schedule_slot WHERE schedule = 'minutely'`), "every slot recorded")
+		var reason, detail string
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT reason, detail FROM stepwise_schedule_slot
+			WHERE schedule = 'minutely' ORDER BY slot LIMIT 1`).Scan(&reason, &detail))
+		require.Equal(t, workflow.ReasonMisfireDeadline, reason)
+		require.Contains(t, detail, "StartingDeadline")
+	})
+}
+
+func counterValue(t testing.TB, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, c.Write(&m))
+	return m.GetCounter().GetValue()
+}
+
+// setRunStatus moves the runs of a slot as a worker would, for overlap tests that only need
+// the scheduler's view of "still running" or "finished".
+func setRunStatus(t testing.TB, pool *pgxpool.Pool, schedule string, slot time.Time, status string) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), `UPDATE stepwise_run SET status = $3,
+		finished_at = CASE WHEN $3 IN ('succeeded', 'failed', 'cancelled') THEN now() END
+		WHERE schedule = $1 AND slot = $2`, schedule, slot, status)
+	require.NoError(t, err)
+	require.NotZero(t, tag.RowsAffected())
+}
+
+func slotDecision(t testing.TB, pool *pgxpool.Pool, schedule string, slot time.Time) (status, reason string) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT status, coalesce(reason, '') FROM stepwise_schedule_slot
+		WHERE schedule = $1 AND slot = $2`, schedule, slot).Scan(&status, &reason))
+	return status, reason
+}
+
+// Each overlap policy, with the runs of slot A still running when slots B and C come due.
+func TestScheduleOverlap(t *testing.T) {
+	t.Parallel()
+	a, bSlot, c := t0.Add(time.Minute), t0.Add(2*time.Minute), t0.Add(3*time.Minute)
+	setup := func(t *testing.T, overlap workflow.OverlapPolicy) *schedBundle {
+		b := setupScheduler(t, testkit.DB(t), nil)
+		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("ov", "* * * * *", workflow.CatchUpAll{}, overlap, 2)))
+		b.tick(t, "ov")
+		b.clock.Set(a)
+		require.Equal(t, []time.Time{a}, b.tick(t, "ov").Materialized)
+		setRunStatus(t, b.pool, "ov", a, workflow.StatusRunning) // A is still going...
+		b.clock.Set(bSlot)                                        // ...when B comes due
+		return b
+	}
+
+	t.Run("AllowAll", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.OverlapAllowAll)
+		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Materialized)
+		requireOneRunPerSlotShard(t, b.pool, "ov")
+	})
+	t.Run("Skip", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.OverlapSkip)
+		st := b.tick(t, "ov")
+		require.Empty(t, st.Materialized)
+		require.Equal(t, []workflow.SkippedSlot{{Slot: bSlot, Reason: workflow.ReasonOverlapSkip}}, st.Skipped)
+		setRunStatus(t, b.pool, "ov", a, workflow.StatusSucceeded)
+		b.clock.Set(c)
+		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized, "the next slot after A finished runs")
+	})
+	t.Run("BufferOne", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.OverlapBufferOne)
+		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Buffered)
+		b.clock.Set(c)
+		st := b.tick(t, "ov")
+		require.Equal(t, []workflow.SkippedSlot{{Slot: c, Reason: workflow.ReasonOverlapBufferFull}}, st.Skipped)
+		setRunStatus(t, b.pool, "ov", a, workflow.StatusSucceeded)
+		b.clock.Add(time.Second)
+		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Materialized, "the buffered slot starts once A ended")
+		requireOneRunPerSlotShard(t, b.pool, "ov")
+	})
+	t.Run("BufferAll", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.OverlapBufferAll)
+		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Buffered)
+		b.clock.Set(c)
+		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Buffered)
+		b.clock.Add(time.Second)
+		require.Empty(t, b.tick(t, "ov").Materialized, "A still runs")
+
+		setRunStatus(t, b.pool, "ov", a, workflow.StatusFailed) // finished, even if badly
+		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Materialized, "strictly serial: B, not C")
+		require.Empty(t, b.tick(t, "ov").Materialized, "C waits for B")
+		setRunStatus(t, b.pool, "ov", bSlot, workflow.StatusSucceeded)
+		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized)
+		requireOneRunPerSlotShard(t, b.pool, "ov")
+		rep, err := workflow.SlotStatus(context.Background(), b.pool, "ov", a)
+		require.NoError(t, err)
+		require.Equal(t, workflow.BatchFailed, rep.Status)
+	})
+	t.Run("CancelOther", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, workflow.OverlapCancelOther)
+		st := b.tick(t, "ov")
+		require.Equal(t, []time.Time{bSlot}, st.Buffered, "B waits until A's runs have ended")
+		require.Equal(t, []string{workflow.ScheduleRunKey("ov", a, 0), workflow.ScheduleRunKey("ov", a, 1)}, st.CancelRequested)
+		for shard := range 2 {
+			run, err := workflow.GetRun(context.Background(), b.pool, workflow.ScheduleRunKey("ov", a, shard))
+			require.NoError(t, err)
+			require.NotNil(t, run.CancelRequestedAt)
+			require.Contains(t, *run.LastError, "OverlapCancelOther")
+		}
+		require.Empty(t, b.tick(t, "ov").CancelRequested, "cancellation is requested once")
+
+		b.clock.Set(c) // C comes while B still waits: B is superseded
+		st = b.tick(t, "ov")
+		require.Equal(t, []workflow.SkippedSlot{{Slot: bSlot, Reason: workflow.ReasonOverlapSuperseded}}, st.Skipped)
+		require.Equal(t, []time.Time{c}, st.Buffered)
+
+		setRunStatus(t, b.pool, "ov", a, workflow.StatusCancelled) // the worker honoured it
+		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized)
+		status, reason := slotDecision(t, b.pool, "ov", bSlot)
+		require.Equal(t, "skipped", status)
+		require.Equal(t, workflow.ReasonOverlapSuperseded, reason)
+		requireOneRunPerSlotShard(t, b.pool, "ov")
+	})
+}
+
+// blockingStepper runs until its context is cancelled: a slot's run "still going".
+type blockingStepper struct {
+	workflow.StepperDefaults[settleArgs, struct{}]
+	started chan string
+}
+
+func (w *blockingStepper) Step(ctx context.Context, s *workflow.Step[settleArgs, struct{}]) (workflow.Next, error) {
+	select {
+	case w.started <- s.RunKey:
+	default:
+	}
+	<-ctx.Done()
+	return workflow.Next{}, context.Cause(ctx)
+}
+
+// OverlapCancelOther end to end, with real workers: the older slot's run is cancelled
+// through its step's context and records why; the newer slot starts after it ended.
+func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
+	t.Parallel()
+	pool := testkit.DB(t)
+	engine, err := workflow.New(pool, &workflow.Config{Lease: time.Second, Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	w := &blockingStepper{started: make(chan string, 10)}
+	workflow.AddWorker(engine, workers, w)
+	clock := newClock(t0)
+	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{Now: clock.Now})
+	require.NoError(t, err)
+	require.NoError(t, sched.AddWorkers(workers))
+	require.NoError(t, workflow.AddSchedule(sched, settleSchedule("cancel", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapCancelOther, 1)))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
+		Workers:           workers,
+		RetryPolicy:       fastRetry{},
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		Logger:            quietLogger(),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.Stop(stopCtx)
+		cancel()
+	})
+
+	tick := func() *workflow.ScheduleTick {
+		res, err := sched.Tick(ctx, client)
+		require.NoError(t, err)
+		return res.Schedule("cancel")
+	}
+	tick()
+	a, bSlot := t0.Add(time.Minute), t0.Add(2*time.Minute)
+	clock.Set(a)
+	require.Equal(t, []time.Time{a}, tick().Materialized)
+	keyA := workflow.ScheduleRunKey("cancel", a, 0)
+	select {
+	case k := <-w.started:
+		require.Equal(t, keyA, k)
+	case <-time.After(10 * time.Second):
+		t.Fatal("slot A's run never started")
+	}
+
+	clock.Set(bSlot)
+	st := tick()
+	require.Equal(t, []string{keyA}, st.CancelRequested)
+	require.Equal(t, []time.Time{bSlot}, st.Buffered)
+
+	run := waitRun(t, pool, keyA, 15*time.Second, workflow.StatusCancelled, workflow.StatusFailed, workflow.StatusSucceeded)
+	require.Equal(t, workflow.StatusCancelled, run.Status)
+	require.Contains(t, *run.LastError, "OverlapCancelOther")
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = $1 AND kind = 'run.finish' AND to_state = 'cancelled'`, keyA))
+
+	clock.Add(time.Second)
+	require.Equal(t, []time.Time{bSlot}, tick().Materialized, "B starts once A has ended")
+	select {
+	case k := <-w.started:
+		require.Equal(t, workflow.ScheduleRunKey("cancel", bSlot, 0), k)
+	case <-time.After(10 * time.Second):
+		t.Fatal("slot B's run never started")
+	}
+	rep, err := workflow.SlotStatus(ctx, pool, "cancel", a)
+	require.NoError(t, err)
+	require.Equal(t, workflow.BatchCancelled, rep.Status)
+	require.NoError(t, workflow.CancelRun(ctx, pool, workflow.ScheduleRunKey("cancel", bSlot, 0), "test over"))
+	waitRun(t, pool, workflow.ScheduleRunKey("cancel", bSlot, 0), 15*time.Second, workflow.StatusCancelled)
+}
+
+// Two schedulers on separate pools tick concurrently through an hour of simulated time: no
+// slot is decided twice and no (slot, shard) gets a second run.
+func TestScheduleConcurrentTickers(t *testing.T) {
+	t.Parallel()
+	url := testkit.DBURL(t)
+	clock := newClock(t0)
+	var tickers []*schedBundle
+	for range 2 {
+		b := setupScheduler(t, mustPool(t, url), clock)
+		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("every-minute", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 2)))
+		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("every-7", "*/7 * * * *", workflow.RunLatest{}, workflow.OverlapBufferAll, 3)))
+		ny := settleSchedule("hourly-ny", "0 * * * *", workflow.SkipMissed{StartingDeadline: time.Minute}, workflow.OverlapAllowAll, 1)
+		ny.Zone = "America/New_York"
+		require.NoError(t, workflow.AddSchedule(b.sched, ny))
+		tickers = append(tickers, b)
+	}
+	var locked, decided int
+	var mu sync.Mutex
+	for step := 0; step < 360; step++ { // 10 s steps: one hour
+		clock.Add(10 * time.Second)
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for _, b := range tickers {
+			for range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res, err := b.sched.Tick(context.Background(), b.client)
+					if err != nil {
+						errs <- err
+						return
+					}
+					mu.Lock()
+					for _, st := range res.Schedules {
+						if st.Locked {
+							locked++
+						}
+						decided += len(st.Materialized) + len(st.Skipped) + len(st.Buffered)
+					}
+					mu.Unlock()
+				}()
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	t.Logf("an hour of ticks: %d decisions, %d ticks found the schedule locked by the other", decided, locked)
+	pool := tickers[0].pool
+	slots, runs := requireOneRunPerSlotShard(t, pool, "every-minute")
+	require.Equal(t, 60, slots)
+	require.Equal(t, 120, runs)
+	_, runs = requireOneRunPerSlotShard(t, pool, "every-7")
+	require.Equal(t, 3, runs, "BufferAll: the first slot's runs never finish here, the rest wait")
+	require.Equal(t, 9, queryInt(t, pool, `SELECT count(*) FROM stepwise_schedule_slot WHERE schedule = 'every-7'`)) // :07 ... :56, 01:00
+	_, runs = requireOneRunPerSlotShard(t, pool, "hourly-ny")
+	require.Equal(t, 1, runs)
+	require.Equal(t, decided, queryInt(t, pool, `SELECT count(*) FROM stepwise_schedule_slot`), "each slot decided by exactly one tick")
+	require.Equal(t, 3, queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE kind = 'schedule.created'`))
+}
+
+// A DST day through the whole path: a daily 02:30 New York schedule ticked every 10 minutes
+// across the spring-forward and fall-back days runs once on each, at the policy's instant.
+func TestScheduleDSTDays(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		spec     string
+		gap      workflow.GapPolicy
+		from, to time.Time
+		want     []time.Time
+	}{
+		{"spring forward, run after the gap", "30 2 * * *", workflow.GapRunAfter,
+			time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC),
+			[]time.Time{time.Date(2026, 3, 8, 7, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 6, 30, 0, 0, time.UTC)}},
+		{"spring forward, skip the gap", "30 2 * * *", workflow.GapSkip,
+			time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC),
+			[]time.Time{time.Date(2026, 3, 9, 6, 30, 0, 0, time.UTC)}},
+		{"fall back, first occurrence only", "30 1 * * *", workflow.GapRunAfter,
+			time.Date(2026, 10, 31, 12, 0, 0, 0, time.UTC), time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC),
+			[]time.Time{time.Date(2026, 11, 1, 5, 30, 0, 0, time.UTC), time.Date(2026, 11, 2, 6, 30, 0, 0, time.UTC)}},
+		{"CRON_TZ= prefix", "CRON_TZ=Asia/Tokyo 0 9 * * *", workflow.GapRunAfter,
+			time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC),
+			[]time.Time{time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 0, 0, 0, 0, time.UTC)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupScheduler(t, testkit.DB(t), newClock(tc.from))
+			sch := settleSchedule("daily", tc.spec, workflow.CatchUpAll{}, workflow.OverlapAllowAll, 1)
+			sch.Zone, sch.Gap = "America/New_York", tc.gap
+			require.NoError(t, workflow.AddSchedule(b.sched, sch))
+			var got []time.Time
+			for now := tc.from; !now.After(tc.to); now = b.clock.Add(10 * time.Minute) {
+				got = append(got, b.tick(t, "daily").Materialized...)
+			}
+			require.Equal(t, tc.want, got)
+			for _, slot := range got {
+				run, err := workflow.GetRun(context.Background(), b.pool, workflow.ScheduleRunKey("daily", slot, 0))
+				require.NoError(t, err)
+				require.Equal(t, slot, run.Slot.UTC())
+			}
+		})
+	}
+}
+
+// Changing a schedule's spec keeps the watermark, takes effect from the next slot and is
+// audited with the old and new definition; pausing stops materializing without losing the
+// watermark.
+func TestScheduleChangeAndPause(t *testing.T) {
+	t.Parallel()
+	url := testkit.DBURL(t)
+	clock := newClock(t0)
+	ctx := context.Background()
+	old := setupScheduler(t, mustPool(t, url), clock)
+	require.NoError(t, workflow.AddSchedule(old.sched, settleSchedule("report", "0 * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 1)))
+	old.tick(t, "report")
+	clock.Set(t0.Add(time.Hour + 10*time.Minute))
+	require.Equal(t, []time.Time{t0.Add(time.Hour)}, old.tick(t, "report").Materialized)
+
+	// A deploy changes the spec to half past the hour.
+	next := setupScheduler(t, mustPool(t, url), clock)
+	require.NoError(t, workflow.AddSchedule(next.sched, settleSchedule("report", "30 * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 1)))
+	st := next.tick(t, "report")
+	require.True(t, st.Changed)
+	require.Empty(t, st.Materialized, "01:30 is not due yet; nothing between the watermark and now is replayed")
+	info, err := workflow.GetSchedule(ctx, next.pool, "report")
+	require.NoError(t, err)
+	require.Equal(t, "30 * * * *", info.Spec)
+	require.Equal(t, 2, info.Version)
+	require.Equal(t, t0.Add(time.Hour), info.Watermark, "the watermark is kept")
+	var detail struct {
+		Old     struct{ Spec string }
+		New     struct{ Spec string }
+		Version int
+	}
+	require.NoError(t, next.pool.QueryRow(ctx, `SELECT detail FROM stepwise_event WHERE subject = 'schedule:report' AND kind = 'schedule.changed'`).Scan(&detail))
+	require.Equal(t, "0 * * * *", detail.Old.Spec)
+	require.Equal(t, "30 * * * *", detail.New.Spec)
+	require.Equal(t, 2, detail.Version)
+
+	clock.Set(t0.Add(time.Hour + 31*time.Minute))
+	require.Equal(t, []time.Time{t0.Add(time.Hour + 30*time.Minute)}, next.tick(t, "report").Materialized, "the new spec's next slot")
+
+	require.NoError(t, workflow.PauseSchedule(ctx, next.pool, "report", "ops@example", "bank holiday"))
+	clock.Set(t0.Add(3*time.Hour + 31*time.Minute))
+	st = next.tick(t, "report")
+	require.True(t, st.Paused)
+	require.Empty(t, st.Materialized)
+	info, err = workflow.GetSchedule(ctx, next.pool, "report")
+	require.NoError(t, err)
+	require.True(t, info.Paused)
+	require.Equal(t, t0.Add(time.Hour+30*time.Minute), info.Watermark, "paused: the watermark stays")
+
+	require.NoError(t, workflow.ResumeSchedule(ctx, next.pool, "report", "ops@example", "holiday over"))
+	st = next.tick(t, "report")
+	require.Equal(t, []time.Time{t0.Add(2*time.Hour + 30*time.Minute), t0.Add(3*time.Hour + 30*time.Minute)}, st.Materialized,
+		"slots missed while paused go through the misfire policy (CatchUpAll here)")
+	require.Equal(t, 2, queryInt(t, next.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'schedule:report' AND kind IN ('schedule.paused', 'schedule.resumed')`))
+	require.ErrorIs(t, workflow.PauseSchedule(ctx, next.pool, "nope", "ops", "x"), workflow.ErrScheduleNotFound)
+}
+
+// AddSchedule refuses a second schedule of the same name, naming it.
+func TestScheduleDuplicateName(t *testing.T) {
+	t.Parallel()
+	b := setupScheduler(t, testkit.DB(t), nil)
+	sch := settleSchedule("settle", "@daily", workflow.CatchUpAll{}, workflow.OverlapBufferAll, 4)
+	require.NoError(t, workflow.AddSchedule(b.sched, sch))
+	err := workflow.AddSchedule(b.sched, sch)
+	require.ErrorIs(t, err, workflow.ErrInvalidSchedule)
+	require.Contains(t, err.Error(), `schedule "settle" is registered twice`)
+}
+
+// insertOperations writes operation rows for a run, as outbox.Enqueue would from its step.
+func insertOperations(t testing.TB, pool *pgxpool.Pool, runKey string, states ...string) {
+	t.Helper()
+	for i, state := range states {
+		extra := ""
+		switch state {
+		case "PROCESSING":
+			extra = ", lease_until = now() + interval '1 minute'"
+		case "UNKNOWN_EXTERNAL":
+			extra = ", next_check_at = now()"
+		}
+		_, err := pool.Exec(context.Background(), `INSERT INTO stepwise_operation
+			(operation_id, kind, business_key, payload, payload_hash, run_key, state)
+			VALUES (gen_random_uuid(), 'payout', $1, '{}', '\x00', $2, 'PENDING')`, fmt.Sprintf("%s/%d", runKey, i), runKey)
+		require.NoError(t, err)
+		_, err = pool.Exec(context.Background(), `UPDATE stepwise_operation SET state = $2`+extra+` WHERE business_key = $1`,
+			fmt.Sprintf("%s/%d", runKey, i), state)
+		require.NoError(t, err)
+	}
+}
+
+func setOperations(t testing.TB, pool *pgxpool.Pool, runKey, from, to string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `UPDATE stepwise_operation SET state = $3, lease_until = NULL WHERE run_key = $1 AND state = $2`, runKey, from, to)
+	require.NoError(t, err)
+}
+
+// Batch status by evidence: a slot is COMPLETED only when every shard run succeeded and
+// every operation they enqueued is terminal.
+func TestSlotStatusByEvidence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupScheduler(t, testkit.DB(t), nil)
+	require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("batch", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 2)))
+	b.tick(t, "batch")
+	slot := t0.Add(time.Minute)
+	b.clock.Set(slot)
+	b.tick(t, "batch")
+	k0, k1 := workflow.ScheduleRunKey("batch", slot, 0), workflow.ScheduleRunKey("batch", slot, 1)
+	status := func() *workflow.SlotReport {
+		rep, err := workflow.SlotStatus(ctx, b.pool, "batch", slot)
+		require.NoError(t, err)
+		return rep
+	}
+
+	rep := status()
+	require.Equal(t, workflow.BatchRunning, rep.Status)
+	require.Equal(t, map[string]int{workflow.StatusPending: 2}, rep.Runs)
+	require.Empty(t, rep.Operations, "no operations is not an error")
+
+	insertOperations(t, b.pool, k0, "SUCCEEDED", "UNKNOWN_EXTERNAL", "PENDING")
+	insertOperations(t, b.pool, k1, "MANUAL", "RETRYABLE")
+	_, err := b.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'succeeded' WHERE key = $1`, k0)
+	require.NoError(t, err)
+	require.Equal(t, workflow.BatchRunning, status().Status, "shard 1 has not finished")
+
+	_, err = b.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'succeeded' WHERE key = $1`, k1)
+	require.NoError(t, err)
+	rep = status()
+	require.Equal(t, workflow.BatchNeedsAttention, rep.Status, "a MANUAL operation needs a person")
+	require.Equal(t, 1, rep.NeedsAttention)
+	require.Equal(t, map[string]int{"SUCCEEDED": 1, "UNKNOWN_EXTERNAL": 1, "PENDING": 1, "MANUAL": 1, "RETRYABLE": 1}, rep.Operations)
+
+	setOperations(t, b.pool, k1, "MANUAL", "SUCCEEDED") // resolved by a person
+	require.Equal(t, workflow.BatchReconciling, status().Status)
+	setOperations(t, b.pool, k0, "UNKNOWN_EXTERNAL", "SUCCEEDED")
+	setOperations(t, b.pool, k0, "PENDING", "FAILED_PERMANENT")
+	setOperations(t, b.pool, k1, "RETRYABLE", "SUCCEEDED")
+	rep = status()
+	require.Equal(t, workflow.BatchCompleted, rep.Status)
+	require.Equal(t, map[string]int{"SUCCEEDED": 4, "FAILED_PERMANENT": 1}, rep.Operations)
+
+	// ListSlots gives the same per slot, newest first, skipped slots included.
+	b.clock.Set(t0.Add(3 * time.Minute))
+	b.tick(t, "batch")
+	list, err := workflow.ListSlots(ctx, b.pool, "batch", 10)
+	require.NoError(t, err)
+	require.Len(t, list, 3)
+	require.Equal(t, t0.Add(3*time.Minute), list[0].Slot)
+	require.Equal(t, workflow.BatchRunning, list[0].Status)
+	require.Equal(t, workflow.BatchCompleted, list[2].Status)
+	require.Equal(t, rep.Operations, list[2].Operations)
+
+	_, err = workflow.SlotStatus(ctx, b.pool, "batch", t0.Add(time.Hour))
+	require.ErrorIs(t, err, workflow.ErrSlotNotFound)
+}
+
+func TestDeriveBatchStatus(t *testing.T) {
+	t.Parallel()
+	type m = map[string]int
+	tests := []struct {
+		name     string
+		decision string
+		shards   int
+		runs     m
+		ops      m
+		want     workflow.BatchStatus
+	}{
+		{"skipped", workflow.SlotSkipped, 2, nil, nil, workflow.BatchSkipped},
+		{"buffered", workflow.SlotBuffered, 2, nil, nil, workflow.BatchBuffered},
+		{"running", workflow.SlotMaterialized, 2, m{"running": 1, "succeeded": 1}, nil, workflow.BatchRunning},
+		{"pending", workflow.SlotMaterialized, 1, m{"pending": 1}, nil, workflow.BatchRunning},
+		{"done, no operations", workflow.SlotMaterialized, 2, m{"succeeded": 2}, nil, workflow.BatchCompleted},
+		{"done, all terminal", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"SUCCEEDED": 9, "FAILED_PERMANENT": 1}, workflow.BatchCompleted},
+		{"unknown outcome", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"SUCCEEDED": 9, "UNKNOWN_EXTERNAL": 1}, workflow.BatchReconciling},
+		{"still sending", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"PROCESSING": 1}, workflow.BatchReconciling},
+		{"a state this version does not know", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"ON_HOLD": 1}, workflow.BatchReconciling},
+		{"manual beats reconciling", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"MANUAL": 1, "PENDING": 3}, workflow.BatchNeedsAttention},
+		{"running beats manual", workflow.SlotMaterialized, 2, m{"succeeded": 1, "running": 1}, m{"MANUAL": 1}, workflow.BatchRunning},
+		{"failed run", workflow.SlotMaterialized, 2, m{"failed": 1, "running": 1}, nil, workflow.BatchFailed},
+		{"missing run", workflow.SlotMaterialized, 3, m{"succeeded": 2}, nil, workflow.BatchFailed},
+		{"cancelled run", workflow.SlotMaterialized, 2, m{"cancelled": 1, "succeeded": 1}, m{"SUCCEEDED": 1}, workflow.BatchCancelled},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tt.want, workflow.DeriveBatchStatus(tt.decision, tt.shards, tt.runs, tt.ops))
+		})
+	}
+}
+
+// The wiring a service uses: the tick as a River periodic job on a working client, with the
+// database clock. A schedule that starts in the past catches up on the client's first tick.
+func TestSchedulePeriodicJob(t *testing.T) {
+	t.Parallel()
+	pool := testkit.DB(t)
+	engine, err := workflow.New(pool, &workflow.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{TickInterval: 200 * time.Millisecond})
+	require.NoError(t, err)
+	sch := settleSchedule("periodic", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 2)
+	sch.StartAt = time.Now().Add(-3 * time.Minute).Truncate(time.Minute)
+	require.NoError(t, workflow.AddSchedule(sched, sch))
+	workers := river.NewWorkers()
+	require.NoError(t, sched.AddWorkers(workers))
+	require.Error(t, sched.AddWorkers(workers), "a second tick worker on the same bundle is refused")
+	workflow.AddWorker(engine, workers, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[settleArgs, struct{}]) (workflow.Next, error) {
+		return workflow.Done(), nil
+	}))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
+		Workers:           workers,
+		PeriodicJobs:      sched.PeriodicJobs(),
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		Logger:            quietLogger(),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.Stop(stopCtx)
+		cancel()
+	})
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		list, err := workflow.ListSlots(ctx, pool, "periodic", 100)
+		require.NoError(t, err)
+		completed := 0
+		for _, r := range list {
+			if r.Status == workflow.BatchCompleted && r.StartedAt != nil {
+				completed++
+			}
+		}
+		if completed >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20s, %d slots completed with a recorded start: %+v", completed, list)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	requireOneRunPerSlotShard(t, pool, "periodic")
+	require.Positive(t, counterValue(t, sched.Metrics().Ticks.WithLabelValues("periodic", "ok")))
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(sched.Metrics()))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var lagSamples uint64
+	for _, f := range families {
+		if f.GetName() == "stepwise_schedule_start_lag_seconds" {
+			for _, m := range f.GetMetric() {
+				lagSamples += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	require.GreaterOrEqual(t, lagSamples, uint64(3), "run start lag observed for each started slot")
+}

@@ -185,6 +185,9 @@ func Hit(point string) error {
 		select {} // the signal is on its way; never run past the point
 	case "stop":
 		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		// In a multi-threaded process the stop lands asynchronously, shortly after kill
+		// returns; without this wait the caller could run past the point before it does.
+		time.Sleep(100 * time.Millisecond)
 	case "pause":
 		time.Sleep(fire.pause)
 	case "error":

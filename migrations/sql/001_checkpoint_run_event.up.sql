@@ -29,7 +29,10 @@ CREATE TABLE stepwise_run (
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
-    finished_at  timestamptz
+    finished_at  timestamptz,
+    -- Set by CancelRun; the running step's context is cancelled at its next heartbeat and
+    -- the run ends 'cancelled' (cooperative: a step is never killed mid-commit).
+    cancel_requested_at timestamptz
 );
 
 -- Maintenance scans only unfinished runs; keep that scan independent of history size.

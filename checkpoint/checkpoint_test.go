@@ -1,0 +1,229 @@
+package checkpoint_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/testkit"
+)
+
+type testBundle struct {
+	pool *pgxpool.Pool
+}
+
+func setup(t *testing.T, cfg *checkpoint.Config) (*checkpoint.Store, *testBundle) {
+	t.Helper()
+	pool := testkit.DB(t)
+	s, err := checkpoint.New(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, checkpoint.Ensure(context.Background(), pool, "k"))
+	return s, &testBundle{pool: pool}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := checkpoint.New(nil, nil)
+	require.ErrorContains(t, err, "pool is nil")
+
+	pool := testkit.DB(t)
+	for _, tc := range []struct {
+		cfg  checkpoint.Config
+		want string
+	}{
+		{checkpoint.Config{Lease: -time.Second}, "Lease"},
+		{checkpoint.Config{Lease: time.Millisecond}, "Lease"},
+		{checkpoint.Config{LockTimeout: -1}, "LockTimeout"},
+		{checkpoint.Config{StallTimeout: -1}, "StallTimeout"},
+	} {
+		_, err := checkpoint.New(pool, &tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+func TestValidateKey(t *testing.T) {
+	t.Parallel()
+	require.ErrorContains(t, checkpoint.ValidateKey(""), "empty")
+	require.ErrorContains(t, checkpoint.ValidateKey(strings.Repeat("x", 256)), "limited to 255")
+	require.NoError(t, checkpoint.ValidateKey(strings.Repeat("é", 255)))
+}
+
+func TestClaimAdvanceRelease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := setup(t, &checkpoint.Config{Lease: 10 * time.Second})
+
+	l, err := s.Claim(ctx, "k", "a", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), l.Token)
+	require.Nil(t, l.Cursor)
+
+	// A second owner is refused while the lease is live, and told how long to wait.
+	_, err = s.Claim(ctx, "k", "b", 1)
+	var held *checkpoint.HeldError
+	require.ErrorAs(t, err, &held)
+	require.Equal(t, "a", held.Owner)
+	require.Greater(t, held.RetryIn, 8*time.Second)
+
+	tx, err := s.Begin(ctx, l)
+	require.NoError(t, err)
+	require.NoError(t, s.Advance(ctx, tx, l, json.RawMessage(`{"n":5}`), &checkpoint.AdvanceOpts{Release: true}))
+	require.NoError(t, tx.Commit(ctx))
+
+	// Released in the commit: the next owner claims at once and resumes from the cursor.
+	l2, err := s.Claim(ctx, "k", "b", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), l2.Token)
+	require.JSONEq(t, `{"n":5}`, string(l2.Cursor))
+	require.Equal(t, int64(1), l2.Steps)
+}
+
+func TestZombieIsFenced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, b := setup(t, &checkpoint.Config{Lease: 50 * time.Millisecond, StallTimeout: time.Minute})
+
+	zombie, err := s.Claim(ctx, "k", "zombie", 1)
+	require.NoError(t, err)
+	ztx, err := s.Begin(ctx, zombie)
+	require.NoError(t, err)
+	_, err = ztx.Exec(ctx, "CREATE TEMP TABLE scratch (n int)")
+	require.NoError(t, err)
+
+	// The zombie is slow inside its step (but not holding the checkpoint row: Begin does not
+	// lock it), its lease lapses, another owner claims and commits.
+	time.Sleep(80 * time.Millisecond)
+	next, err := s.Claim(ctx, "k", "next", 1)
+	require.NoError(t, err, "a claim must not wait behind the zombie's open transaction")
+	ntx, err := s.Begin(ctx, next)
+	require.NoError(t, err)
+	require.NoError(t, s.Advance(ctx, ntx, next, json.RawMessage(`{"by":"next"}`), nil))
+	require.NoError(t, ntx.Commit(ctx))
+
+	// The zombie wakes and tries to commit: refused.
+	err = s.Advance(ctx, ztx, zombie, json.RawMessage(`{"by":"zombie"}`), nil)
+	require.ErrorIs(t, err, checkpoint.ErrFenced)
+	require.NoError(t, ztx.Rollback(ctx))
+	require.ErrorIs(t, s.Renew(ctx, zombie), checkpoint.ErrFenced)
+
+	st, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"by":"next"}`, string(st.Cursor))
+	require.Equal(t, int64(2), st.Token)
+
+	// Tokens in the audit trail strictly increase.
+	rows, err := b.pool.Query(ctx, "SELECT token FROM stepwise_event WHERE subject = 'k' AND kind = 'lease.claim' ORDER BY id")
+	require.NoError(t, err)
+	tokens, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2}, tokens)
+}
+
+func TestBeginRefusesStaleToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := setup(t, &checkpoint.Config{Lease: 20 * time.Millisecond})
+	old, err := s.Claim(ctx, "k", "old", 1)
+	require.NoError(t, err)
+	time.Sleep(40 * time.Millisecond)
+	_, err = s.Claim(ctx, "k", "new", 1)
+	require.NoError(t, err)
+	_, err = s.Begin(ctx, old)
+	require.ErrorIs(t, err, checkpoint.ErrFenced)
+}
+
+func TestStallTimeoutEndsFrozenTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := setup(t, &checkpoint.Config{Lease: time.Second, StallTimeout: 100 * time.Millisecond})
+	l, err := s.Claim(ctx, "k", "a", 1)
+	require.NoError(t, err)
+	tx, err := s.Begin(ctx, l)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // frozen inside the step
+	err = s.Advance(ctx, tx, l, json.RawMessage(`{}`), nil)
+	require.Error(t, err, "the server must have ended the idle transaction")
+	_ = tx.Rollback(ctx)
+}
+
+func TestRacingClaimsOneHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := setup(t, &checkpoint.Config{Lease: 200 * time.Millisecond})
+
+	// 8 workers race for the key for a while; at every moment at most one holds it, proven
+	// by an in-process counter that a holder raises while it believes it holds the lease.
+	var (
+		holders, maxHolders atomic.Int32
+		claims              atomic.Int32
+		wg                  sync.WaitGroup
+	)
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				l, err := s.Claim(ctx, "k", "w"+string(rune('a'+i)), 1)
+				if err != nil {
+					assert.True(t, checkpoint.IsHeld(err), "%v", err)
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				claims.Add(1)
+				n := holders.Add(1)
+				for {
+					m := maxHolders.Load()
+					if n <= m || maxHolders.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				time.Sleep(10 * time.Millisecond)
+				holders.Add(-1)
+				assert.NoError(t, s.Release(ctx, l))
+			}
+		}(i)
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), maxHolders.Load())
+	require.Greater(t, claims.Load(), int32(10))
+	st, err := s.Get(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(claims.Load()), st.Token, "every claim advanced the token by exactly one")
+}
+
+func TestHeartbeatKeepsLeaseAndReportsFence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, b := setup(t, &checkpoint.Config{Lease: 150 * time.Millisecond})
+	l, err := s.Claim(ctx, "k", "a", 1)
+	require.NoError(t, err)
+	lost := make(chan error, 1)
+	stop := s.Heartbeat(ctx, l, 0, func(err error) { lost <- err })
+	time.Sleep(400 * time.Millisecond) // well past the lease: the heartbeat kept it
+	_, err = s.Claim(ctx, "k", "b", 1)
+	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
+
+	// Someone steals the key (as a takeover after a long pause would): the heartbeat
+	// reports the fence instead of renewing.
+	_, err = b.pool.Exec(ctx, "UPDATE stepwise_checkpoint SET fencing_token = fencing_token + 1 WHERE key = 'k'")
+	require.NoError(t, err)
+	select {
+	case err := <-lost:
+		require.True(t, errors.Is(err, checkpoint.ErrFenced), "%v", err)
+	case <-time.After(2 * time.Second):
+		t.Fatal("heartbeat did not report the lost lease")
+	}
+	stop()
+}

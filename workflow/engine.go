@@ -1,0 +1,199 @@
+package workflow
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/checkpoint"
+)
+
+// Config configures an Engine.
+type Config struct {
+	// Lease is how long a worker keeps a run between renewals. A worker killed mid-run is
+	// taken over after about Lease + MaintenanceInterval. Defaults to 30s.
+	Lease time.Duration
+
+	// Heartbeat is how often a running step renews its lease. Must be shorter than Lease.
+	// Defaults to Lease/3.
+	Heartbeat time.Duration
+
+	// Slice is how long one River attempt runs steps before it releases the lease and snoozes
+	// (JobSnooze(0)), so a long run never looks stuck to River and other runs get their turn.
+	// Must be shorter than RescueStuckJobsAfter. Defaults to 1 minute.
+	Slice time.Duration
+
+	// StallTimeout is the idle_in_transaction_session_timeout of step transactions: a worker
+	// frozen inside a step has its transaction killed by the server after this long.
+	// Defaults to Lease.
+	StallTimeout time.Duration
+
+	// LockTimeout bounds how long a claim waits for the checkpoint row. Defaults to 250ms.
+	LockTimeout time.Duration
+
+	// MaintenanceInterval is how often the leader looks for runs whose worker died (lease
+	// expired, River job still running) and re-enqueues them. Defaults to 1s.
+	MaintenanceInterval time.Duration
+
+	// RescueStuckJobsAfter must equal the river.Config value of the same name of the client
+	// the workers run in; Slice is checked against it. Defaults to River's default, 1 hour.
+	RescueStuckJobsAfter time.Duration
+
+	// Logger receives transitions worth an operator's attention (fenced commits, takeovers,
+	// undecodable cursors). Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Lease == 0 {
+		out.Lease = 30 * time.Second
+	}
+	if out.Heartbeat == 0 {
+		out.Heartbeat = out.Lease / 3
+	}
+	if out.Slice == 0 {
+		out.Slice = time.Minute
+	}
+	if out.StallTimeout == 0 {
+		out.StallTimeout = out.Lease
+	}
+	if out.LockTimeout == 0 {
+		out.LockTimeout = 250 * time.Millisecond
+	}
+	if out.MaintenanceInterval == 0 {
+		out.MaintenanceInterval = time.Second
+	}
+	if out.RescueStuckJobsAfter == 0 {
+		out.RescueStuckJobsAfter = time.Hour
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Lease <= 0:
+		return fmt.Errorf("workflow.Config.Lease is %s; it must be positive (0 means the default, 30s)", c.Lease)
+	case c.Heartbeat <= 0 || c.Heartbeat >= c.Lease:
+		return fmt.Errorf("workflow.Config.Heartbeat is %s; it must be positive and shorter than Lease (%s), e.g. Lease/3", c.Heartbeat, c.Lease)
+	case c.Slice <= 0:
+		return fmt.Errorf("workflow.Config.Slice is %s; it must be positive (0 means the default, 1m)", c.Slice)
+	case c.Slice >= c.RescueStuckJobsAfter:
+		return fmt.Errorf("workflow.Config.Slice (%s) must be shorter than RescueStuckJobsAfter (%s), or River would rescue healthy runs as stuck", c.Slice, c.RescueStuckJobsAfter)
+	case c.StallTimeout <= 0:
+		return fmt.Errorf("workflow.Config.StallTimeout is %s; it must be positive (0 means Lease)", c.StallTimeout)
+	case c.MaintenanceInterval <= 0:
+		return fmt.Errorf("workflow.Config.MaintenanceInterval is %s; it must be positive", c.MaintenanceInterval)
+	}
+	return nil
+}
+
+// Engine runs step functions as River workers. Create one per pool with New, add workers with
+// AddWorker, and give River the Engine's PeriodicJobs.
+type Engine struct {
+	pool   *pgxpool.Pool
+	cfg    *Config
+	store  *checkpoint.Store
+	logger *slog.Logger
+
+	mu         sync.Mutex
+	registered map[*river.Workers]bool
+
+	// disableFence is a test-only switch that turns the fenced write into an unfenced one.
+	// It exists so the fault suite can prove it catches a broken build; never set it
+	// outside tests.
+	disableFence bool
+}
+
+// New returns an Engine for step functions whose checkpoints live in pool's database.
+func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
+	if pool == nil {
+		return nil, errors.New("workflow.New: pool is nil; pass the *pgxpool.Pool your River client uses")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	store, err := checkpoint.New(pool, &checkpoint.Config{
+		Lease:        cfg.Lease,
+		LockTimeout:  cfg.LockTimeout,
+		StallTimeout: cfg.StallTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}}, nil
+}
+
+// Config returns the Engine's configuration with defaults applied.
+func (e *Engine) Config() Config { return *e.cfg }
+
+// Checkpoints returns the checkpoint store the Engine uses.
+func (e *Engine) Checkpoints() *checkpoint.Store { return e.store }
+
+// PeriodicJobs returns the Engine's maintenance job, to be added to river.Config.PeriodicJobs.
+// River runs periodic jobs on its elected leader only.
+func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(
+			river.PeriodicInterval(e.cfg.MaintenanceInterval),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return MaintenanceArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+			},
+			&river.PeriodicJobOpts{ID: "stepwise_maintenance", RunOnStart: true},
+		),
+	}
+}
+
+// AddWorker registers w with River's workers as the worker for A's kind. It panics on bad
+// wiring (a kind registered twice), like river.AddWorker.
+func AddWorker[A river.JobArgs, C any](e *Engine, workers *river.Workers, w Stepper[A, C]) {
+	if err := AddWorkerSafely(e, workers, w); err != nil {
+		panic(err)
+	}
+}
+
+// AddWorkerSafely is AddWorker returning an error instead of panicking.
+func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, w Stepper[A, C]) error {
+	if e == nil {
+		return errors.New("workflow.AddWorker: engine is nil; create one with workflow.New")
+	}
+	if workers == nil {
+		return errors.New("workflow.AddWorker: workers is nil; pass the river.NewWorkers() bundle your client uses")
+	}
+	if w == nil {
+		return errors.New("workflow.AddWorker: worker is nil")
+	}
+	slice := e.cfg.Slice
+	if o := w.StepOptions(); o != nil && o.Slice != 0 {
+		if o.Slice < 0 || o.Slice >= e.cfg.RescueStuckJobsAfter {
+			var a A
+			return fmt.Errorf("workflow.AddWorker(%s): StepOptions.Slice %s must be positive and shorter than RescueStuckJobsAfter (%s)", a.Kind(), o.Slice, e.cfg.RescueStuckJobsAfter)
+		}
+		slice = o.Slice
+	}
+	if err := river.AddWorkerSafely[A](workers, &stepWorker[A, C]{e: e, w: w, slice: slice}); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.registered[workers] {
+		if err := river.AddWorkerSafely[MaintenanceArgs](workers, &maintenanceWorker{e: e}); err != nil {
+			return err
+		}
+		e.registered[workers] = true
+	}
+	return nil
+}

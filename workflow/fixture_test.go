@@ -1,0 +1,309 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// countArgs is the test workflow's input: insert rows n = 0..Total-1 into Table, Batch per step.
+type countArgs struct {
+	Total int    `json:"total"`
+	Batch int    `json:"batch"`
+	Table string `json:"table"`
+}
+
+func (countArgs) Kind() string { return "test_count" }
+
+type countCursor struct {
+	Next int `json:"next"`
+}
+
+// countWorker is a step function whose business writes are provable: every item is a row,
+// so a duplicate or a loss shows up as a count.
+type countWorker struct {
+	workflow.StepperDefaults[countArgs, countCursor]
+	// hook, when set, runs after the step's writes and before it returns; an error or panic
+	// from it fails the step.
+	hook func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error
+}
+
+func (w *countWorker) Step(ctx context.Context, s *workflow.Step[countArgs, countCursor]) (workflow.Next, error) {
+	fmt.Printf("step run=%s n=%d cursor=%d pid=%d token=%d\n", s.RunKey, s.Number, s.Cursor.Next, os.Getpid(), s.Token)
+	if s.Cursor.Next >= s.Args.Total {
+		return workflow.Done(), nil
+	}
+	end := min(s.Cursor.Next+s.Args.Batch, s.Args.Total)
+	_, err := s.Tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (run_key, n, token, pid)
+		SELECT $1, g, $2, $3 FROM generate_series($4::int, $5::int - 1) g`, pgx.Identifier{s.Args.Table}.Sanitize()),
+		s.RunKey, s.Token, os.Getpid(), s.Cursor.Next, end)
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	if w.hook != nil {
+		if err := w.hook(ctx, s); err != nil {
+			return workflow.Next{}, err
+		}
+	}
+	s.Cursor.Next = end
+	if end >= s.Args.Total {
+		return workflow.Done(), nil
+	}
+	return workflow.Continue(), nil
+}
+
+func createItems(t testing.TB, pool *pgxpool.Pool, table string, unique bool) {
+	t.Helper()
+	ddl := fmt.Sprintf(`CREATE TABLE %s (run_key text NOT NULL, n int NOT NULL, token bigint NOT NULL, pid int NOT NULL)`, table)
+	if unique {
+		ddl = fmt.Sprintf(`CREATE TABLE %s (run_key text NOT NULL, n int NOT NULL, token bigint NOT NULL, pid int NOT NULL, UNIQUE (run_key, n))`, table)
+	}
+	_, err := pool.Exec(context.Background(), ddl)
+	require.NoError(t, err)
+}
+
+// fastRetry makes River retry failed steps after 50ms instead of its production backoff
+// (attempt^4 seconds), so retry tests take milliseconds.
+type fastRetry struct{}
+
+func (fastRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(50 * time.Millisecond) }
+
+type env struct {
+	pool    *pgxpool.Pool
+	engine  *workflow.Engine
+	client  *river.Client[pgx.Tx]
+	workers *river.Workers
+}
+
+func quietLogger() *slog.Logger {
+	if os.Getenv("STEPWISE_TEST_VERBOSE") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// newEnv builds an engine and a started River client on pool, with w registered.
+func newEnv(t testing.TB, pool *pgxpool.Pool, cfg *workflow.Config, w workflow.Stepper[countArgs, countCursor], queues map[string]river.QueueConfig) *env {
+	t.Helper()
+	if cfg == nil {
+		cfg = &workflow.Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	engine, err := workflow.New(pool, cfg)
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	if w != nil {
+		workflow.AddWorker(engine, workers, w)
+	}
+	if queues == nil {
+		queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}}
+	}
+	rc := &river.Config{
+		Queues:            queues,
+		Workers:           workers,
+		PeriodicJobs:      engine.PeriodicJobs(),
+		RetryPolicy:       fastRetry{},
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		Logger:            quietLogger(),
+	}
+	if len(queues) == 0 {
+		rc.Queues, rc.Workers, rc.PeriodicJobs = nil, nil, nil
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
+	require.NoError(t, err)
+	if len(queues) > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		require.NoError(t, client.Start(ctx))
+		t.Cleanup(func() {
+			stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+			defer stop()
+			_ = client.Stop(stopCtx)
+			cancel()
+		})
+	}
+	return &env{pool: pool, engine: engine, client: client, workers: workers}
+}
+
+// waitRun waits until the run reaches one of the statuses, polling the database (the run's
+// state there is the evidence we assert on).
+func waitRun(t testing.TB, pool *pgxpool.Pool, key string, timeout time.Duration, statuses ...string) *workflow.Run {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		run, err := workflow.GetRun(context.Background(), pool, key)
+		if errors.Is(err, workflow.ErrRunNotFound) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond) // a job inserted with plain River creates its run when first worked
+			continue
+		}
+		require.NoError(t, err)
+		for _, s := range statuses {
+			if run.Status == s {
+				return run
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %q is %s after %s, want one of %v (last error: %v)", key, run.Status, timeout, statuses, deref(run.LastError))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// itemCounts returns how many rows each n has, and how many rows a pid wrote.
+func itemCounts(t testing.TB, pool *pgxpool.Pool, table, key string) (perN map[int]int, perPid map[int]int) {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), fmt.Sprintf("SELECT n, pid FROM %s WHERE run_key = $1", pgx.Identifier{table}.Sanitize()), key)
+	require.NoError(t, err)
+	perN, perPid = map[int]int{}, map[int]int{}
+	for rows.Next() {
+		var n, pid int
+		require.NoError(t, rows.Scan(&n, &pid))
+		perN[n]++
+		perPid[pid]++
+	}
+	require.NoError(t, rows.Err())
+	return perN, perPid
+}
+
+func requireExactlyOnce(t testing.TB, perN map[int]int, total int) {
+	t.Helper()
+	var missing, dup []int
+	for n := 0; n < total; n++ {
+		switch c := perN[n]; {
+		case c == 0:
+			missing = append(missing, n)
+		case c > 1:
+			dup = append(dup, n)
+		}
+	}
+	require.Empty(t, missing, "items never processed")
+	require.Empty(t, dup, "items processed more than once")
+	require.Len(t, perN, total)
+}
+
+// runWorkerRole is a worker subprocess: a River client working queue "wf" with the count
+// workflow, until killed. Its env configures lease and where to pause.
+func runWorkerRole(ctx context.Context, envVars map[string]string) error {
+	pool, err := pgxpool.New(ctx, envVars["STEPWISE_TEST_DB"])
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	leaseMS, _ := strconv.Atoi(envVars["LEASE_MS"])
+	stallMS, _ := strconv.Atoi(envVars["STALL_MS"])
+	stopAt, _ := strconv.Atoi(envVars["STOP_AT_STEP"])
+	stepSleep, _ := time.ParseDuration(envVars["STEP_SLEEP"])
+	engine, err := workflow.New(pool, &workflow.Config{
+		Lease:        time.Duration(leaseMS) * time.Millisecond,
+		StallTimeout: time.Duration(stallMS) * time.Millisecond,
+		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return err
+	}
+	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+		if stepSleep > 0 {
+			time.Sleep(stepSleep)
+		}
+		if stopAt > 0 && int(s.Number) == stopAt {
+			// Freeze the whole process (heartbeat included) with uncommitted writes, as
+			// a long GC pause or a frozen VM would; the test SIGCONTs it later.
+			fmt.Printf("pausing run=%s step=%d pid=%d\n", s.RunKey, s.Number, os.Getpid())
+			stoppedAt := time.Now()
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			// The stop lands asynchronously in a multi-threaded process: do not run on
+			// past this point before it has.
+			time.Sleep(100 * time.Millisecond)
+			fmt.Printf("resumed pid=%d after %s\n", os.Getpid(), time.Since(stoppedAt).Round(time.Millisecond))
+		}
+		return nil
+	}}
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, w)
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: 2}},
+		Workers:           workers,
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		RetryPolicy:       fastRetry{},
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return err
+	}
+	if err := client.Start(ctx); err != nil {
+		return err
+	}
+	fmt.Printf("ready pid=%d\n", os.Getpid())
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// maintainLoop runs the engine's maintenance pass every interval from this (surviving)
+// process, standing in for River's leader while worker processes are being killed.
+func maintainLoop(t testing.TB, e *env, interval time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				if _, err := e.engine.Maintain(ctx, e.client); err != nil && ctx.Err() == nil {
+					t.Logf("maintain: %v", err)
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+var _ = testkit.DB
+
+func testkitPool(p interface{}) *pgxpool.Pool { return p.(*pgxpool.Pool) }
+
+func riverDriver(p *pgxpool.Pool) *riverpgxv5.Driver { return riverpgxv5.New(p) }
+
+func mustPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}

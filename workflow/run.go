@@ -1,0 +1,247 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/checkpoint"
+)
+
+// metadataRunKey is the River job metadata field that names the run a job delivers. Keeping
+// the key in metadata leaves the user's job args exactly as they wrote them.
+const metadataRunKey = "stepwise_run"
+
+// Run statuses, as stored in stepwise_run.status.
+const (
+	StatusPending   = "pending"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusCancelled = "cancelled"
+)
+
+// RunKeyer may be implemented by job args to give jobs inserted with plain River Insert
+// (without Start) a run key.
+type RunKeyer interface {
+	RunKey() string
+}
+
+// Run is a run of a step function as stored in stepwise_run.
+type Run struct {
+	Key        string
+	Workflow   string
+	Input      json.RawMessage
+	Status     string
+	Schedule   *string
+	Slot       *time.Time
+	Shard      *int
+	RiverJobID *int64
+	Attempts   int
+	LastError  *string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt *time.Time
+	// CancelRequestedAt is when CancelRun was called, if it was.
+	CancelRequestedAt *time.Time
+
+	// Created is true when the Start call that returned this Run created it.
+	Created bool
+}
+
+// StartOpts are options for Start and StartTx.
+type StartOpts struct {
+	// Schedule, Slot and Shard record which schedule slot the run belongs to.
+	Schedule string
+	Slot     time.Time
+	Shard    *int
+
+	// InsertOpts are passed to River for the run's job (queue, priority, max attempts...).
+	InsertOpts *river.InsertOpts
+}
+
+// Querier is the read side of a pool, connection or transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Start starts the run key of args's workflow in its own transaction. See StartTx.
+func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], key string, args A, opts *StartOpts) (*Run, error) {
+	if client == nil {
+		return nil, errors.New("workflow.Start: client is nil")
+	}
+	execTx, err := client.Driver().GetExecutor().Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("starting run %q: %w", key, err)
+	}
+	tx := client.Driver().UnwrapTx(execTx)
+	defer rollback(ctx, tx)
+	run, err := StartTx(ctx, client, tx, key, args, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("starting run %q: committing: %w", key, err)
+	}
+	return run, nil
+}
+
+// StartTx starts a run in tx: it records the run and its checkpoint and inserts the River job
+// that delivers it, all in the caller's transaction. A key names one run forever: starting
+// the same key again with the same workflow and input returns the existing run (Created is
+// false) and inserts no job, so "the cron fired twice" or "the caller retried" cannot start a
+// second run. The same key with another workflow or input is ErrRunConflict.
+func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args A, opts *StartOpts) (*Run, error) {
+	if err := checkpoint.ValidateKey(key); err != nil {
+		return nil, fmt.Errorf("workflow.Start: run %w", err)
+	}
+	if opts == nil {
+		opts = &StartOpts{}
+	}
+	input, err := json.Marshal(args)
+	if err != nil {
+		return nil, fmt.Errorf("workflow.Start: encoding input of run %q: %w", key, err)
+	}
+	kind := args.Kind()
+	var slot *time.Time
+	if !opts.Slot.IsZero() {
+		s := opts.Slot.UTC()
+		slot = &s
+	}
+	var schedule *string
+	if opts.Schedule != "" {
+		schedule = &opts.Schedule
+	}
+	if err := checkpoint.Ensure(ctx, tx, key); err != nil {
+		return nil, err
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard)
+		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING`,
+		key, kind, input, schedule, slot, opts.Shard)
+	if err != nil {
+		return nil, fmt.Errorf("workflow.Start: recording run %q: %w", key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		run, err := GetRun(ctx, tx, key)
+		if err != nil {
+			return nil, err
+		}
+		var same bool
+		if err := tx.QueryRow(ctx, `SELECT input = $2::jsonb FROM stepwise_run WHERE key = $1`, key, input).Scan(&same); err != nil {
+			return nil, fmt.Errorf("workflow.Start: comparing run %q: %w", key, err)
+		}
+		if run.Workflow != kind || !same {
+			return nil, fmt.Errorf("%w: key %q is run of %s with input %s; this start is %s with input %s",
+				ErrRunConflict, key, run.Workflow, run.Input, kind, input)
+		}
+		return run, nil
+	}
+
+	insertOpts := river.InsertOpts{}
+	if opts.InsertOpts != nil {
+		insertOpts = *opts.InsertOpts
+	}
+	if insertOpts.Metadata, err = withRunKey(insertOpts.Metadata, key); err != nil {
+		return nil, fmt.Errorf("workflow.Start: run %q: InsertOpts.Metadata: %w", key, err)
+	}
+	res, err := client.InsertTx(ctx, tx, args, &insertOpts)
+	if err != nil {
+		return nil, fmt.Errorf("workflow.Start: inserting River job for run %q: %w", key, err)
+	}
+	if _, err := tx.Exec(ctx, `
+		WITH r AS (UPDATE stepwise_run SET river_job_id = $2 WHERE key = $1 RETURNING key)
+		INSERT INTO stepwise_event (subject, kind, to_state, detail)
+		SELECT key, 'run.start', 'pending', jsonb_build_object('river_job_id', $2::bigint) FROM r`,
+		key, res.Job.ID); err != nil {
+		return nil, fmt.Errorf("workflow.Start: linking run %q to its job: %w", key, err)
+	}
+	run, err := GetRun(ctx, tx, key)
+	if err != nil {
+		return nil, err
+	}
+	run.Created = true
+	return run, nil
+}
+
+func withRunKey(metadata []byte, key string) ([]byte, error) {
+	m := map[string]any{}
+	if len(metadata) > 0 {
+		if err := json.Unmarshal(metadata, &m); err != nil {
+			return nil, err
+		}
+	}
+	m[metadataRunKey] = key
+	return json.Marshal(m)
+}
+
+// runKeyOf finds the run a job delivers: the key Start put in its metadata, else the args'
+// RunKey method.
+func runKeyOf(metadata []byte, args any) (string, error) {
+	if len(metadata) > 0 {
+		var m map[string]any
+		if err := json.Unmarshal(metadata, &m); err == nil {
+			if k, ok := m[metadataRunKey].(string); ok && k != "" {
+				return k, nil
+			}
+		}
+	}
+	if rk, ok := args.(RunKeyer); ok {
+		key := rk.RunKey()
+		if err := checkpoint.ValidateKey(key); err != nil {
+			return "", fmt.Errorf("RunKey() of %T: %w", args, err)
+		}
+		return key, nil
+	}
+	return "", fmt.Errorf("job args %T carry no run key: start runs with workflow.Start, or give the args a RunKey() string method", args)
+}
+
+// GetRun reads one run.
+func GetRun(ctx context.Context, q Querier, key string) (*Run, error) {
+	r := &Run{Key: key}
+	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts,
+			last_error, created_at, updated_at, finished_at, cancel_requested_at
+		FROM stepwise_run WHERE key = $1`, key).
+		Scan(&r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts,
+			&r.LastError, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %q", ErrRunNotFound, key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading run %q: %w", key, err)
+	}
+	return r, nil
+}
+
+// CancelRun asks for a run to stop cooperatively: a run that has not started ends
+// 'cancelled' at its next claim; a running one has its step's context cancelled within about
+// Config.Heartbeat, its open step rolled back, and ends 'cancelled' with reason recorded.
+// Committed steps stay committed. Cancelling a finished run does nothing and returns nil.
+func CancelRun(ctx context.Context, q interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, key, reason string) error {
+	_, err := q.Exec(ctx, `
+		WITH r AS (
+			UPDATE stepwise_run SET cancel_requested_at = coalesce(cancel_requested_at, now()), last_error = $2, updated_at = now()
+			 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key
+		)
+		INSERT INTO stepwise_event (subject, kind, detail) SELECT key, 'run.cancel_requested', jsonb_build_object('reason', $2::text) FROM r`,
+		key, reason)
+	if err != nil {
+		return fmt.Errorf("requesting cancellation of run %q: %w", key, err)
+	}
+	return nil
+}
+
+// rollback ends tx even when ctx is cancelled, so a transaction is never left holding locks
+// until the server's idle timeout.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}

@@ -1,0 +1,310 @@
+package workflow_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := workflow.New(nil, nil)
+	require.ErrorContains(t, err, "pool is nil")
+	pool := testkit.DB(t)
+	for _, tc := range []struct {
+		cfg  workflow.Config
+		want string
+	}{
+		{workflow.Config{Lease: -time.Second}, "Config.Lease"},
+		{workflow.Config{Lease: time.Second, Heartbeat: time.Second}, "Config.Heartbeat"},
+		{workflow.Config{Lease: time.Second, Heartbeat: 2 * time.Second}, "Config.Heartbeat"},
+		{workflow.Config{Slice: time.Hour}, "Config.Slice (1h0m0s) must be shorter than RescueStuckJobsAfter"},
+		{workflow.Config{Slice: 2 * time.Minute, RescueStuckJobsAfter: time.Minute}, "RescueStuckJobsAfter"},
+		{workflow.Config{StallTimeout: -1}, "Config.StallTimeout"},
+	} {
+		_, err := workflow.New(pool, &tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+	e, err := workflow.New(pool, nil)
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, e.Config().Lease)
+	require.Equal(t, 10*time.Second, e.Config().Heartbeat)
+}
+
+func TestRunsToDone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	e := newEnv(t, pool, nil, &countWorker{}, nil)
+
+	run, err := workflow.Start(ctx, e.client, "count/1", countArgs{Total: 1000, Batch: 100, Table: "items"}, nil)
+	require.NoError(t, err)
+	require.True(t, run.Created)
+	require.Equal(t, workflow.StatusPending, run.Status)
+
+	run = waitRun(t, pool, "count/1", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	require.NotNil(t, run.FinishedAt)
+	perN, _ := itemCounts(t, pool, "items", "count/1")
+	requireExactlyOnce(t, perN, 1000)
+
+	st, err := e.engine.Checkpoints().Get(ctx, "count/1")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"next":1000}`, string(st.Cursor))
+	require.Equal(t, int64(10), st.Steps, "ten batches of 100, the last one returning Done")
+	require.Nil(t, st.Owner, "a finished run holds no lease")
+
+	job, err := e.client.JobGet(ctx, *run.RiverJobID)
+	require.NoError(t, err)
+	require.Equal(t, "completed", string(job.State))
+}
+
+func TestStartTwiceIsOneRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	e := newEnv(t, pool, nil, &countWorker{}, map[string]river.QueueConfig{}) // insert-only client
+	args := countArgs{Total: 10, Batch: 5, Table: "items"}
+
+	first, err := workflow.Start(ctx, e.client, "once", args, nil)
+	require.NoError(t, err)
+	again, err := workflow.Start(ctx, e.client, "once", args, nil)
+	require.NoError(t, err)
+	require.True(t, first.Created)
+	require.False(t, again.Created)
+	require.Equal(t, *first.RiverJobID, *again.RiverJobID)
+
+	var jobs int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'test_count'").Scan(&jobs))
+	require.Equal(t, 1, jobs)
+
+	_, err = workflow.Start(ctx, e.client, "once", countArgs{Total: 11, Batch: 5, Table: "items"}, nil)
+	require.ErrorIs(t, err, workflow.ErrRunConflict)
+	require.ErrorContains(t, err, `"total":11`)
+}
+
+func TestStartRejectsBadKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	e := newEnv(t, pool, nil, &countWorker{}, map[string]river.QueueConfig{})
+	_, err := workflow.Start(ctx, e.client, "", countArgs{}, nil)
+	require.ErrorContains(t, err, "key is empty")
+	_, err = workflow.Start(ctx, e.client, strings.Repeat("k", 256), countArgs{}, nil)
+	require.ErrorContains(t, err, "limited to 255")
+}
+
+func TestStepErrorRollsBackAndResumes(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"error", "panic"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testkit.DB(t)
+			createItems(t, pool, "items", true)
+			var failed atomic.Bool
+			var stepsSeen []int64
+			w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+				stepsSeen = append(stepsSeen, s.Number)
+				// Step 3 fails once, after writing its rows: they must roll back.
+				if s.Number == 3 && failed.CompareAndSwap(false, true) {
+					if mode == "panic" {
+						panic("boom in step 3")
+					}
+					return errors.New("boom in step 3")
+				}
+				return nil
+			}}
+			e := newEnv(t, pool, nil, w, map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 1}})
+			_, err := workflow.Start(ctx, e.client, "r", countArgs{Total: 50, Batch: 10, Table: "items"}, nil)
+			require.NoError(t, err)
+			run := waitRun(t, pool, "r", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+			require.Equal(t, workflow.StatusSucceeded, run.Status)
+			perN, _ := itemCounts(t, pool, "items", "r")
+			requireExactlyOnce(t, perN, 50)
+			// Resumed from the last committed cursor: step 3 ran again, steps 1-2 did not.
+			require.Equal(t, []int64{1, 2, 3, 3, 4, 5}, stepsSeen)
+			require.Equal(t, 2, run.Attempts)
+
+			var recorded string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT detail->>'error' FROM stepwise_event
+				WHERE subject = 'r' AND kind = 'run.step_error'`).Scan(&recorded))
+			require.Contains(t, recorded, "boom in step 3")
+		})
+	}
+}
+
+func TestUndecodableCursorFailsRunAndKeepsCursor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	e := newEnv(t, pool, nil, &countWorker{}, map[string]river.QueueConfig{})
+	_, err := workflow.Start(ctx, e.client, "old", countArgs{Total: 50, Batch: 10, Table: "items"}, nil)
+	require.NoError(t, err)
+	// A cursor written by an older deploy, whose field was since renamed.
+	_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET cursor = '{"after_item": 30}' WHERE key = 'old'`)
+	require.NoError(t, err)
+
+	newEnv(t, pool, nil, &countWorker{}, nil)
+	run := waitRun(t, pool, "old", 10*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
+	require.Equal(t, workflow.StatusFailed, run.Status)
+	require.Contains(t, *run.LastError, `run "old"`)
+	require.Contains(t, *run.LastError, "workflow_test.countCursor")
+	require.Contains(t, *run.LastError, `{"after_item": 30}`)
+	st, err := e.engine.Checkpoints().Get(ctx, "old")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"after_item": 30}`, string(st.Cursor), "the raw cursor stays for a person to repair")
+	perN, _ := itemCounts(t, pool, "items", "old")
+	require.Empty(t, perN, "nothing was redone from zero")
+}
+
+func TestSliceSnoozesAndResumes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	}}
+	e := newEnv(t, pool, &workflow.Config{Slice: 100 * time.Millisecond}, w, nil)
+	_, err := workflow.Start(ctx, e.client, "sliced", countArgs{Total: 400, Batch: 20, Table: "items"}, nil)
+	require.NoError(t, err)
+	run := waitRun(t, pool, "sliced", 20*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	require.GreaterOrEqual(t, run.Attempts, 3, "20 steps of 20ms in slices of 100ms need several attempts")
+	perN, _ := itemCounts(t, pool, "items", "sliced")
+	requireExactlyOnce(t, perN, 400)
+	var releases int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE subject = 'sliced' AND kind = 'lease.claim'`).Scan(&releases))
+	require.Equal(t, run.Attempts, releases)
+}
+
+// failArgs drives the outcome tests: Sleep, Fail and always-error.
+type outcomeArgs struct {
+	Mode string `json:"mode"`
+}
+
+func (outcomeArgs) Kind() string { return "test_outcome" }
+
+type outcomeWorker struct {
+	workflow.StepperDefaults[outcomeArgs, int]
+	calls atomic.Int32
+}
+
+func (w *outcomeWorker) Step(ctx context.Context, s *workflow.Step[outcomeArgs, int]) (workflow.Next, error) {
+	w.calls.Add(1)
+	switch s.Args.Mode {
+	case "sleep":
+		s.Cursor++
+		if s.Cursor == 1 {
+			return workflow.Sleep(200 * time.Millisecond), nil
+		}
+		return workflow.Done(), nil
+	case "fail":
+		return workflow.Fail(errors.New("merchant 42 has no bank account")), nil
+	default:
+		return workflow.Next{}, errors.New("always failing")
+	}
+}
+
+func TestOutcomes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	engine, err := workflow.New(pool, &workflow.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	w := &outcomeWorker{}
+	workflow.AddWorker(engine, workers, w)
+	require.Panics(t, func() { workflow.AddWorker(engine, workers, w) }, "a kind registered twice is bad wiring")
+	e := newEnvWith(t, pool, engine, workers)
+
+	start := time.Now()
+	_, err = workflow.Start(ctx, e.client, "sleep", outcomeArgs{Mode: "sleep"}, nil)
+	require.NoError(t, err)
+	_, err = workflow.Start(ctx, e.client, "fail", outcomeArgs{Mode: "fail"}, nil)
+	require.NoError(t, err)
+	_, err = workflow.Start(ctx, e.client, "dead", outcomeArgs{Mode: "error"}, &workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 3}})
+	require.NoError(t, err)
+
+	run := waitRun(t, pool, "sleep", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	require.Equal(t, 2, run.Attempts)
+
+	run = waitRun(t, pool, "fail", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	require.Equal(t, workflow.StatusFailed, run.Status)
+	require.Equal(t, "merchant 42 has no bank account", *run.LastError)
+	require.Equal(t, 1, run.Attempts, "Fail is terminal: no retry")
+	job, err := e.client.JobGet(ctx, *run.RiverJobID)
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", string(job.State))
+
+	// An always-failing run backs off through River's attempts and ends dead, visibly.
+	run = waitRun(t, pool, "dead", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	require.Equal(t, workflow.StatusFailed, run.Status)
+	require.Contains(t, *run.LastError, "last attempt (3 of 3): always failing")
+	require.Equal(t, 3, run.Attempts)
+}
+
+func newEnvWith(t testing.TB, pool interface{}, engine *workflow.Engine, workers *river.Workers) *env {
+	t.Helper()
+	p := testkitPool(pool)
+	client, err := river.NewClient(riverDriver(p), &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
+		Workers:           workers,
+		PeriodicJobs:      engine.PeriodicJobs(),
+		RetryPolicy:       fastRetry{},
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		Logger:            quietLogger(),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.Stop(stopCtx)
+		cancel()
+	})
+	return &env{pool: p, engine: engine, client: client, workers: workers}
+}
+
+func TestRunKeyFromArgs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	engine, err := workflow.New(pool, &workflow.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[keyedArgs, json.RawMessage]) (workflow.Next, error) {
+		return workflow.Done(), nil
+	}))
+	e := newEnvWith(t, pool, engine, workers)
+	// Inserted with plain River, no workflow.Start: the args name the run.
+	_, err = e.client.Insert(ctx, keyedArgs{Date: "2026-11-29"}, nil)
+	require.NoError(t, err)
+	run := waitRun(t, pool, "settle/2026-11-29", 10*time.Second, workflow.StatusSucceeded)
+	require.Equal(t, "test_keyed", run.Workflow)
+}
+
+type keyedArgs struct {
+	Date string `json:"date"`
+}
+
+func (keyedArgs) Kind() string     { return "test_keyed" }
+func (a keyedArgs) RunKey() string { return "settle/" + a.Date }

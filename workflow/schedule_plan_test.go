@@ -232,7 +232,7 @@ func TestScheduleOverlapPlans(t *testing.T) {
 	buf := func(s time.Time) openSlot { return openSlot{slot: s, buffered: true} }
 	type want struct {
 		materialize, buffer, promote, skip, supersede, cancel []time.Time
-		reason                                            string
+		reason                                                string
 	}
 	tests := []struct {
 		name      string

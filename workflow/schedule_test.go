@@ -348,7 +348,7 @@ func TestScheduleOverlap(t *testing.T) {
 		b.clock.Set(a)
 		require.Equal(t, []time.Time{a}, b.tick(t, "ov").Materialized)
 		setRunStatus(t, b.pool, "ov", a, workflow.StatusRunning) // A is still going...
-		b.clock.Set(bSlot)                                        // ...when B comes due
+		b.clock.Set(bSlot)                                       // ...when B comes due
 		return b
 	}
 

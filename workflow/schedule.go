@@ -397,7 +397,11 @@ func NewScheduler(engine *Engine, cfg *SchedulerConfig) (*Scheduler, error) {
 // Registration is in memory; the schedule's row is created or updated by the next tick
 // (under the row's lock, so concurrent nodes do not race). A changed definition keeps the
 // watermark, so it takes effect from the next slot, and is audited as a 'schedule.changed'
-// event with the old and new definition.
+// event with the old and new definition. The code's definition is the source of truth; the
+// row mirrors it for operators and audit. During a rolling deploy that changes a definition,
+// old and new nodes may both work tick jobs and the row follows whichever ticked last (each
+// switch audited); pause the schedule for the deploy (PauseSchedule) if a slot decided under
+// the old definition in that window would matter.
 func AddSchedule[A river.JobArgs](s *Scheduler, sch Schedule[A]) error {
 	if s == nil {
 		return errors.New("workflow.AddSchedule: scheduler is nil; create one with workflow.NewScheduler")

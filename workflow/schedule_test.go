@@ -867,6 +867,11 @@ func TestSchedulePeriodicJob(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	requireOneRunPerSlotShard(t, pool, "periodic")
+	// River's default unique states include completed: with them, the first completed tick
+	// would block every later one for a day. The tick job must keep coming.
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_schedule_tick' AND state = 'completed'`) >= 3
+	}, 10*time.Second, 50*time.Millisecond, "the periodic tick ran at most twice")
 	require.Positive(t, counterValue(t, sched.Metrics().Ticks.WithLabelValues("periodic", "ok")))
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(sched.Metrics()))

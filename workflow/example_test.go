@@ -1,0 +1,156 @@
+package workflow_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/internal/pgserver"
+	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// SettleArgs identify a run and carry its input: River job args, as River users write them.
+type SettleArgs struct {
+	Date string `json:"date"`
+}
+
+func (SettleArgs) Kind() string { return "example_settle" }
+
+// SettleCursor is what survives a crash: where the next step starts.
+type SettleCursor struct {
+	AfterMerchant int64 `json:"after_merchant"`
+}
+
+type SettleWorker struct {
+	workflow.StepperDefaults[SettleArgs, SettleCursor]
+}
+
+// Step settles the next 100 merchants in one set-based statement. Its writes, the new
+// cursor and (in a real service) its outbox rows commit together, fenced by the run's token.
+func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, SettleCursor]) (workflow.Next, error) {
+	var last *int64
+	err := s.Tx.QueryRow(ctx, `
+		WITH batch AS (
+			SELECT id FROM merchant WHERE id > $2 ORDER BY id LIMIT 100
+		), settled AS (
+			INSERT INTO settlement (merchant_id, settle_date)
+			SELECT id, $1::date FROM batch
+			ON CONFLICT DO NOTHING
+		)
+		SELECT max(id) FROM batch`, s.Args.Date, s.Cursor.AfterMerchant).Scan(&last)
+	if err != nil {
+		return workflow.Next{}, err // rolled back; retried from the last committed cursor
+	}
+	if last == nil {
+		return workflow.Done(), nil
+	}
+	s.Cursor.AfterMerchant = *last
+	return workflow.Continue(), nil
+}
+
+func Example() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB(ctx) // a migrated database (migrations.Migrate)
+	defer cleanup()
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE merchant (id bigint PRIMARY KEY);
+		INSERT INTO merchant SELECT generate_series(1, 250);
+		CREATE TABLE settlement (merchant_id bigint, settle_date date, PRIMARY KEY (merchant_id, settle_date));`)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// Wiring: Stepwise's worker goes beside your own River workers, in your own client.
+	engine, err := workflow.New(pool, &workflow.Config{Lease: 10 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, &SettleWorker{})
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
+		Workers:      workers,
+		PeriodicJobs: engine.PeriodicJobs(), // fast takeover of runs whose worker died
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer client.Stop(ctx) //nolint:errcheck
+
+	// One run per key, forever: starting it again (a second cron fire, a retried request)
+	// returns the same run.
+	run, err := workflow.Start(ctx, client, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	again, _ := workflow.Start(ctx, client, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
+	fmt.Println("created:", run.Created, "then:", again.Created)
+
+	for run.Status != workflow.StatusSucceeded && run.Status != workflow.StatusFailed {
+		time.Sleep(20 * time.Millisecond)
+		if run, err = workflow.GetRun(ctx, pool, run.Key); err != nil {
+			log.Fatal(err)
+		}
+	}
+	var settled int
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM settlement").Scan(&settled)
+	cp, _ := engine.Checkpoints().Get(ctx, run.Key)
+	fmt.Printf("run %s: %d merchants settled in %d steps, cursor %s\n", run.Status, settled, cp.Steps, cp.Cursor)
+
+	// Output:
+	// created: true then: false
+	// run succeeded: 250 merchants settled in 4 steps, cursor {"after_merchant": 250}
+}
+
+// exampleDB gives an example a fresh, migrated database of its own on the server the tests
+// use (see internal/pgserver), and drops it afterwards. Shared by every example in this
+// package.
+func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
+	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, srv.URL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	name := fmt.Sprintf("stepwise_example_%d_%d", os.Getpid(), exampleSeq.Add(1))
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		log.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(srv.URL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	return pool, func() {
+		pool.Close()
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		_ = admin.Close(ctx)
+		_ = srv.Close()
+	}
+}
+
+var exampleSeq atomic.Int64

@@ -1,0 +1,64 @@
+// Package workflow runs long, checkpointed batch jobs as River workers: each job is a step
+// function whose every step commits its business writes, its cursor and its outbox rows in
+// one Postgres transaction, fenced by a token so a worker that lost its lease can never
+// commit.
+//
+// # Writing a step function
+//
+// A step function is River job args (the run's input), a cursor type (what survives a
+// crash) and a Step method:
+//
+//	type SettleArgs struct{ Date string `json:"date"` }
+//	func (SettleArgs) Kind() string { return "settle" }
+//
+//	type SettleCursor struct{ AfterMerchant int64 `json:"after_merchant"` }
+//
+//	type SettleWorker struct {
+//		workflow.StepperDefaults[SettleArgs, SettleCursor]
+//	}
+//
+//	func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, SettleCursor]) (workflow.Next, error) {
+//		last, n, err := settleBatch(ctx, s.Tx, s.Args.Date, s.Cursor.AfterMerchant, 500)
+//		if err != nil {
+//			return workflow.Next{}, err // rolled back; retried from the last committed cursor
+//		}
+//		if n == 0 {
+//			return workflow.Done(), nil
+//		}
+//		s.Cursor.AfterMerchant = last
+//		return workflow.Continue(), nil
+//	}
+//
+// Register it beside your own River workers and start runs by key:
+//
+//	engine, err := workflow.New(pool, &workflow.Config{})
+//	workflow.AddWorker(engine, workers, &SettleWorker{})
+//	// river.Config{Workers: workers, PeriodicJobs: engine.PeriodicJobs(), ...}
+//	run, err := workflow.Start(ctx, riverClient, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
+//
+// # The step protocol
+//
+// Work (worker.go) follows DESIGN.md's step protocol:
+//
+//  1. Claim the run's lease (checkpoint.Claim); if held, snooze until it lapses.
+//  2. Per step: begin with the stall timeout armed, run Step in the tx, then the fenced
+//     write of cursor and lease (checkpoint.Advance); on Done also the run's status and
+//     river.JobCompleteTx, whose returned state is checked; commit.
+//  3. A heartbeat renews the lease and cancels the step's context if it cannot.
+//  4. After Config.Slice, release the lease in the last commit and JobSnooze(0).
+//  5. Maintenance (Engine.Maintain, a leader-run periodic job) re-enqueues runs whose
+//     worker vanished: takeover after about Lease + MaintenanceInterval, not River's hour.
+//  6. Outcomes: Continue, Done, Sleep/Until, Fail; an error or panic rolls back and River
+//     retries with backoff; the last attempt's failure ends the run failed.
+//
+// # Guarantees
+//
+// A step runs at least once; its Postgres writes take effect once. A run key names one
+// run forever (Start twice is one run). Nothing here calls external systems: a step
+// enqueues operations with outbox.Enqueue in s.Tx, and the outbox delivers them.
+//
+// # Schedules
+//
+// Scheduler turns cron specs into durable, deterministic slots with misfire and overlap
+// policies; see Schedule.
+package workflow

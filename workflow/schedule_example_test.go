@@ -30,7 +30,7 @@ func (DailySettleArgs) Kind() string { return "example_daily_settle" }
 // after the gap, at 03:00.
 func ExampleAddSchedule() {
 	ctx := context.Background()
-	pool, cleanup := exampleDB(ctx)
+	pool, cleanup := scheduleExampleDB(ctx)
 	defer cleanup()
 
 	engine, err := workflow.New(pool, nil)
@@ -96,9 +96,9 @@ func ExampleAddSchedule() {
 	// merchant-42 is in shard 0
 }
 
-// exampleDB gives the example a fresh, migrated database of its own on the server the tests
+// scheduleExampleDB gives the example a fresh, migrated database of its own on the server the tests
 // use, and drops it afterwards.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
+func scheduleExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"}})
 	if err != nil {
 		log.Fatal(err)

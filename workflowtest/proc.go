@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -422,6 +423,7 @@ func (p *Process) WaitForLine(ctx context.Context, substr string) (string, error
 		}
 		exited, waitErr, changed := p.exited, p.waitErr, p.changed
 		tail := strings.Join(p.stderr, "\n")
+		ranTests := slices.Contains(p.lines, "PASS")
 		p.mu.Unlock()
 
 		if exited {
@@ -429,8 +431,13 @@ func (p *Process) WaitForLine(ctx context.Context, substr string) (string, error
 			if waitErr != nil {
 				status = "(" + errors.Unwrap(waitErr).Error() + ")"
 			}
-			return "", fmt.Errorf("role %q (pid %d) exited %s before printing a line containing %q; last stderr lines:\n%s",
-				p.role, p.pid, status, substr, tail)
+			hint := ""
+			if ranTests {
+				// The child ran the (empty) test list instead of the role.
+				hint = "; it ran tests instead of the role: TestMain must call workflowtest.RunRoleIfChild (or testkit.Main) first"
+			}
+			return "", fmt.Errorf("role %q (pid %d) exited %s before printing a line containing %q%s; last stderr lines:\n%s",
+				p.role, p.pid, status, substr, hint, tail)
 		}
 		select {
 		case <-changed:

@@ -1,0 +1,53 @@
+package settlement
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise/migrations"
+)
+
+//go:embed sql/schema.sql
+var schemaSQL string
+
+// schemaLockKey serializes ApplySchema across processes (three serve processes starting at
+// once); it differs from the migrations package's lock.
+const schemaLockKey = 0x5e771e5c4e3a
+
+// Migrate brings River's and Stepwise's schema up (migrations.Migrate) and then applies the
+// sample's business tables. Safe to run again and from several processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	return ApplySchema(ctx, pool)
+}
+
+// ApplySchema creates the business tables (merchant, card_txn, settlement, ledger_entry) if
+// they do not exist, under an advisory lock held for its transaction.
+func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLockKey)); err != nil {
+			return fmt.Errorf("taking the schema lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, schemaSQL); err != nil {
+			return fmt.Errorf("applying the settlement schema: %w", err)
+		}
+		return nil
+	})
+}
+
+// ParseDate parses a business date, YYYY-MM-DD, as midnight UTC. A date is a calendar day,
+// not an instant; UTC only keeps time.Time from shifting it.
+func ParseDate(s string) (time.Time, error) {
+	d, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, &DateError{Input: s, Err: err}
+	}
+	return d, nil
+}

@@ -1,0 +1,223 @@
+package settlement
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// PayoutKind is the operation kind of payouts in the operation ledger.
+const PayoutKind = "payout"
+
+// DefaultBatchSize is how many merchants one settle step covers. Measured (DESIGN.md,
+// performance budget): 100 per statement reaches about 13,800 merchants/s on two cores,
+// 1,000 about 19,000/s; 500 keeps each step's transaction short while staying close.
+const DefaultBatchSize = 500
+
+// Batch selects the merchants one SettleBatch call settles: the first Size merchants of
+// shard Shard (of Shards) whose id is after AfterMerchant.
+type Batch struct {
+	// Date is the business date settled (midnight UTC, as ParseDate returns).
+	Date time.Time
+	// Shard and Shards select the merchants with merchant_shard(hash, Shards) = Shard, which
+	// is workflow.ShardOf(code, Shards).
+	Shard, Shards int
+	// AfterMerchant is the cursor: the last merchant id a previous batch covered, 0 at first.
+	AfterMerchant int64
+	// Size is the most merchants the batch covers. Defaults to DefaultBatchSize.
+	Size int
+	// RunKey is the workflow run settling the batch; it is stored on settlements and on the
+	// payout operations, so a run's batch status can be proven from its operations.
+	// Optional (a bench through plain pgx has no run).
+	RunKey string
+}
+
+// BatchResult is what one SettleBatch call did.
+type BatchResult struct {
+	// LastMerchant is the last merchant id the batch covered: the next cursor. It equals
+	// AfterMerchant when the batch covered none.
+	LastMerchant int64
+	// Merchants is how many merchants the batch covered.
+	Merchants int
+	// Settlements is how many settlements it created, each with two ledger entries and a
+	// payout. Fewer than the groups found means some existed already (a replay).
+	Settlements int
+	// Done is true when the shard has no merchants after LastMerchant.
+	Done bool
+}
+
+// settleSQL settles a batch of merchants in one statement: no round trip per merchant.
+//
+//   - batch: the next merchants of the shard after the cursor, in id order (the primary key
+//     is the cursor's index; the shard filter costs a hash modulo per row skipped).
+//   - sums: their transactions of the date, per (merchant, type, currency), read from
+//     card_txn_settle_idx alone.
+//   - ins: one settlement per group. ON CONFLICT on the business key DO NOTHING: a step that
+//     is replayed after a crash, or a second run that somehow got the same merchants, finds
+//     the settlement there and creates nothing, so nothing downstream happens twice.
+//   - entries: two ledger entries per settlement just created (and only those, so a replay
+//     posts nothing), debit merchant payable, credit bank clearing: they sum to zero.
+//
+// The last SELECT returns the batch's size and last id on every row, and one row with NULL
+// settlement columns when nothing was created, so the cursor moves even over merchants
+// without transactions.
+const settleSQL = `
+WITH batch AS MATERIALIZED (
+	SELECT id, code, bank_account FROM merchant
+	WHERE id > $1 AND merchant_shard(shard_hash, $2) = $3
+	ORDER BY id
+	LIMIT $4
+), sums AS (
+	SELECT t.merchant_id, t.type, t.currency, sum(t.amount)::bigint AS amount, count(*)::int AS n
+	FROM batch b JOIN card_txn t ON t.merchant_id = b.id AND t.business_date = $5
+	GROUP BY t.merchant_id, t.type, t.currency
+), ins AS (
+	INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count, run_key)
+	SELECT merchant_id, $5, type, currency, amount, n, $6 FROM sums
+	ORDER BY merchant_id, type, currency
+	ON CONFLICT (merchant_id, settle_date, type, currency) DO NOTHING
+	RETURNING id, merchant_id, type, currency, amount
+), entries AS (
+	INSERT INTO ledger_entry (settlement_id, entry, account, currency, amount)
+	SELECT i.id, 'settle', e.account, i.currency, e.sign * i.amount
+	FROM ins i JOIN batch b ON b.id = i.merchant_id
+	CROSS JOIN LATERAL (VALUES ('merchant_payable:' || b.code, 1), ('bank_clearing', -1)) AS e(account, sign)
+)
+SELECT s.n, s.last, i.id, b.code, b.bank_account, i.type, i.currency, i.amount
+FROM (SELECT count(*)::int AS n, coalesce(max(id), $1) AS last FROM batch) s
+LEFT JOIN (ins i JOIN batch b ON b.id = i.merchant_id) ON true
+ORDER BY i.merchant_id, i.type, i.currency`
+
+// PayoutPayload is what a payout operation carries besides its amount and currency.
+type PayoutPayload struct {
+	// SettlementID is the settlement the payout pays; the outcome callback moves it.
+	SettlementID int64 `json:"settlement_id"`
+	// Merchant is the merchant's code.
+	Merchant string `json:"merchant"`
+	// Account is the payee account at the bank.
+	Account string `json:"account"`
+}
+
+// PayoutKey is the business key of a settlement's payout: "<merchant>/<date>/<type>/<currency>",
+// e.g. "M000042/2026-03-01/pos/EUR". It is also the payment's reference at the bank.
+func PayoutKey(merchant string, date time.Time, typ, currency string) string {
+	return merchant + "/" + date.Format(time.DateOnly) + "/" + typ + "/" + currency
+}
+
+// SettleBatch settles one batch of merchants in tx: their settlements and ledger entries in
+// one statement, then their payouts in the operation ledger (outbox.Enqueue, one statement),
+// all committed with tx or not at all. It is the settle step's whole business logic, exported
+// so the same code can be measured through plain pgx and through Stepwise.
+func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
+	if b.Size == 0 {
+		b.Size = DefaultBatchSize
+	}
+	res := BatchResult{LastMerchant: b.AfterMerchant}
+	switch {
+	case b.Shards < 1 || b.Shard < 0 || b.Shard >= b.Shards:
+		return res, fmt.Errorf("settling: shard %d of %d: want 0 <= shard < shards", b.Shard, b.Shards)
+	case b.Size < 1:
+		return res, fmt.Errorf("settling: batch size %d: want at least 1", b.Size)
+	case b.Date.IsZero():
+		return res, errors.New("settling: Batch.Date is zero; set the business date")
+	}
+	var runKey *string
+	if b.RunKey != "" {
+		runKey = &b.RunKey
+	}
+	rows, err := tx.Query(ctx, settleSQL, b.AfterMerchant, b.Shards, b.Shard, b.Size, b.Date, runKey)
+	if err != nil {
+		return res, fmt.Errorf("settling merchants after %d (shard %d/%d): %w", b.AfterMerchant, b.Shard, b.Shards, err)
+	}
+	var ops []outbox.Operation
+	for rows.Next() {
+		var (
+			id                      *int64
+			code, account, typ, cur *string
+			amount                  *int64
+		)
+		if err := rows.Scan(&res.Merchants, &res.LastMerchant, &id, &code, &account, &typ, &cur, &amount); err != nil {
+			rows.Close()
+			return res, fmt.Errorf("settling merchants after %d: reading result: %w", b.AfterMerchant, err)
+		}
+		if id == nil {
+			continue
+		}
+		payload, err := json.Marshal(PayoutPayload{SettlementID: *id, Merchant: *code, Account: *account})
+		if err != nil {
+			rows.Close()
+			return res, fmt.Errorf("encoding payout of settlement %d: %w", *id, err)
+		}
+		ops = append(ops, outbox.Operation{
+			Kind:        PayoutKind,
+			BusinessKey: PayoutKey(*code, b.Date, *typ, *cur),
+			Payload:     payload,
+			Amount:      *amount,
+			Currency:    *cur,
+			RunKey:      b.RunKey,
+		})
+	}
+	if err := rows.Err(); err != nil {
+		return res, fmt.Errorf("settling merchants after %d (shard %d/%d): %w", b.AfterMerchant, b.Shard, b.Shards, err)
+	}
+	res.Settlements = len(ops)
+	res.Done = res.Merchants < b.Size
+	if len(ops) > 0 {
+		if _, err := outbox.Enqueue(ctx, tx, ops...); err != nil {
+			return res, fmt.Errorf("enqueuing %d payouts: %w", len(ops), err)
+		}
+	}
+	return res, nil
+}
+
+// SettleArgs is the input of one shard's settlement run of one date: the River job args.
+type SettleArgs struct {
+	Date   string `json:"date"`
+	Shard  int    `json:"shard"`
+	Shards int    `json:"shards"`
+}
+
+// Kind is the River job kind.
+func (SettleArgs) Kind() string { return "settle_merchants" }
+
+// SettleCursor is what survives a crash: the last merchant id settled.
+type SettleCursor struct {
+	AfterMerchant int64 `json:"after_merchant"`
+}
+
+// SettleWorker is the settle step function: one batch of merchants per step, each step's
+// settlements, ledger entries, payouts and cursor committed together, fenced.
+type SettleWorker struct {
+	workflow.StepperDefaults[SettleArgs, SettleCursor]
+
+	// BatchSize is the number of merchants per step. Defaults to DefaultBatchSize.
+	BatchSize int
+}
+
+// Step settles the next batch of the run's shard.
+func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, SettleCursor]) (workflow.Next, error) {
+	date, err := ParseDate(s.Args.Date)
+	if err != nil {
+		// No retry can fix the input of a run.
+		return workflow.Fail(err), nil
+	}
+	res, err := SettleBatch(ctx, s.Tx, Batch{
+		Date: date, Shard: s.Args.Shard, Shards: s.Args.Shards,
+		AfterMerchant: s.Cursor.AfterMerchant, Size: w.BatchSize, RunKey: s.RunKey,
+	})
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	s.Cursor.AfterMerchant = res.LastMerchant
+	if res.Done {
+		return workflow.Done(), nil
+	}
+	return workflow.Continue(), nil
+}

@@ -1,0 +1,117 @@
+package settlement_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+func TestMerchantShardMatchesShardOf(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := schemaDB(t)
+	codes := make([]string, 0, 2000)
+	hashes := make([]int64, 0, 2000)
+	for id := int64(1); id <= 2000; id++ {
+		codes = append(codes, settlement.MerchantCode(id))
+		hashes = append(hashes, settlement.ShardHash(settlement.MerchantCode(id)))
+	}
+	for _, n := range []int{1, 2, 3, 4, 7, 8, 10, 16, 61, 1000, 65537} {
+		rows, err := pool.Query(ctx, `SELECT merchant_shard(h, $2) FROM unnest($1::bigint[]) WITH ORDINALITY AS u(h, o) ORDER BY o`, hashes, n)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		for i, code := range codes {
+			require.Equal(t, workflow.ShardOf(code, n), int(got[i]), "code %s, n %d, hash %d", code, n, hashes[i])
+		}
+	}
+}
+
+// settleAll runs SettleBatch over every shard through plain pgx, one transaction per batch,
+// as the settle step does without Stepwise.
+func settleAll(t *testing.T, pool *pgxpool.Pool, shards, size int) (settlements, batches int) {
+	t.Helper()
+	ctx := context.Background()
+	for shard := range shards {
+		var after int64
+		for {
+			var res settlement.BatchResult
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				res, err = settlement.SettleBatch(ctx, tx, settlement.Batch{Date: testDate, Shard: shard, Shards: shards, AfterMerchant: after, Size: size})
+				return err
+			})
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, res.LastMerchant, after)
+			after = res.LastMerchant
+			settlements += res.Settlements
+			batches++
+			if res.Done {
+				break
+			}
+		}
+	}
+	return settlements, batches
+}
+
+func TestSettleBatchSettlesEveryGroupOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := seededDB(t)
+
+	n, batches := settleAll(t, pool, 3, 64)
+	require.Greater(t, n, testSeed.Merchants/2)
+	require.Greater(t, batches, 3)
+
+	// One settlement per (merchant, type, currency) group of the date, with the group's sum.
+	var groups, mismatched int
+	require.NoError(t, pool.QueryRow(ctx, `
+		WITH g AS (SELECT merchant_id, type, currency, sum(amount) s, count(*) c FROM card_txn
+			WHERE business_date = $1 GROUP BY 1, 2, 3)
+		SELECT count(*), count(*) FILTER (WHERE st.amount IS DISTINCT FROM g.s OR st.txn_count IS DISTINCT FROM g.c)
+		FROM g LEFT JOIN settlement st ON (st.merchant_id, st.settle_date, st.type, st.currency) = (g.merchant_id, $1, g.type, g.currency)`,
+		testDate).Scan(&groups, &mismatched))
+	require.Equal(t, groups, n)
+	require.Zero(t, mismatched)
+
+	// Two balancing entries per settlement; one payout per settlement with its amount.
+	var entries int
+	var sum int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM ledger_entry`).Scan(&entries, &sum))
+	require.Equal(t, 2*n, entries)
+	require.Zero(t, sum)
+	var ops, opMismatch int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT count(*), count(*) FILTER (WHERE o.amount <> s.amount OR o.currency <> s.currency
+			OR o.business_key <> m.code || '/' || s.settle_date || '/' || s.type || '/' || s.currency)
+		FROM stepwise_operation o
+		JOIN settlement s ON s.id = (o.payload->>'settlement_id')::bigint
+		JOIN merchant m ON m.id = s.merchant_id
+		WHERE o.kind = 'payout'`).Scan(&ops, &opMismatch))
+	require.Equal(t, n, ops)
+	require.Zero(t, opMismatch)
+
+	// Settling again (a replayed run, a second run of the same date) creates nothing.
+	again, _ := settleAll(t, pool, 3, 64)
+	require.Zero(t, again)
+	var total int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM settlement`).Scan(&total))
+	require.Equal(t, n, total)
+}
+
+func TestSettleBatchRejectsBadShard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := schemaDB(t)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := settlement.SettleBatch(ctx, tx, settlement.Batch{Date: testDate, Shard: 4, Shards: 4})
+		return err
+	})
+	require.ErrorContains(t, err, "shard 4 of 4")
+}

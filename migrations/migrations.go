@@ -93,11 +93,15 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return errors.New("migrations.Migrate: pool is nil; pass the *pgxpool.Pool your River client uses")
 	}
-	conn, err := pool.Acquire(ctx)
+	// The lock is held on a connection of its own, outside the pool: callers waiting for
+	// the lock must not sit on pool connections, or the holder could not get the one
+	// rivermigrate needs and every caller would wait forever (seen with 8 callers on a
+	// 4-connection pool).
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return fmt.Errorf("connecting to migrate: %w", err)
 	}
-	defer conn.Release()
+	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey); err != nil {
 		return fmt.Errorf("taking the migration lock: %w", err)
 	}
@@ -106,9 +110,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		// block every later Migrate until it closed.
 		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if _, err := conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", advisoryLockKey); err != nil {
-			conn.Conn().Close(unlockCtx) //nolint:errcheck // closing the session drops the lock
-		}
+		_, _ = conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", advisoryLockKey) // closing the session drops it anyway
 	}()
 
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)

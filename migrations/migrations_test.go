@@ -109,13 +109,10 @@ func TestMigrateRefusesNewerDatabase(t *testing.T) {
 }
 
 // TestMigrateConcurrentlySharedPool is 8 goroutines of one process migrating through one
-// pool. It documents a known bug and is skipped until Migrate is fixed: each waiter holds a
-// pool connection while it waits for the advisory lock, so with MaxConns <= callers (4 by
-// default on 2 cores) the lock holder can never get the connection rivermigrate needs, and
-// every call hangs until its context ends. Fix: wait for the lock on a connection from
-// outside the pool (pgx.ConnectConfig(pool.Config().ConnConfig)).
+// pool with fewer connections than callers. Waiters once held pool connections while waiting
+// for the advisory lock, so the holder never got the connection rivermigrate needs and every
+// call hung; the lock now lives on a connection outside the pool.
 func TestMigrateConcurrentlySharedPool(t *testing.T) {
-	t.Skip("known bug in migrations.Migrate: concurrent calls on one small pool deadlock; see comment")
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -111,9 +111,9 @@ type Engine struct {
 	mu         sync.Mutex
 	registered map[*river.Workers]bool
 
-	// disableFence is a test-only switch that turns the fenced write into an unfenced one.
-	// It exists so the fault suite can prove it catches a broken build; never set it
-	// outside tests.
+	// disableFence is a test-only switch that removes fencing: the token check at begin,
+	// the fenced write and the heartbeat's reaction to a lost lease. It exists so the fault
+	// suite can prove it catches a broken build; only export_test.go sets it.
 	disableFence bool
 }
 

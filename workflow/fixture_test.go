@@ -227,6 +227,9 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	if err != nil {
 		return err
 	}
+	if envVars["DISABLE_FENCE"] == "1" {
+		workflow.DisableFenceForTest(engine)
+	}
 	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
 		if stepSleep > 0 {
 			time.Sleep(stepSleep)

@@ -117,6 +117,9 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 	stopWatch := a.watchCancel(stepCtx, cancel)
 	defer stopWatch()
 	stopHeartbeat := e.store.Heartbeat(stepCtx, lease, e.cfg.Heartbeat, func(err error) {
+		if e.disableFence {
+			return // test-only broken build: a lost lease goes unnoticed
+		}
 		if errors.Is(err, checkpoint.ErrFenced) {
 			cancel(err)
 			return
@@ -155,7 +158,12 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 // step in the tx, the fenced write, the run's outcome, commit.
 func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next, released bool, err error) {
 	e := a.sw.e
-	tx, err := e.store.Begin(ctx, a.lease)
+	var tx pgx.Tx
+	if e.disableFence {
+		tx, err = e.pool.Begin(ctx) // test-only broken build: no token check
+	} else {
+		tx, err = e.store.Begin(ctx, a.lease)
+	}
 	if err != nil {
 		return Next{}, false, err
 	}
@@ -192,8 +200,13 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next
 	// find it held and wait a whole lease.
 	release := next.kind != nextContinue || time.Now().After(deadline)
 	if e.disableFence {
-		_, err = tx.Exec(ctx, `UPDATE stepwise_checkpoint SET cursor = $2, steps = steps + 1 WHERE key = $1`, a.key, cursor)
+		// The same write as checkpoint.Advance without its fencing condition.
+		_, err = tx.Exec(ctx, `UPDATE stepwise_checkpoint SET cursor = $2, steps = steps + 1, updated_at = now(),
+			owner = CASE WHEN $3 THEN NULL ELSE owner END,
+			lease_until = CASE WHEN $3 THEN NULL ELSE lease_until END
+			WHERE key = $1`, a.key, cursor, release)
 		a.lease.Steps++
+		a.lease.Cursor = cursor
 	} else {
 		err = e.store.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release})
 	}
@@ -273,7 +286,7 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	if errors.Is(stepErr, ErrRunCancelled) {
 		return a.finishCancelled(ctx)
 	}
-	if !errors.Is(stepErr, checkpoint.ErrFenced) && a.superseded(ctx) {
+	if !errors.Is(stepErr, checkpoint.ErrFenced) && !e.disableFence && a.superseded(ctx) {
 		// The step failed for another reason (context cancelled by a lost heartbeat, a
 		// connection killed by the stall timeout) but the token has moved on: to the
 		// operator this is the same event, a zombie's commit that did not land.

@@ -1,0 +1,217 @@
+package workflowtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Worker is a worker process the chaos driver can kill, freeze and thaw. *Process is one;
+// a command-line driver can wrap its own exec.Cmd.
+type Worker interface {
+	Pid() int
+	Kill()
+	Stop() error
+	Cont() error
+	Exited() bool
+}
+
+// ChaosConfig configures RunChaos.
+type ChaosConfig struct {
+	// Start starts one worker process. Required.
+	Start func() (Worker, error)
+
+	// Workers is how many worker processes run at once. Defaults to 3.
+	Workers int
+
+	// Seed makes the run reproducible: which worker is hit, and when. Defaults to a seed from
+	// the clock; either way it is in the report, so a failing run can be repeated.
+	Seed uint64
+
+	// KillMin and KillMax bound the random pause between two hits. Default 500ms and 2s.
+	KillMin, KillMax time.Duration
+
+	// StopEvery makes every StopEvery-th hit a SIGSTOP (for StopFor, then SIGCONT) instead of
+	// a SIGKILL, so frozen zombies wake up into a run someone else now owns. Defaults to 5;
+	// -1 disables stops.
+	StopEvery int
+
+	// StopFor is how long a stopped worker stays frozen; make it longer than the lease.
+	// Defaults to 3s.
+	StopFor time.Duration
+
+	// Duration bounds the chaos phase. Defaults to 30s.
+	Duration time.Duration
+
+	// Until reports whether the system has reached quiet (all work done). Chaos stops
+	// early when it does; after the chaos phase, RunChaos waits for it with every worker
+	// alive. Required.
+	Until func(ctx context.Context) (bool, error)
+
+	// QuietTimeout bounds the wait for Until after the chaos phase. Defaults to 2 minutes.
+	QuietTimeout time.Duration
+
+	// Logf receives one line per hit. Defaults to discarding.
+	Logf func(format string, args ...any)
+}
+
+// ChaosReport says what RunChaos did.
+type ChaosReport struct {
+	Seed     uint64
+	Kills    int
+	Stops    int
+	Starts   int
+	Elapsed  time.Duration
+	Quiet    bool
+	QuietErr error
+}
+
+func (r *ChaosReport) String() string {
+	return fmt.Sprintf("seed=%d kills=%d stops=%d starts=%d elapsed=%s quiet=%v",
+		r.Seed, r.Kills, r.Stops, r.Starts, r.Elapsed.Round(time.Millisecond), r.Quiet)
+}
+
+// RunChaos runs cfg.Workers workers and, until cfg.Duration passes or cfg.Until holds, hits a
+// random one every KillMin..KillMax: SIGKILL and restart, or every StopEvery-th time SIGSTOP
+// for StopFor and SIGCONT. Then it restarts whatever is dead and waits for quiet. It returns
+// an error only when the driver itself failed (a worker would not start); whether the
+// system kept its invariants is for the caller to check afterwards (CheckInvariants).
+func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
+	if cfg == nil || cfg.Start == nil || cfg.Until == nil {
+		return nil, errors.New("workflowtest.RunChaos: Start and Until are required")
+	}
+	c := *cfg
+	if c.Workers <= 0 {
+		c.Workers = 3
+	}
+	if c.Seed == 0 {
+		c.Seed = uint64(time.Now().UnixNano())
+	}
+	if c.KillMin <= 0 {
+		c.KillMin = 500 * time.Millisecond
+	}
+	if c.KillMax < c.KillMin {
+		c.KillMax = max(c.KillMin, 2*time.Second)
+	}
+	if c.StopEvery == 0 {
+		c.StopEvery = 5
+	}
+	if c.StopFor <= 0 {
+		c.StopFor = 3 * time.Second
+	}
+	if c.Duration <= 0 {
+		c.Duration = 30 * time.Second
+	}
+	if c.QuietTimeout <= 0 {
+		c.QuietTimeout = 2 * time.Minute
+	}
+	if c.Logf == nil {
+		c.Logf = func(string, ...any) {}
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x5eed))
+	report := &ChaosReport{Seed: c.Seed}
+	began := time.Now()
+	defer func() { report.Elapsed = time.Since(began) }()
+
+	var (
+		mu      sync.Mutex
+		workers = make([]Worker, c.Workers)
+		frozen  = map[int]bool{}
+		thawing sync.WaitGroup
+	)
+	defer thawing.Wait()
+	start := func(i int) error {
+		w, err := c.Start()
+		if err != nil {
+			return fmt.Errorf("starting worker %d: %w", i, err)
+		}
+		mu.Lock()
+		workers[i] = w
+		report.Starts++
+		mu.Unlock()
+		return nil
+	}
+	for i := range workers {
+		if err := start(i); err != nil {
+			return report, err
+		}
+	}
+
+	deadline := time.Now().Add(c.Duration)
+	hits := 0
+	for time.Now().Before(deadline) {
+		pause := c.KillMin + time.Duration(rng.Int64N(int64(c.KillMax-c.KillMin)+1))
+		select {
+		case <-ctx.Done():
+			return report, ctx.Err()
+		case <-time.After(pause):
+		}
+		if quiet, err := c.Until(ctx); err == nil && quiet {
+			break
+		}
+		i := rng.IntN(len(workers))
+		mu.Lock()
+		w, isFrozen := workers[i], frozen[i]
+		mu.Unlock()
+		if isFrozen {
+			continue
+		}
+		hits++
+		if c.StopEvery > 0 && hits%c.StopEvery == 0 && !w.Exited() {
+			if err := w.Stop(); err != nil {
+				c.Logf("chaos: stop worker %d (pid %d): %v", i, w.Pid(), err)
+				continue
+			}
+			report.Stops++
+			c.Logf("chaos: SIGSTOP worker %d (pid %d) for %s", i, w.Pid(), c.StopFor)
+			mu.Lock()
+			frozen[i] = true
+			mu.Unlock()
+			thawing.Add(1)
+			go func(i int, w Worker) {
+				defer thawing.Done()
+				time.Sleep(c.StopFor)
+				_ = w.Cont()
+				c.Logf("chaos: SIGCONT worker %d (pid %d)", i, w.Pid())
+				mu.Lock()
+				delete(frozen, i)
+				mu.Unlock()
+			}(i, w)
+			continue
+		}
+		w.Kill()
+		report.Kills++
+		c.Logf("chaos: SIGKILL worker %d (pid %d)", i, w.Pid())
+		if err := start(i); err != nil {
+			return report, err
+		}
+	}
+
+	// Quiet phase: every worker alive and thawed, wait for the work to finish.
+	thawing.Wait()
+	for i, w := range workers {
+		if w.Exited() {
+			if err := start(i); err != nil {
+				return report, err
+			}
+		}
+	}
+	quietCtx, cancel := context.WithTimeout(ctx, c.QuietTimeout)
+	defer cancel()
+	for {
+		quiet, err := c.Until(quietCtx)
+		if err == nil && quiet {
+			report.Quiet = true
+			return report, nil
+		}
+		select {
+		case <-quietCtx.Done():
+			report.QuietErr = fmt.Errorf("not quiet after %s: %v", c.QuietTimeout, err)
+			return report, nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

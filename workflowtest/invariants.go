@@ -1,0 +1,133 @@
+package workflowtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Violation is one broken invariant, with the rows that prove it.
+type Violation struct {
+	// Invariant is the number of DESIGN.md's invariant (1-6; domain checks choose theirs).
+	Invariant int
+	// Name says what should have held.
+	Name string
+	// Evidence names the keys, tokens and rows that break it.
+	Evidence string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("invariant %d (%s) violated: %s", v.Invariant, v.Name, v.Evidence)
+}
+
+// Querier is what the checks need: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// CheckFunc is a domain invariant check (money balances, one effect per key at the
+// external system...). It returns every violation it finds.
+type CheckFunc func(ctx context.Context, q Querier) ([]Violation, error)
+
+// CheckOpts are options for CheckInvariants.
+type CheckOpts struct {
+	// Quiet says the system has run to quiet: every operation must then be in an end
+	// state and every due slot finished. Without it, only the invariants that hold at every
+	// instant are checked.
+	Quiet bool
+
+	// Domain checks run after Stepwise's own.
+	Domain []CheckFunc
+}
+
+// CheckInvariants checks DESIGN.md's invariants 1-5 over Stepwise's tables, then opts'
+// domain checks, and returns every violation found (nil when all hold). An error means a
+// check could not run, not that an invariant failed.
+func CheckInvariants(ctx context.Context, q Querier, opts *CheckOpts) ([]Violation, error) {
+	if opts == nil {
+		opts = &CheckOpts{}
+	}
+	checks := []struct {
+		invariant int
+		name      string
+		quietOnly bool
+		sql       string
+	}{
+		{1, "one run per (schedule, slot, shard)", false, `
+			SELECT format('schedule %s slot %s shard %s has %s runs: %s', schedule, slot, shard, count(*), string_agg(key, ', '))
+			  FROM stepwise_run WHERE schedule IS NOT NULL
+			 GROUP BY schedule, slot, shard HAVING count(*) > 1`},
+		{1, "one operation per (kind, business_key)", false, `
+			SELECT format('%s %s has %s operations: %s', kind, business_key, count(*), string_agg(operation_id::text, ', '))
+			  FROM stepwise_operation GROUP BY kind, business_key HAVING count(*) > 1`},
+		{2, "fencing tokens per key strictly increase", false, `
+			SELECT format('key %s: claim token %s (event %s) after token %s', subject, token, id, prev)
+			  FROM (SELECT id, subject, token, lag(token) OVER (PARTITION BY subject ORDER BY id) AS prev
+			          FROM stepwise_event WHERE kind = 'lease.claim') t
+			 WHERE prev IS NOT NULL AND token <= prev`},
+		{2, "a run finishes under the newest token claimed for it", false, `
+			SELECT format('run %s finished as %s under token %s, but token %s had been claimed before', f.subject, f.to_state, f.token, c.max_token)
+			  FROM stepwise_event f
+			  JOIN LATERAL (SELECT max(token) AS max_token FROM stepwise_event c
+			                 WHERE c.subject = f.subject AND c.kind = 'lease.claim' AND c.id < f.id) c ON true
+			 WHERE f.kind = 'run.finish' AND f.token IS NOT NULL AND f.token < c.max_token`},
+		{4, "no operation PROCESSING without a live lease", true, `
+			SELECT format('operation %s (%s %s) is PROCESSING, lease lapsed at %s', operation_id, kind, business_key, lease_until)
+			  FROM stepwise_operation WHERE state = 'PROCESSING' AND lease_until < now()`},
+		{4, "every operation ends SUCCEEDED, FAILED_PERMANENT or MANUAL", true, `
+			SELECT format('operation %s (%s %s) is still %s (attempts %s, last error %s)', operation_id, kind, business_key, state, attempts, coalesce(last_error, '-'))
+			  FROM stepwise_operation WHERE state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT', 'MANUAL')`},
+		{5, "every run ends succeeded or failed", true, `
+			SELECT format('run %s is still %s (attempts %s, last error %s)', key, status, attempts, coalesce(last_error, '-'))
+			  FROM stepwise_run WHERE status IN ('pending', 'running')`},
+		{5, "every materialized slot has one run per shard", false, `
+			SELECT format('schedule %s slot %s was materialized with %s shards but has %s runs', s.schedule, s.slot, s.shards, count(r.key))
+			  FROM stepwise_schedule_slot s
+			  LEFT JOIN stepwise_run r ON r.schedule = s.schedule AND r.slot = s.slot
+			 WHERE s.status = 'materialized'
+			 GROUP BY s.schedule, s.slot, s.shards HAVING count(r.key) <> s.shards`},
+		{5, "every due slot ends with finished runs, or recorded as skipped", true, `
+			SELECT format('schedule %s slot %s is %s%s', s.schedule, s.slot, s.status,
+			              CASE WHEN s.status = 'materialized' THEN ' but some of its runs have not finished' ELSE '' END)
+			  FROM stepwise_schedule_slot s
+			 WHERE s.slot <= now() AND (s.status = 'buffered' OR (s.status = 'materialized' AND EXISTS (
+			        SELECT 1 FROM stepwise_run r WHERE r.schedule = s.schedule AND r.slot = s.slot AND r.status IN ('pending', 'running'))))`},
+	}
+	var out []Violation
+	for _, c := range checks {
+		if c.quietOnly && !opts.Quiet {
+			continue
+		}
+		rows, err := q.Query(ctx, c.sql)
+		if err != nil {
+			return out, fmt.Errorf("checking invariant %d (%s): %w", c.invariant, c.name, err)
+		}
+		evidence, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return out, fmt.Errorf("checking invariant %d (%s): %w", c.invariant, c.name, err)
+		}
+		for _, e := range evidence {
+			out = append(out, Violation{Invariant: c.invariant, Name: c.name, Evidence: e})
+		}
+	}
+	for _, check := range opts.Domain {
+		vs, err := check(ctx, q)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, vs...)
+	}
+	return out, nil
+}
+
+// FormatViolations renders violations one per line, first the first (the one to look at).
+func FormatViolations(vs []Violation) string {
+	var b strings.Builder
+	for _, v := range vs {
+		b.WriteString(v.String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}

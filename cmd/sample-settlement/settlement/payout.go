@@ -1,0 +1,138 @@
+package settlement
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/outbox"
+)
+
+// Settlement statuses, as stored in settlement.status.
+const (
+	StatusPending      = "PENDING"
+	StatusPayoutSent   = "PAYOUT_SENT"
+	StatusPaid         = "PAID"
+	StatusPayoutFailed = "PAYOUT_FAILED"
+	StatusNeedsReview  = "NEEDS_REVIEW"
+)
+
+// StatusFor is the settlement status that goes with its payout's ledger state. A payout the
+// bank confirms at the first attempt goes PENDING → PAID in one transaction; PAYOUT_SENT is
+// the time in between that is visible: sent, outcome not proven (UNKNOWN_EXTERNAL).
+func StatusFor(state outbox.State) string {
+	switch state {
+	case outbox.StateSucceeded:
+		return StatusPaid
+	case outbox.StateFailedPermanent:
+		return StatusPayoutFailed
+	case outbox.StateUnknownExternal, outbox.StateProcessing:
+		return StatusPayoutSent
+	case outbox.StateManual:
+		return StatusNeedsReview
+	default: // PENDING, RETRYABLE: definitely not executed (yet)
+		return StatusPending
+	}
+}
+
+// BankSender pays payouts at the bank, under the operation id as idempotency key, and
+// classifies the bank's answer only as far as it proves something (fakebank's table):
+// declined is permanent, a refusal before processing is not-sent, everything else — a 5xx,
+// a timeout, a dropped connection — may have paid and is returned as is, so the operation
+// becomes UNKNOWN_EXTERNAL for the reconciler.
+type BankSender struct {
+	Bank *fakebank.Client
+}
+
+// Send pays op.
+func (s *BankSender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+	var p PayoutPayload
+	if err := json.Unmarshal(op.Payload, &p); err != nil {
+		// Sending a payout we cannot read would pay the wrong account or nobody.
+		return outbox.Receipt{}, outbox.Permanent(fmt.Errorf("decoding payout %s: %w", op.ID, err))
+	}
+	pay, err := s.Bank.Pay(ctx, op.IdempotencyKey(), fakebank.PaymentRequest{
+		Account: p.Account, Amount: op.Amount, Currency: op.Currency, Reference: op.BusinessKey,
+	})
+	switch {
+	case err == nil:
+		return outbox.Receipt{ExternalRef: pay.ID}, nil
+	case fakebank.IsDeclined(err):
+		return outbox.Receipt{}, outbox.Permanent(err)
+	case fakebank.IsNotProcessed(err):
+		return outbox.Receipt{}, outbox.NotSent(err)
+	default:
+		return outbox.Receipt{}, err
+	}
+}
+
+// outcomeSQL moves settlements with their payouts, set-based: one statement per batch of
+// recorded outcomes, in the transaction that records them, so a settlement is PAID exactly
+// when its payout is SUCCEEDED. A declined payout also posts the reversing ledger pair: the
+// money is owed to the merchant again. A settlement already PAID or PAYOUT_FAILED is never
+// moved (those payout states are terminal), so a count below the batch's is a bug, reported.
+const outcomeSQL = `
+WITH v AS (
+	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(id, status, ref)
+), u AS (
+	UPDATE settlement s SET status = v.status, external_ref = coalesce(v.ref, s.external_ref), updated_at = now()
+	FROM v
+	WHERE s.id = v.id AND s.status NOT IN ('PAID', 'PAYOUT_FAILED')
+	RETURNING s.id, s.status
+), rev AS (
+	INSERT INTO ledger_entry (settlement_id, entry, account, currency, amount)
+	SELECT e.settlement_id, 'reverse', e.account, e.currency, -e.amount
+	FROM ledger_entry e JOIN u ON u.id = e.settlement_id
+	WHERE u.status = 'PAYOUT_FAILED' AND e.entry = 'settle'
+	ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM u`
+
+// OnPayoutOutcomes is the payout kind's outcome callback (outbox.KindConfig.OnOutcomeBatch):
+// it moves each payout's settlement to the status that goes with the payout's new state.
+func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOutcome) error {
+	ids := make([]int64, 0, len(batch))
+	statuses := make([]string, 0, len(batch))
+	refs := make([]*string, 0, len(batch))
+	for _, oo := range batch {
+		var p PayoutPayload
+		if err := json.Unmarshal(oo.Op.Payload, &p); err != nil || p.SettlementID == 0 {
+			return fmt.Errorf("payout %s (%s) names no settlement in its payload %s", oo.Op.ID, oo.Op.BusinessKey, oo.Op.Payload)
+		}
+		ids = append(ids, p.SettlementID)
+		statuses = append(statuses, StatusFor(oo.Op.State))
+		var ref *string
+		if oo.Op.ExternalRef != "" {
+			r := oo.Op.ExternalRef
+			ref = &r
+		}
+		refs = append(refs, ref)
+	}
+	var moved int
+	if err := tx.QueryRow(ctx, outcomeSQL, ids, statuses, refs).Scan(&moved); err != nil {
+		return fmt.Errorf("moving %d settlements with their payouts: %w", len(ids), err)
+	}
+	if moved != len(ids) {
+		return fmt.Errorf("moving %d settlements with their payouts: only %d were found not yet final; "+
+			"a payout outcome arrived for a settlement that is missing or already PAID/PAYOUT_FAILED", len(ids), moved)
+	}
+	return nil
+}
+
+// Lookup asks the bank what it did with a payout, by operation id: the reconciler's question
+// for an UNKNOWN_EXTERNAL payout. found is false when the bank has no payment under the id
+// (not applied yet: a request in flight may still land).
+func (s *BankSender) Lookup(ctx context.Context, op *outbox.Operation) (p *fakebank.Payment, found bool, err error) {
+	p, err = s.Bank.Lookup(ctx, op.IdempotencyKey())
+	if errors.Is(err, fakebank.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return p, true, nil
+}

@@ -1,0 +1,249 @@
+package settlement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// ServiceConfig configures a Service.
+type ServiceConfig struct {
+	// Bank is the client payouts are sent and looked up with. Required.
+	Bank *fakebank.Client
+
+	// Plan maps dates to runs. Defaults to Plan{}.WithDefaults().
+	Plan Plan
+
+	// BatchSize is the number of merchants per settle step. Defaults to DefaultBatchSize.
+	BatchSize int
+
+	// SettleWorkers is how many settle runs this process works at once. Defaults to
+	// Plan.Shards.
+	SettleWorkers int
+
+	// Schedule registers the daily schedule, so this process's River leader ticks it.
+	// Defaults to false: dates are settled by hand (Plan.Start).
+	Schedule bool
+
+	// PayoutConcurrency is how many payouts this process sends at once. Defaults to 32.
+	PayoutConcurrency int
+
+	// PayoutTimeout bounds one payment call; a call that times out is UNKNOWN_EXTERNAL.
+	// Defaults to 5s.
+	PayoutTimeout time.Duration
+
+	// PayoutLease is how long after a crash a claimed payout is declared UNKNOWN_EXTERNAL.
+	// Defaults to outbox's default (1m).
+	PayoutLease time.Duration
+
+	// Workflow configures the step engine (lease, slice...). Defaults to workflow's defaults.
+	Workflow *workflow.Config
+
+	// ID names this process in River, leases and audit events. Defaults to River's and the
+	// outbox's own defaults.
+	ID string
+
+	// Logger receives what the parts report. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// FetchPollInterval is River's poll interval (LISTEN/NOTIFY wakes it sooner). Defaults
+	// to River's default.
+	FetchPollInterval time.Duration
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c *ServiceConfig) WithDefaults() *ServiceConfig {
+	out := ServiceConfig{}
+	if c != nil {
+		out = *c
+	}
+	out.Plan = out.Plan.WithDefaults()
+	if out.BatchSize == 0 {
+		out.BatchSize = DefaultBatchSize
+	}
+	if out.SettleWorkers == 0 {
+		out.SettleWorkers = out.Plan.Shards
+	}
+	if out.PayoutConcurrency == 0 {
+		out.PayoutConcurrency = 32
+	}
+	if out.PayoutTimeout == 0 {
+		out.PayoutTimeout = 5 * time.Second
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+func (c *ServiceConfig) validate() error {
+	switch {
+	case c.Bank == nil:
+		return errors.New("ServiceConfig.Bank is nil; give it fakebank.NewClient(bankURL, nil)")
+	case c.BatchSize < 1:
+		return fmt.Errorf("ServiceConfig.BatchSize is %d; want at least 1", c.BatchSize)
+	case c.SettleWorkers < 1:
+		return fmt.Errorf("ServiceConfig.SettleWorkers is %d; want at least 1", c.SettleWorkers)
+	case c.PayoutConcurrency < 1:
+		return fmt.Errorf("ServiceConfig.PayoutConcurrency is %d; want at least 1", c.PayoutConcurrency)
+	case c.PayoutTimeout < 0:
+		return fmt.Errorf("ServiceConfig.PayoutTimeout is %s; want a positive duration", c.PayoutTimeout)
+	}
+	return nil
+}
+
+// Service is one worker process's worth of the settlement service: a River client with the
+// settle step function, the payout outbox (delivery), Stepwise's maintenance (fast takeover)
+// and optionally the daily schedule. It is wired in the open, the way a user adds Stepwise to
+// their own River client: read NewService.
+type Service struct {
+	Pool      *pgxpool.Pool
+	Client    *river.Client[pgx.Tx]
+	Engine    *workflow.Engine
+	Outbox    *outbox.Outbox
+	Scheduler *workflow.Scheduler // nil unless ServiceConfig.Schedule
+	Plan      Plan
+	Sender    *BankSender
+
+	cfg *ServiceConfig
+}
+
+// NewService wires a Service on pool. Start it with Start.
+func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
+	if pool == nil {
+		return nil, errors.New("settlement.NewService: pool is nil")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	plan, err := cfg.Plan.Compile()
+	if err != nil {
+		return nil, err
+	}
+	wcfg := cfg.Workflow.WithDefaults()
+	if cfg.Workflow == nil {
+		wcfg.Logger = cfg.Logger
+	}
+	engine, err := workflow.New(pool, wcfg)
+	if err != nil {
+		return nil, err
+	}
+	sender := &BankSender{Bank: cfg.Bank}
+	ob, err := outbox.New(pool, &outbox.Config{
+		ID:     cfg.ID,
+		Logger: cfg.Logger,
+		Kinds: map[string]*outbox.KindConfig{
+			PayoutKind: {
+				Sender:         sender,
+				OnOutcomeBatch: OnPayoutOutcomes,
+				Concurrency:    cfg.PayoutConcurrency,
+				Timeout:        cfg.PayoutTimeout,
+				Lease:          cfg.PayoutLease,
+			},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	rc := &river.Config{
+		ID:     cfg.ID,
+		Logger: cfg.Logger,
+		Queues: map[string]river.QueueConfig{
+			river.QueueDefault: {MaxWorkers: 4}, // Stepwise maintenance and schedule ticks
+			SettleQueue:        {MaxWorkers: cfg.SettleWorkers},
+		},
+		Workers:              river.NewWorkers(),
+		PeriodicJobs:         engine.PeriodicJobs(),
+		RescueStuckJobsAfter: wcfg.RescueStuckJobsAfter,
+		FetchPollInterval:    cfg.FetchPollInterval,
+	}
+	workflow.AddWorker(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize})
+	if err := ob.Install(rc); err != nil {
+		return nil, err
+	}
+	var sched *workflow.Scheduler
+	if cfg.Schedule {
+		if sched, err = workflow.NewScheduler(engine, &workflow.SchedulerConfig{Logger: cfg.Logger}); err != nil {
+			return nil, err
+		}
+		s, err := plan.Schedule()
+		if err != nil {
+			return nil, err
+		}
+		if err := workflow.AddSchedule(sched, s); err != nil {
+			return nil, err
+		}
+		if err := sched.AddWorkers(rc.Workers); err != nil {
+			return nil, err
+		}
+		rc.PeriodicJobs = append(rc.PeriodicJobs, sched.PeriodicJobs()...)
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating the River client: %w", err)
+	}
+	return &Service{Pool: pool, Client: client, Engine: engine, Outbox: ob, Scheduler: sched, Plan: plan, Sender: sender, cfg: cfg}, nil
+}
+
+// Start starts the River client: settle runs, payout delivery, maintenance and (if
+// configured) the schedule are worked from now on.
+func (s *Service) Start(ctx context.Context) error {
+	if err := s.Client.Start(ctx); err != nil {
+		return fmt.Errorf("starting the River client: %w", err)
+	}
+	return nil
+}
+
+// Stop shuts down gracefully: River stops fetching and waits for in-flight steps and sends
+// to finish, up to soft; then their contexts are cancelled (StopAndCancel) and whatever was
+// mid-step rolls back, its lease released or left to expire, so another process resumes
+// it from the last committed cursor. A send cut short ends UNKNOWN_EXTERNAL, never lost.
+func (s *Service) Stop(ctx context.Context, soft time.Duration) error {
+	softCtx, cancel := context.WithTimeout(ctx, soft)
+	defer cancel()
+	err := s.Client.Stop(softCtx)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("stopping the River client: %w", err)
+	}
+	hardCtx, cancel2 := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel2()
+	if err := s.Client.StopAndCancel(hardCtx); err != nil {
+		return fmt.Errorf("stopping the River client (cancelling in-flight work after %s): %w", soft, err)
+	}
+	return nil
+}
+
+// StartDate starts (or finds started) the runs that settle date, in one transaction.
+func (s *Service) StartDate(ctx context.Context, date time.Time) (runs []*workflow.Run, created bool, err error) {
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		runs, created, err = s.Plan.Start(ctx, s.Client, tx, date)
+		return err
+	})
+	return runs, created, err
+}
+
+// Collectors returns the Prometheus collectors of the parts: outbox and schedule metrics.
+func (s *Service) Collectors() []prometheus.Collector {
+	cs := []prometheus.Collector{s.Outbox.Metrics()}
+	if s.Scheduler != nil {
+		cs = append(cs, s.Scheduler.Metrics())
+	}
+	return cs
+}

@@ -535,8 +535,8 @@ func TestScheduleConcurrentTickers(t *testing.T) {
 	}
 	var locked, decided int
 	var mu sync.Mutex
-	for step := 0; step < 360; step++ { // 10 s steps: one hour
-		clock.Add(10 * time.Second)
+	for step := 0; step < 180; step++ { // 20 s steps: one hour
+		clock.Add(20 * time.Second)
 		var wg sync.WaitGroup
 		errs := make(chan error, 4)
 		for _, b := range tickers {

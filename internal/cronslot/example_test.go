@@ -1,0 +1,57 @@
+package cronslot_test
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/stepwise-go/stepwise/internal/cronslot"
+)
+
+// A daily settlement at 02:30 New York time runs once on each local day,
+// including the day 02:30 does not exist and the day 01:00-02:00 repeats.
+func ExampleSpec_Slots() {
+	ny, err := cronslot.LoadZone("America/New_York")
+	if err != nil {
+		panic(err)
+	}
+	spec, err := cronslot.Parse("30 2 * * *", ny, cronslot.GapRunAfter)
+	if err != nil {
+		panic(err)
+	}
+
+	watermark := time.Date(2026, 3, 6, 12, 0, 0, 0, ny)
+	slots, _ := spec.Slots(watermark, watermark.Add(72*time.Hour), 10)
+	for _, slot := range slots {
+		fmt.Println(slot.Format(time.RFC3339), "=", slot.In(ny).Format("Mon 15:04 MST"))
+	}
+	// Output:
+	// 2026-03-07T07:30:00Z = Sat 02:30 EST
+	// 2026-03-08T07:00:00Z = Sun 03:00 EDT
+	// 2026-03-09T06:30:00Z = Mon 02:30 EDT
+}
+
+// After an outage, a run-latest misfire policy runs only the newest missed
+// slot and records how many it skipped.
+func ExampleSpec_Latest() {
+	spec, err := cronslot.Parse("*/5 * * * *", time.UTC, cronslot.GapRunAfter)
+	if err != nil {
+		panic(err)
+	}
+
+	watermark := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	now := time.Date(2026, 5, 31, 0, 2, 0, 0, time.UTC)
+	latest, count := spec.Latest(watermark, now)
+	fmt.Println(latest.Format(time.RFC3339), count)
+	// Output:
+	// 2026-05-31T00:00:00Z 8640
+}
+
+func ExampleParse_error() {
+	_, err := cronslot.Parse("0 2 * * 7", time.UTC, cronslot.GapRunAfter)
+	fmt.Println(err)
+	_, err = cronslot.Parse("@every 1h", time.UTC, cronslot.GapRunAfter)
+	fmt.Println(err)
+	// Output:
+	// cron spec "0 2 * * 7": day-of-week field: value 7 out of range 0-6 (Sunday is 0)
+	// cron spec "@every 1h": @every is not supported: slots must sit on the calendar and be the same on every node, while @every counts from whenever a process starts; use "0 * * * *" instead
+}

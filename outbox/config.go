@@ -86,9 +86,9 @@ type KindConfig struct {
 	// Optional; at most one of OnOutcome and OnOutcomeBatch.
 	OnOutcomeBatch OutcomeBatchFunc
 
-	// BatchSize is how many due operations a dispatcher claims at once. Larger batches mean
-	// fewer round trips per operation; every operation of a batch waits for the slowest send
-	// of the batch before its outcome is recorded.
+	// BatchSize is how many due operations a dispatcher claims with one statement, and at
+	// most how many outcomes it records in one transaction. Claiming, sending and recording
+	// overlap: a slow send holds up its own operation, not its batch.
 	//
 	// Defaults to 200.
 	BatchSize int
@@ -109,13 +109,15 @@ type KindConfig struct {
 	// Defaults to 30s.
 	Timeout time.Duration
 
-	// Lease is how long a claim protects an operation in PROCESSING. A lease that expires
-	// means the dispatcher died (or stalled) somewhere between claiming and recording; the
-	// operation then becomes UNKNOWN_EXTERNAL, because it may have been sent. It must outlast
-	// a whole batch: every send (BatchSize/Concurrency rounds of Timeout, plus the rate limit's
-	// spacing) and the recording.
+	// Lease is how long a claim protects an operation in PROCESSING without being renewed.
+	// A live dispatcher renews the leases of the operations it holds (while they wait for a
+	// sender, are being sent, or are being recorded), so Lease is how long after a crash —
+	// kill -9, a frozen VM, a lost network — its operations are declared UNKNOWN_EXTERNAL:
+	// they may have been sent, so they go to the reconciler, never back to the senders.
+	// Renewal stops after the longest a batch can legitimately take (every send timing out),
+	// so a Sender that ignores its context cannot hold an operation forever.
 	//
-	// Defaults to that worst case plus 30s.
+	// Defaults to 1m.
 	Lease time.Duration
 
 	// RetryBackoff is the wait before the attempt-th resend of a RETRYABLE operation.
@@ -219,8 +221,8 @@ func (k KindConfig) withDefaults() KindConfig {
 	if k.Timeout == 0 {
 		k.Timeout = 30 * time.Second
 	}
-	if k.Lease == 0 && k.BatchSize > 0 && k.Concurrency > 0 && k.Timeout > 0 {
-		k.Lease = k.minLease() + 30*time.Second
+	if k.Lease == 0 {
+		k.Lease = time.Minute
 	}
 	if k.RetryBackoff == nil {
 		k.RetryBackoff = DefaultRetryBackoff
@@ -231,13 +233,14 @@ func (k KindConfig) withDefaults() KindConfig {
 	return k
 }
 
-// minLease is the longest a batch can legitimately hold its claims: every round of sends
-// timing out, the rate limit's spacing, and one more Timeout for claiming and recording.
-func (k *KindConfig) minLease() time.Duration {
-	rounds := (k.BatchSize + k.Concurrency - 1) / k.Concurrency
-	d := time.Duration(rounds+1) * k.Timeout
+// holdLimit is the longest a dispatcher may legitimately hold an operation it claimed: up to
+// two batches outstanding, every round of sends timing out, the rate limit's spacing, and one
+// more lease for claiming and recording. Leases are not renewed past it.
+func (k *KindConfig) holdLimit() time.Duration {
+	rounds := 2 * ((k.BatchSize + k.Concurrency - 1) / k.Concurrency)
+	d := time.Duration(rounds+1)*k.Timeout + k.Lease
 	if k.RatePerSecond > 0 {
-		d += time.Duration(float64(k.BatchSize) / k.RatePerSecond * float64(time.Second))
+		d += time.Duration(float64(2*k.BatchSize) / k.RatePerSecond * float64(time.Second))
 	}
 	return d
 }
@@ -277,10 +280,9 @@ func (c *Config) validate() error {
 		if k.Timeout < 0 {
 			return fmt.Errorf("outbox: Config.Kinds[%q].Timeout %s is negative", name, k.Timeout)
 		}
-		if k.Lease < k.minLease() {
-			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s is shorter than a batch may take (%s: %d sends at concurrency %d, each up to Timeout %s); "+
-				"raise Lease or lower BatchSize — a lease that expires under a live dispatcher turns its operations UNKNOWN_EXTERNAL",
-				name, k.Lease, k.minLease(), k.BatchSize, k.Concurrency, k.Timeout)
+		if k.Lease < time.Second {
+			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s: want at least 1s; the dispatcher renews it several times per Lease, "+
+				"and a lease that lapses under a live dispatcher turns its operations UNKNOWN_EXTERNAL", name, k.Lease)
 		}
 		if k.MaxAttempts < -1 {
 			return fmt.Errorf("outbox: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,15 +23,14 @@ import (
 const recordTimeout = 30 * time.Second
 
 // DeliverBatch claims one batch of due operations of kind, sends them and records their
-// outcomes: what a dispatcher does in a loop. It returns how many operations it claimed
-// (0 when none was due). River runs it through the dispatcher job; tests and tools call it
-// directly.
+// outcomes. It returns how many operations it claimed (0 when none was due). The River
+// dispatcher does the same continuously; tests and tools call this directly.
 func (o *Outbox) DeliverBatch(ctx context.Context, kind string) (int, error) {
 	ks, ok := o.kinds[kind]
 	if !ok {
 		return 0, fmt.Errorf("%w: %q; configured kinds are %v", ErrUnknownKind, kind, o.kindNames)
 	}
-	return o.deliverBatch(ctx, ks)
+	return o.pump(ctx, ks, time.Now().Add(time.Hour), true)
 }
 
 // Drain delivers batches of kind until none is due, and returns how many operations it
@@ -45,7 +45,9 @@ func (o *Outbox) Drain(ctx context.Context, kind string) (int, error) {
 	}
 	total := 0
 	for {
-		n, err := o.deliverBatch(ctx, ks)
+		// A pump stops claiming once a claim comes back empty; operations that became due
+		// while it finished (a quick RETRYABLE) are for the next one.
+		n, err := o.pump(ctx, ks, time.Now().Add(24*time.Hour), false)
 		total += n
 		if err != nil || n == 0 {
 			return total, err
@@ -117,7 +119,26 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 // expiryEvery is how often a busy dispatcher looks for expired leases of its kind.
 const expiryEvery = 5 * time.Second
 
-func (o *Outbox) deliverBatch(ctx context.Context, ks *kindState) (int, error) {
+// flushDelay bounds how long a known outcome waits for others to share its recording
+// transaction.
+const flushDelay = 20 * time.Millisecond
+
+// delivered is one operation with the result of its send.
+type delivered struct {
+	op *Operation
+	r  sendResult
+}
+
+// pump delivers operations of one kind as a pipeline: it claims a batch whenever no more
+// than a batch (or Concurrency) of claimed operations is still outstanding, hands them to
+// Concurrency senders, and records outcomes in transactions of up to BatchSize as they come
+// back, on a recorder goroutine of its own. A slow send so holds up its own operation only, never a batch, and the round
+// trips of claiming and recording overlap with sending.
+//
+// It stops claiming when nothing is due, when once is set and one batch was claimed, at the
+// deadline, or when ctx ends; it returns once every claimed operation is recorded (or left
+// PROCESSING for crash recovery, by a fault point), with the number it claimed.
+func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, once bool) (int, error) {
 	ks.mu.Lock()
 	expiryDue := time.Since(ks.lastExpiry) > expiryEvery
 	ks.mu.Unlock()
@@ -126,23 +147,164 @@ func (o *Outbox) deliverBatch(ctx context.Context, ks *kindState) (int, error) {
 			return 0, err
 		}
 	}
-	ops, err := o.claim(ctx, ks)
-	if err != nil || len(ops) == 0 {
-		return 0, err
+
+	b, c := ks.cfg.BatchSize, ks.cfg.Concurrency
+	work := make(chan *Operation, 2*b+c)
+	results := make(chan delivered, 2*b+c)
+	var senders sync.WaitGroup
+	for range c {
+		senders.Add(1)
+		go func() {
+			defer senders.Done()
+			for op := range work {
+				results <- delivered{op: op, r: o.sendIfRunning(ctx, ks, op)}
+			}
+		}()
 	}
-	// The claim is committed: from here a crash leaves the batch PROCESSING until its lease
-	// expires, and then UNKNOWN_EXTERNAL. A fault here proves that path.
-	if err := faultpoint.Hit(faultpoint.AfterProcessing); err != nil {
-		return len(ops), err
+	stopRenewing := o.renewLeases(ctx, ks)
+	defer func() {
+		close(work)
+		senders.Wait()
+		stopRenewing()
+	}()
+
+	// Recording runs beside claiming and sending, on its own connection, so that neither
+	// round trip waits for the other. Two batches may queue for it; then the pump waits.
+	var (
+		recordFailed atomic.Bool
+		recordErrs   []error
+		recordMu     sync.Mutex
+		toRecord     = make(chan []delivered, 2)
+		recorded     = make(chan struct{})
+	)
+	go func() {
+		defer close(recorded)
+		for batch := range toRecord {
+			if err := o.record(ctx, ks, batch); err != nil {
+				recordFailed.Store(true)
+				recordMu.Lock()
+				recordErrs = append(recordErrs, err)
+				recordMu.Unlock()
+			}
+		}
+	}()
+
+	var (
+		claimed, outstanding int
+		done                 []delivered
+		exhausted            bool
+		errs                 []error
+	)
+	flushTimer := time.NewTimer(time.Hour)
+	defer flushTimer.Stop()
+	flush := func() {
+		if len(done) > 0 {
+			toRecord <- done
+			done = make([]delivered, 0, b)
+		}
 	}
-	results := o.sendAll(ctx, ks, ops)
-	if err := o.record(ctx, ks, ops, results); err != nil {
-		return len(ops), err
+	for {
+		if ctx.Err() != nil || !time.Now().Before(deadline) || (once && claimed > 0) || recordFailed.Load() {
+			// Past the deadline, stopping, or the database is failing us: claim no more,
+			// finish what we hold.
+			exhausted = true
+		}
+		if !exhausted && outstanding <= max(c, b) {
+			ops, err := o.claim(ctx, ks)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+				exhausted = true
+			case len(ops) == 0:
+				exhausted = true
+			default:
+				claimed += len(ops)
+				// The claim is committed: from here a crash leaves these operations
+				// PROCESSING until their lease expires, and then UNKNOWN_EXTERNAL.
+				if err := faultpoint.Hit(faultpoint.AfterProcessing); err != nil {
+					errs = append(errs, err)
+					exhausted = true
+					break
+				}
+				outstanding += len(ops)
+				for _, op := range ops {
+					work <- op
+				}
+			}
+		}
+		if outstanding == 0 {
+			flush()
+			if exhausted {
+				break
+			}
+			continue
+		}
+		var flushC <-chan time.Time
+		if len(done) > 0 {
+			flushC = flushTimer.C
+		}
+		select {
+		case d := <-results:
+			outstanding--
+			o.metrics.sent(ks.name, d.r)
+			if !d.r.abandoned { // an abandoned one stands for a crash: it stays PROCESSING
+				done = append(done, d)
+				if len(done) == 1 {
+					flushTimer.Reset(flushDelay)
+				}
+			}
+		case <-flushC:
+			flush()
+		}
+		if len(done) >= b || (outstanding == 0 && len(done) > 0) {
+			flush()
+		}
 	}
-	if err := faultpoint.Hit(faultpoint.AfterOutcomeCommit); err != nil {
-		return len(ops), err
+	close(toRecord)
+	<-recorded
+	errs = append(errs, recordErrs...)
+	if claimed > 0 {
+		if err := faultpoint.Hit(faultpoint.AfterOutcomeCommit); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return len(ops), nil
+	return claimed, errors.Join(errs...)
+}
+
+// renewLeases keeps the leases of the operations this Outbox holds of kind alive until stop
+// is called, so that an operation waiting for a sender, being sent or being recorded is never
+// mistaken for one whose dispatcher died. It looks every quarter lease and renews the leases
+// that are half gone, never past the kind's hold limit.
+func (o *Outbox) renewLeases(ctx context.Context, ks *kindState) (stop func()) {
+	lease := ks.cfg.Lease
+	every := min(max(lease/4, 100*time.Millisecond), 10*time.Second)
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+			qctx, c := context.WithTimeout(rctx, every)
+			_, err := o.db.Exec(qctx, `
+				UPDATE stepwise_operation SET lease_until = now() + $3::interval
+				WHERE kind = $1 AND state = 'PROCESSING' AND leased_by = $2
+					AND lease_until < now() + $4::interval
+					AND last_sent_at > now() - $5::interval`,
+				ks.name, o.actor, lease, lease/2, ks.cfg.holdLimit())
+			c()
+			if err != nil && rctx.Err() == nil {
+				o.config.Logger.WarnContext(rctx, "stepwise outbox: renewing leases failed; they lapse unless a later renewal succeeds",
+					slog.String("kind", ks.name), slog.String("error", err.Error()))
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // claimSQL takes a batch of due operations in one short statement (its own transaction):
@@ -195,35 +357,16 @@ type sendResult struct {
 	elapsed   time.Duration
 }
 
-// sendAll sends a batch with at most Concurrency calls in flight and at most RatePerSecond
-// calls begun per second. It always waits for every call it began.
-func (o *Outbox) sendAll(ctx context.Context, ks *kindState, ops []*Operation) []sendResult {
-	results := make([]sendResult, len(ops))
-	sem := make(chan struct{}, ks.cfg.Concurrency)
-	var wg sync.WaitGroup
-loop:
-	for i, op := range ops {
-		if err := ks.limiter.wait(ctx); err != nil {
-			break
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			break loop
-		}
-		if ctx.Err() != nil {
-			<-sem
-			break
-		}
-		wg.Add(1)
-		go func(i int, op *Operation) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			results[i] = o.sendOne(ctx, ks, op)
-		}(i, op)
+// sendIfRunning sends op, unless the dispatcher is stopping: an operation not yet handed to
+// the Sender is then definitely not sent, and goes back to RETRYABLE.
+func (o *Outbox) sendIfRunning(ctx context.Context, ks *kindState, op *Operation) sendResult {
+	if ctx.Err() != nil {
+		return sendResult{}
 	}
-	wg.Wait()
-	return results
+	if err := ks.limiter.wait(ctx); err != nil {
+		return sendResult{}
+	}
+	return o.sendOne(ctx, ks, op)
 }
 
 // panicError is a Sender's panic, classified like any unclassified error: UNKNOWN_EXTERNAL,
@@ -296,13 +439,12 @@ func (o *Outbox) outcomeOf(ks *kindState, op *Operation, r sendResult) (Transiti
 // transaction. If that fails (a callback refusing one operation, say), it falls back to one
 // transaction per operation, so that one bad operation cannot hold back the others; one that
 // still fails stays PROCESSING, and after its lease UNKNOWN_EXTERNAL, for the reconciler.
-func (o *Outbox) record(ctx context.Context, ks *kindState, ops []*Operation, results []sendResult) error {
+func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	ts := make([]Transition, 0, len(ops))
-	for i, op := range ops {
-		o.metrics.sent(ks.name, results[i])
-		if t, ok := o.outcomeOf(ks, op, results[i]); ok {
+	ts := make([]Transition, 0, len(batch))
+	for _, d := range batch {
+		if t, ok := o.outcomeOf(ks, d.op, d.r); ok {
 			ts = append(ts, t)
 		}
 	}
@@ -363,7 +505,7 @@ func (o *Outbox) dispatch(ctx context.Context, job *river.Job[DispatchArgs]) err
 	}
 	deadline := time.Now().Add(o.config.Slice)
 	for {
-		n, err := o.deliverBatch(ctx, ks)
+		n, err := o.pump(ctx, ks, deadline, false)
 		if ctx.Err() != nil {
 			// Shutting down: come back as soon as a client runs again, without counting an
 			// attempt against the job.

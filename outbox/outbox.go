@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -72,10 +74,13 @@ func New(db DB, config *Config) (*Outbox, error) {
 		return nil, err
 	}
 	o := &Outbox{
-		db:      db,
-		config:  cfg,
-		kinds:   make(map[string]*kindState, len(cfg.Kinds)),
-		actor:   "outbox/" + cfg.ID,
+		db:     db,
+		config: cfg,
+		kinds:  make(map[string]*kindState, len(cfg.Kinds)),
+		// The random part tells this instance from a predecessor with the same ID (a pod
+		// restarted with the same name and pid): leases are renewed by owner, and a new
+		// instance must never keep alive the claims of a dead one.
+		actor:   "outbox/" + cfg.ID + "#" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
 		metrics: newMetrics(),
 	}
 	for name, kc := range cfg.Kinds {
@@ -125,7 +130,13 @@ func (o *Outbox) PeriodicJobs() []*river.PeriodicJob {
 	kinds := o.Kinds()
 	return []*river.PeriodicJob{river.NewPeriodicJob(
 		river.PeriodicInterval(o.config.PollInterval),
-		func() (river.JobArgs, *river.InsertOpts) { return PollArgs{Kinds: kinds}, nil },
+		func() (river.JobArgs, *river.InsertOpts) {
+			// One poll per period even if two leaders overlap for a moment.
+			return PollArgs{Kinds: kinds}, &river.InsertOpts{
+				Queue: PollQueue, MaxAttempts: 1,
+				UniqueOpts: river.UniqueOpts{ByPeriod: o.config.PollInterval},
+			}
+		},
 		&river.PeriodicJobOpts{ID: "stepwise_outbox_poll", RunOnStart: true},
 	)}
 }
@@ -192,16 +203,12 @@ type PollArgs struct {
 // Kind is the River job kind.
 func (PollArgs) Kind() string { return "stepwise_outbox_poll" }
 
-// InsertOpts keeps at most one poll queued or running: polls that pile up while no worker
-// runs them would all do the same thing.
+// InsertOpts puts the poll in PollQueue. It is deliberately not unique by state: River
+// keeps the job of a killed process "running" until its rescuer runs (an hour by default),
+// and a poll unique among running jobs would then be skipped for that hour, and with it
+// every takeover. PeriodicJobs makes it unique per poll period instead.
 func (PollArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{
-		Queue:       PollQueue,
-		MaxAttempts: 1,
-		UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
-			rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
-		}},
-	}
+	return river.InsertOpts{Queue: PollQueue, MaxAttempts: 1}
 }
 
 type pollWorker struct {
@@ -250,6 +257,14 @@ func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
 	}
 	var woken []string
 	for _, d := range dues {
+		// Crash recovery needs no dispatcher: settle expired leases here, so that an operation
+		// of a killed dispatcher is UNKNOWN_EXTERNAL about a lease plus a poll after the
+		// crash, even while River still calls the dead dispatcher running.
+		if ks, ok := o.kinds[d.kind]; ok {
+			if _, err := o.recoverExpired(ctx, ks); err != nil {
+				return woken, err
+			}
+		}
 		err := pgx.BeginFunc(ctx, o.db, func(tx pgx.Tx) error {
 			res, err := client.InsertTx(ctx, tx, DispatchArgs{OperationKind: d.kind}, nil)
 			if err != nil {

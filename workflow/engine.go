@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 )
@@ -150,7 +151,17 @@ func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(
 			river.PeriodicInterval(e.cfg.MaintenanceInterval),
 			func() (river.JobArgs, *river.InsertOpts) {
-				return MaintenanceArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+				// At most one maintenance job waiting or running. Completed jobs are left
+				// out of ByState (River's default includes them): otherwise the first
+				// completed pass would block every later insert until River's cleaner
+				// removed its row, a day later, and takeover would silently stop.
+				return MaintenanceArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
+					ByArgs: true,
+					ByState: []rivertype.JobState{
+						rivertype.JobStateAvailable, rivertype.JobStatePending,
+						rivertype.JobStateRunning, rivertype.JobStateRetryable, rivertype.JobStateScheduled,
+					},
+				}}
 			},
 			&river.PeriodicJobOpts{ID: "stepwise_maintenance", RunOnStart: true},
 		),

@@ -495,13 +495,6 @@ func compileSchedule[A river.JobArgs](sch Schedule[A], tickInterval time.Duratio
 	return def, nil
 }
 
-// ErrInvalidSchedule is matched (errors.Is) by every error AddSchedule returns for a schedule
-// it cannot accept; the message names the schedule, the field and the fix.
-var ErrInvalidSchedule = errors.New("workflow: invalid schedule")
-
-// ErrScheduleNotFound is returned for a schedule name that has no row (it was never ticked).
-var ErrScheduleNotFound = errors.New("workflow: schedule not found")
-
 // ScheduleRunKey returns the run key of a schedule's slot and shard:
 // "<schedule>/<slot in RFC 3339, UTC>/<shard>", e.g. "settle/2026-03-08T07:00:00Z/3".
 func ScheduleRunKey(schedule string, slot time.Time, shard int) string {

@@ -10,10 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrSlotNotFound is returned by SlotStatus for a slot no tick has decided: not due yet, not
-// a slot of the schedule's spec, or due but not yet ticked.
-var ErrSlotNotFound = errors.New("workflow: schedule slot not found")
-
 // BatchStatus is a slot's status derived from evidence: the runs of its shards and the
 // operations those runs enqueued (stepwise_operation.run_key), never from a loop that merely
 // returned. See DeriveBatchStatus for the rules.

@@ -308,3 +308,17 @@ type keyedArgs struct {
 
 func (keyedArgs) Kind() string     { return "test_keyed" }
 func (a keyedArgs) RunKey() string { return "settle/" + a.Date }
+
+// The maintenance job must keep coming: River's default unique states include 'completed',
+// which would block every insert after the first pass and silently stop fast takeover.
+func TestMaintenanceKeepsRunning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	newEnv(t, pool, &workflow.Config{MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, nil)
+	require.Eventually(t, func() bool {
+		var done int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_maintenance' AND state = 'completed'`).Scan(&done)
+		return err == nil && done >= 3
+	}, 20*time.Second, 50*time.Millisecond)
+}

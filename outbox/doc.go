@@ -1,0 +1,129 @@
+/*
+Package outbox is Stepwise's operation ledger: external side effects (payouts, emails, calls
+to other services) written in the same Postgres transaction as the business change that
+causes them, delivered through River under a stable operation_id, and recorded with an honest
+outcome.
+
+# Enqueue inside the step
+
+A step writes its operations with Enqueue, on the step's own transaction:
+
+	ops := make([]outbox.Operation, len(batch))
+	for i, s := range batch {
+		ops[i] = outbox.Operation{
+			Kind:        "payout",
+			BusinessKey: fmt.Sprintf("settle/%s/%d", date, s.MerchantID),
+			Payload:     mustJSON(PayoutPayload{Account: s.Account}),
+			Amount:      s.Amount, // minor units
+			Currency:    "EUR",
+			RunKey:      runKey,
+		}
+	}
+	if _, err := outbox.Enqueue(ctx, s.Tx, ops...); err != nil {
+		return workflow.Next{}, err
+	}
+
+If the step rolls back, its operations vanish with it: nothing is sent for a step that did not
+commit. The operation_id defaults to OperationID(kind, business key), a UUID v5, so a step that
+runs twice enqueues the same operations twice, which is a no-op. The same id (or kind and
+business key) with a different payload, amount or currency is ErrOperationConflict: two pieces
+of code disagree about one external effect, and sending either could pay the wrong amount.
+
+# States
+
+	state             meaning                                              next
+	----------------  ---------------------------------------------------  ----------------
+	PENDING           committed with the business writes, not yet sent     PROCESSING
+	PROCESSING        a dispatcher holds its lease and may be calling out  any below
+	SUCCEEDED         the external system confirmed it                     terminal
+	FAILED_PERMANENT  the external system definitely refused it            terminal
+	RETRYABLE         definitely not executed; resent later, same id       PROCESSING
+	UNKNOWN_EXTERNAL  it may or may not have happened                      reconciler
+	MANUAL            a person must decide                                 reconcile.Resolve
+
+Every change of state names the state it expects (UPDATE … WHERE state = $expected), and the
+outcome of a send also names the attempt that produced it, so a dispatcher that outlived its
+lease cannot overwrite a later decision. Each change writes an audit row to stepwise_event
+(subject "op:<operation_id>", kind "op.transition").
+
+# Classifying a send
+
+A Sender's result decides the next state (see Classify):
+
+	nil                      SUCCEEDED (the Receipt's external reference is kept)
+	Permanent(err)           FAILED_PERMANENT
+	NotSent(err)             RETRYABLE, with backoff and jitter, resent under the same id
+	anything else            UNKNOWN_EXTERNAL
+
+"Anything else" includes timeouts, connection resets, ambiguous 5xx answers, unclassified
+errors and panics in the Sender, and an operation found PROCESSING with an expired lease after
+a crash. None of them proves the request had no effect, so none is failed and none is resent
+blindly: the reconciler (package reconcile) asks the external system about the operation_id.
+
+# Delivery
+
+Delivery is not one River job per operation (measured here: that caps delivery near 1,000
+operations/s, while a settlement step commits about 14,000 items/s). Each kind has one
+dispatcher job, in its own River queue (QueueName), which runs a pipeline: it claims due
+operations in batches (FOR UPDATE SKIP LOCKED, a lease per row, PROCESSING, one short
+statement), calls Send with at most KindConfig.Concurrency calls in flight and at most
+RatePerSecond begun per second, each with KindConfig.Timeout and the operation id as
+idempotency key, and records outcomes in transactions of up to a batch: the state changes (one
+set-based UPDATE), the user's outcome callback, and the audit events, together. A slow send
+holds up only its own operation, and a slow kind only its own queue.
+
+A dispatcher runs for at most Config.Slice, then snoozes itself and runs again, so it never
+looks stuck to River. While it runs it renews the leases of the operations it holds, and
+heartbeats in stepwise_outbox_dispatcher.
+
+# Waking the dispatcher
+
+Enqueue inside a River worker (or with ContextWithClient) inserts, in the same transaction, a
+dispatch job unique per kind. When that kind's dispatcher is already running, River swallows
+the insert, but holds a lock on the running job's row until the enqueuing transaction commits;
+a dispatcher that found no more work completes its own job and then checks again for due
+operations, in one transaction, and so waits for that commit and sees the new rows. A wake is
+therefore never lost.
+
+Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll (a River
+periodic job, run by the leader every Config.PollInterval) wakes every kind with due work.
+
+# Crash recovery
+
+A dispatcher killed between claiming and recording leaves its operations PROCESSING. When their
+lease expires (KindConfig.Lease after its last renewal), the poll or any dispatcher of the kind
+moves them to UNKNOWN_EXTERNAL. River keeps the killed dispatcher's job "running" until its own
+rescuer runs (an hour by default), and that job would swallow every wake of the kind; the poll
+notices the missing heartbeat and starts a takeover dispatcher beside it.
+
+# Outcome callbacks
+
+KindConfig.OnOutcome (or OnOutcomeBatch) runs in the transaction that records each transition
+out of PROCESSING, UNKNOWN_EXTERNAL and MANUAL, so that business state moves with the ledger: a
+settlement becomes PAID exactly when its payout becomes SUCCEEDED. If it returns an error the
+transition is not recorded; the operation stays PROCESSING until its lease expires and then
+goes to the reconciler, which calls it again.
+
+# Wiring
+
+Users keep building their own River client; the Outbox adds its workers, periodic poll and
+queues to its config:
+
+	ob, err := outbox.New(pool, &outbox.Config{
+		Kinds: map[string]*outbox.KindConfig{
+			"payout": {Sender: bankSender, OnOutcome: markPaid, Concurrency: 32, RatePerSecond: 500},
+		},
+	})
+	riverConfig := &river.Config{Workers: workers, Queues: myQueues}
+	if err := ob.Install(riverConfig); err != nil { // or AddWorkers, PeriodicJobs, Queues
+		return err
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+
+# Reading the ledger
+
+Get, List, Counts, CountsActive, OldestUnknown and UnfinishedForRuns read the ledger for reports
+and batch status; Outbox.Metrics is a Prometheus collector with delivery counters and, read at
+scrape time, the active states and the age of the oldest unknown operation.
+*/
+package outbox

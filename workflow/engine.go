@@ -111,6 +111,7 @@ type Engine struct {
 
 	mu         sync.Mutex
 	registered map[*river.Workers]bool
+	metrics    *engineMetrics
 
 	// disableFence is a test-only switch that removes fencing: the token check at begin,
 	// the fenced write and the heartbeat's reaction to a lost lease. It exists so the fault
@@ -135,7 +136,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}}, nil
+	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}}
+	e.metrics = newEngineMetrics(e)
+	return e, nil
 }
 
 // Config returns the Engine's configuration with defaults applied.

@@ -164,6 +164,7 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 			return res, fmt.Errorf("taking over run %q: %w", s.key, err)
 		}
 	}
+	e.metrics.takeovers.Add(float64(len(res.TakenOver)))
 	for _, k := range res.TakenOver {
 		e.logger.InfoContext(ctx, "stepwise: run taken over after its worker vanished", "run", k)
 	}

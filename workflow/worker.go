@@ -246,6 +246,13 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next
 	if err := tx.Commit(ctx); err != nil {
 		return Next{}, false, fmt.Errorf("committing step %d of run %q: %w", s.Number, a.key, err)
 	}
+	e.metrics.steps.WithLabelValues(a.job.Kind).Inc()
+	switch next.kind {
+	case nextDone:
+		e.metrics.finished.WithLabelValues(a.job.Kind, StatusSucceeded).Inc()
+	case nextFail:
+		e.metrics.finished.WithLabelValues(a.job.Kind, StatusFailed).Inc()
+	}
 	if err := faultpoint.Hit(faultpoint.AfterStepCommit); err != nil {
 		return Next{}, false, err
 	}
@@ -293,6 +300,7 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 		stepErr = fmt.Errorf("%w: %w", checkpoint.ErrFenced, stepErr)
 	}
 	if errors.Is(stepErr, checkpoint.ErrFenced) {
+		e.metrics.fenced.WithLabelValues(a.job.Kind).Inc()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_, _ = e.pool.Exec(cctx, `INSERT INTO stepwise_event (subject, kind, actor, token, attempt, detail)
@@ -306,6 +314,7 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 		return river.JobSnooze(e.cfg.Lease + jitter(e.cfg.Lease/10+time.Millisecond))
 	}
 
+	e.metrics.stepErrs.WithLabelValues(a.job.Kind).Inc()
 	// The last attempt's failure ends the run: River discards the job, and a run left
 	// 'running' with no job would look alive forever.
 	dead := a.job.Attempt >= a.job.MaxAttempts

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
@@ -321,4 +322,46 @@ func TestMaintenanceKeepsRunning(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_maintenance' AND state = 'completed'`).Scan(&done)
 		return err == nil && done >= 3
 	}, 20*time.Second, 50*time.Millisecond)
+}
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	e := newEnv(t, pool, nil, &countWorker{}, nil)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(e.engine.Metrics()))
+
+	_, err := workflow.Start(ctx, e.client, "m", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
+	require.NoError(t, err)
+	waitRun(t, pool, "m", 10*time.Second, workflow.StatusSucceeded)
+	// A run nobody works, with a lease that expired a minute ago: visible as a stale lease.
+	_, err = workflow.Start(ctx, e.client, "orphan", countArgs{Total: 30, Batch: 10, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: "nobody_works_this"}})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET owner = 'gone', lease_until = now() - interval '1 minute' WHERE key = 'orphan'`)
+	require.NoError(t, err)
+
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			name := f.GetName()
+			for _, l := range m.GetLabel() {
+				name += "," + l.GetName() + "=" + l.GetValue()
+			}
+			switch {
+			case m.Counter != nil:
+				got[name] = m.Counter.GetValue()
+			case m.Gauge != nil:
+				got[name] = m.Gauge.GetValue()
+			}
+		}
+	}
+	require.Equal(t, 3.0, got["stepwise_steps_committed_total,workflow=test_count"], "three batches of 10, the third returning Done")
+	require.Equal(t, 1.0, got["stepwise_runs_finished_total,status=succeeded,workflow=test_count"])
+	require.Equal(t, 1.0, got["stepwise_runs_active,status=pending,workflow=test_count"])
+	require.GreaterOrEqual(t, got["stepwise_run_lease_expired_seconds"], 59.0)
 }

@@ -3,7 +3,12 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 	"testing"
 	"time"
 
@@ -311,4 +316,49 @@ func TestTransitionGuards(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateSucceeded, op.State)
 	require.Equal(t, "found", op.ExternalRef)
+}
+
+func TestRateLimitSpacesSends(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	var mu sync.Mutex
+	var starts []time.Time
+	sender := outbox.SendFunc(func(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		return outbox.Receipt{}, nil
+	})
+	const rate = 100.0
+	ob := newOutbox(t, pool, sender, func(kc *outbox.KindConfig) { kc.RatePerSecond, kc.Concurrency = rate, 8 })
+	for i := range 20 {
+		enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: fmt.Sprintf("k-%d", i)})
+	}
+	_, err := ob.Drain(ctx, "payout")
+	require.NoError(t, err)
+	require.Len(t, starts, 20)
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	// A lower bound only, so no machine is too fast for it: slots are 1/rate apart, and a
+	// goroutine that wakes late for its slot can shorten the span by less than one slot.
+	interval := time.Duration(float64(time.Second) / rate)
+	require.GreaterOrEqual(t, starts[len(starts)-1].Sub(starts[0]), time.Duration(len(starts)-2)*interval)
+}
+
+func TestLastErrorIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	huge := strings.Repeat("é", 5000) // a multi-byte rune, so the cut must respect boundaries
+	ob := newOutbox(t, pool, outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+		return outbox.Receipt{}, errors.New(huge)
+	}), nil)
+	enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: "k"})
+	_, err := ob.Drain(ctx, "payout")
+	require.NoError(t, err)
+	op := get(t, pool, outbox.OperationID("payout", "k"))
+	require.Equal(t, outbox.StateUnknownExternal, op.State)
+	require.LessOrEqual(t, len(op.LastError), 1024)
+	require.True(t, utf8.ValidString(op.LastError))
+	require.True(t, strings.HasSuffix(op.LastError, "…"))
 }

@@ -6,17 +6,12 @@ import (
 	"io"
 	"log"
 	"log/slog"
-	"os"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/stepwise-go/stepwise/internal/pgserver"
-	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -61,7 +56,7 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 
 func Example() {
 	ctx := context.Background()
-	pool, cleanup := exampleDB(ctx) // a migrated database (migrations.Migrate)
+	pool, cleanup := testkit.ExampleDB(ctx) // a migrated database (migrations.Migrate)
 	defer cleanup()
 	_, err := pool.Exec(ctx, `
 		CREATE TABLE merchant (id bigint PRIMARY KEY);
@@ -116,41 +111,3 @@ func Example() {
 	// created: true then: false
 	// run succeeded: 250 merchants settled in 4 steps, cursor {"after_merchant": 250}
 }
-
-// exampleDB gives an example a fresh, migrated database of its own on the server the tests
-// use (see internal/pgserver), and drops it afterwards. Shared by every example in this
-// package.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	name := fmt.Sprintf("stepwise_example_%d_%d", os.Getpid(), exampleSeq.Add(1))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		log.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := migrations.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-		_ = srv.Close()
-	}
-}
-
-var exampleSeq atomic.Int64

@@ -4,16 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/stepwise-go/stepwise/internal/pgserver"
-	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -30,7 +26,7 @@ func (DailySettleArgs) Kind() string { return "example_daily_settle" }
 // after the gap, at 03:00.
 func ExampleAddSchedule() {
 	ctx := context.Background()
-	pool, cleanup := scheduleExampleDB(ctx)
+	pool, cleanup := testkit.ExampleDB(ctx)
 	defer cleanup()
 
 	engine, err := workflow.New(pool, nil)
@@ -94,42 +90,4 @@ func ExampleAddSchedule() {
 	// 2026-03-09 02:30 EDT RUNNING map[pending:2]
 	// settle/2026-03-09T06:30:00Z/1
 	// merchant-42 is in shard 0
-}
-
-// scheduleExampleDB gives the example a fresh, migrated database of its own on the server the tests
-// use, and drops it afterwards.
-func scheduleExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	name := fmt.Sprintf("stepwise_example_%d", os.Getpid())
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-		log.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		log.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := migrations.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-		_ = srv.Close()
-	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 )
 
 // Settlement statuses, as stored in settlement.status.
@@ -123,16 +124,27 @@ func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOu
 	return nil
 }
 
-// Lookup asks the bank what it did with a payout, by operation id: the reconciler's question
-// for an UNKNOWN_EXTERNAL payout. found is false when the bank has no payment under the id
-// (not applied yet: a request in flight may still land).
-func (s *BankSender) Lookup(ctx context.Context, op *outbox.Operation) (p *fakebank.Payment, found bool, err error) {
-	p, err = s.Bank.Lookup(ctx, op.IdempotencyKey())
-	if errors.Is(err, fakebank.ErrNotFound) {
-		return nil, false, nil
+// BankQuerier answers the reconciler's question about an UNKNOWN_EXTERNAL payout — what did
+// the bank do under this operation id? — from the bank's own lookup by idempotency key. A
+// failed lookup is returned as an error, so the reconciler asks again later; only the bank's
+// explicit "no payment under this key" is NotFound.
+type BankQuerier struct {
+	Bank *fakebank.Client
+}
+
+// Lookup asks the bank about op.
+func (q *BankQuerier) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+	p, err := q.Bank.Lookup(ctx, op.IdempotencyKey())
+	switch {
+	case errors.Is(err, fakebank.ErrNotFound):
+		return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+	case err != nil:
+		return reconcile.LookupResult{}, err
+	case p.Status == fakebank.StatusSucceeded:
+		return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency}, nil
+	case p.Status == fakebank.StatusFailed:
+		return reconcile.LookupResult{Status: reconcile.FoundFailed, ExternalRef: p.ID, Reason: p.DeclineReason}, nil
+	default:
+		return reconcile.LookupResult{Status: reconcile.Pending}, nil
 	}
-	if err != nil {
-		return nil, false, err
-	}
-	return p, true, nil
 }

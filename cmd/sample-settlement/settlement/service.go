@@ -15,6 +15,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -47,6 +48,19 @@ type ServiceConfig struct {
 	// PayoutLease is how long after a crash a claimed payout is declared UNKNOWN_EXTERNAL.
 	// Defaults to outbox's default (1m).
 	PayoutLease time.Duration
+
+	// ReconcileInterval is how often the River leader runs a reconciliation pass over
+	// UNKNOWN_EXTERNAL payouts. Defaults to 5s.
+	ReconcileInterval time.Duration
+
+	// ReconcileGrace is how long after a payout was last sent the bank's "not found" is
+	// believed and the payout resent (same id); a request still in flight may land until
+	// then. Must exceed PayoutTimeout. Defaults to 1m.
+	ReconcileGrace time.Duration
+
+	// ReconcileBackoff is the wait before the next lookup after a failed or pending one.
+	// Defaults to reconcile.DefaultCheckBackoff (5s doubling to 1h).
+	ReconcileBackoff func(check int) time.Duration
 
 	// Workflow configures the step engine (lease, slice...). Defaults to workflow's defaults.
 	Workflow *workflow.Config
@@ -82,6 +96,12 @@ func (c *ServiceConfig) WithDefaults() *ServiceConfig {
 	if out.PayoutTimeout == 0 {
 		out.PayoutTimeout = 5 * time.Second
 	}
+	if out.ReconcileInterval == 0 {
+		out.ReconcileInterval = 5 * time.Second
+	}
+	if out.ReconcileGrace == 0 {
+		out.ReconcileGrace = time.Minute
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -100,22 +120,26 @@ func (c *ServiceConfig) validate() error {
 		return fmt.Errorf("ServiceConfig.PayoutConcurrency is %d; want at least 1", c.PayoutConcurrency)
 	case c.PayoutTimeout < 0:
 		return fmt.Errorf("ServiceConfig.PayoutTimeout is %s; want a positive duration", c.PayoutTimeout)
+	case c.ReconcileGrace <= c.PayoutTimeout:
+		return fmt.Errorf("ServiceConfig.ReconcileGrace %s must exceed PayoutTimeout %s: a payout still in flight could land after a not-found lookup and its resend",
+			c.ReconcileGrace, c.PayoutTimeout)
 	}
 	return nil
 }
 
 // Service is one worker process's worth of the settlement service: a River client with the
-// settle step function, the payout outbox (delivery), Stepwise's maintenance (fast takeover)
-// and optionally the daily schedule. It is wired in the open, the way a user adds Stepwise to
+// settle step function, the payout outbox (delivery), the reconciler (UNKNOWN_EXTERNAL
+// payouts), Stepwise's maintenance (fast takeover) and optionally the daily schedule. It is wired in the open, the way a user adds Stepwise to
 // their own River client: read NewService.
 type Service struct {
-	Pool      *pgxpool.Pool
-	Client    *river.Client[pgx.Tx]
-	Engine    *workflow.Engine
-	Outbox    *outbox.Outbox
-	Scheduler *workflow.Scheduler // nil unless ServiceConfig.Schedule
-	Plan      Plan
-	Sender    *BankSender
+	Pool       *pgxpool.Pool
+	Client     *river.Client[pgx.Tx]
+	Engine     *workflow.Engine
+	Outbox     *outbox.Outbox
+	Reconciler *reconcile.Reconciler
+	Scheduler  *workflow.Scheduler // nil unless ServiceConfig.Schedule
+	Plan       Plan
+	Sender     *BankSender
 
 	cfg *ServiceConfig
 }
@@ -159,6 +183,23 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		return nil, err
 	}
 
+	rec, err := reconcile.New(pool, &reconcile.Config{
+		Outbox:   ob,
+		Interval: cfg.ReconcileInterval,
+		Logger:   cfg.Logger,
+		Kinds: map[string]*reconcile.KindConfig{
+			PayoutKind: {
+				Querier:      &BankQuerier{Bank: cfg.Bank},
+				Timeout:      cfg.PayoutTimeout,
+				Grace:        cfg.ReconcileGrace,
+				CheckBackoff: cfg.ReconcileBackoff,
+			},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+
 	rc := &river.Config{
 		ID:     cfg.ID,
 		Logger: cfg.Logger,
@@ -173,6 +214,9 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	}
 	workflow.AddWorker(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize})
 	if err := ob.Install(rc); err != nil {
+		return nil, err
+	}
+	if err := rec.Install(rc); err != nil {
 		return nil, err
 	}
 	var sched *workflow.Scheduler
@@ -196,7 +240,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the River client: %w", err)
 	}
-	return &Service{Pool: pool, Client: client, Engine: engine, Outbox: ob, Scheduler: sched, Plan: plan, Sender: sender, cfg: cfg}, nil
+	return &Service{Pool: pool, Client: client, Engine: engine, Outbox: ob, Reconciler: rec, Scheduler: sched, Plan: plan, Sender: sender, cfg: cfg}, nil
 }
 
 // Start starts the River client: settle runs, payout delivery, maintenance and (if
@@ -239,9 +283,10 @@ func (s *Service) StartDate(ctx context.Context, date time.Time) (runs []*workfl
 	return runs, created, err
 }
 
-// Collectors returns the Prometheus collectors of the parts: outbox and schedule metrics.
+// Collectors returns the Prometheus collectors of the parts: workflow, outbox, reconcile and
+// schedule metrics.
 func (s *Service) Collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{s.Outbox.Metrics()}
+	cs := []prometheus.Collector{s.Engine.Metrics(), s.Outbox.Metrics(), s.Reconciler.Metrics()}
 	if s.Scheduler != nil {
 		cs = append(cs, s.Scheduler.Metrics())
 	}

@@ -113,4 +113,16 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(amount), 0), count(*) FILTER (WHERE entry = 'reverse') FROM ledger_entry`).Scan(&ledgerSum, &reversals))
 	require.Zero(t, ledgerSum)
 	require.Equal(t, 2*failed, reversals)
+
+	res, err := settlement.CheckInvariants(ctx, pool, client, svc.Plan, testDate)
+	require.NoError(t, err)
+	require.NoError(t, res.Err(), "%+v", res.Checks)
+	require.Len(t, res.Checks, 7)
+
+	rep, err := settlement.BuildReport(ctx, pool, client, svc.Plan, testDate)
+	require.NoError(t, err)
+	require.Equal(t, workflow.BatchCompleted, rep.Batch)
+	require.True(t, rep.TotalsMatch(), "%+v", rep)
+	require.Zero(t, rep.DuplicatePayouts)
+	require.Equal(t, paid, rep.Settlements[settlement.StatusPaid])
 }

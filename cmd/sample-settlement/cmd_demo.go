@@ -1,0 +1,422 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/pgserver"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+func init() {
+	register("demo", "zero set-up end-to-end run: Postgres, seed, bank with faults, settle, reconcile, report, invariants", runDemo)
+}
+
+// demoMarker is the comment the demo puts on the database it creates. The demo drops a
+// database at start only if it carries this mark: it never drops data it did not create.
+const demoMarker = "created by sample-settlement demo; dropped and recreated by the next demo"
+
+var dbNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+type demoFlags struct {
+	dbURL   string
+	dbName  string
+	seed    seedFlags
+	faults  faultFlags
+	plan    planFlags
+	workers int
+
+	batchSize         int
+	payoutConcurrency int
+	bankSeed          uint64
+	timeout           time.Duration
+	verbose           bool
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("demo", "demo [--merchants N] [--transactions N] [--workers N] [--shards N] [fault flags]", stderr)
+	var f demoFlags
+	fs.StringVar(&f.dbURL, "database-url", os.Getenv("DATABASE_URL"), "use this database as is (default $DATABASE_URL; unset: a fresh database on a local or throwaway server)")
+	fs.StringVar(&f.dbName, "db-name", "stepwise_demo", "name of the fresh database the demo creates when no URL is given")
+	f.seed.register(fs)
+	f.faults.register(fs, true)
+	f.plan.register(fs)
+	fs.IntVar(&f.workers, "workers", 3, "River clients (workers) in this process, each working settle runs and delivering payouts")
+	fs.IntVar(&f.batchSize, "batch-size", settlement.DefaultBatchSize, "merchants per settle step")
+	fs.IntVar(&f.payoutConcurrency, "payout-concurrency", 32, "payouts each worker sends at once")
+	fs.Uint64Var(&f.bankSeed, "bank-seed", 1, "seed of the bank's fault draws")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up if the date is not at rest after this long")
+	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	seedCfg, err := f.seed.config()
+	if err != nil {
+		return err
+	}
+	mix, err := f.faults.mix()
+	if err != nil {
+		return err
+	}
+	plan, err := f.plan.plan()
+	if err != nil {
+		return err
+	}
+	if f.workers < 1 || f.workers > 32 {
+		return usageError("--workers %d: want 1 to 32", f.workers)
+	}
+	if !dbNameRE.MatchString(f.dbName) {
+		return usageError("--db-name %q: want lower-case letters, digits and '_', such as stepwise_demo", f.dbName)
+	}
+	return demo(ctx, &f, seedCfg, mix, plan, stdout, stderr)
+}
+
+func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix fakebank.Mix, plan settlement.Plan, stdout, stderr io.Writer) (err error) {
+	start := time.Now()
+	step := func(format string, args ...any) {
+		fmt.Fprintf(stdout, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	fmt.Fprintln(stdout, "Stepwise sample settlement: demo")
+
+	// 1. A database: the one the user named, or a fresh one of our own.
+	dbURL, cleanup, err := demoDatabase(ctx, f, step)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	pool, err := openPool(ctx, dbURL, 10)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := settlement.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	step("migrated: River, Stepwise and the settlement tables")
+
+	// 2. A realistic data set, the same every time.
+	res, err := settlement.Seed(ctx, pool, seedCfg)
+	switch {
+	case errors.Is(err, settlement.ErrAlreadySeeded):
+		step("%s was seeded before in this database; settling the data that is there", f.seed.date)
+	case err != nil:
+		return err
+	default:
+		step("seeded %s: %s merchants, %s card transactions (%s)", f.seed.date, thousands(seedCfg.Merchants), thousands(res.Transactions), fmtTotals(res.Totals))
+	}
+
+	// 3. The bank, in this process, misbehaving mildly.
+	bank := fakebank.New(&fakebank.Config{Seed: f.bankSeed, Faults: mix})
+	if err := bank.Start(); err != nil {
+		return err
+	}
+	defer bank.Close()
+	step("bank: %s with faults refuse %.1f%%, 5xx after paying %.1f%%, connection dropped after paying %.1f%%",
+		bank.URL(), 100*mix.RefuseBeforeApply, 100*mix.Error5xxAfterApply, 100*mix.DropAfterApply)
+
+	// 4. Several workers: River clients of their own, each with its own pool, as separate
+	// processes would have.
+	logger := newLogger(stderr, f.verbose)
+	var services []*settlement.Service
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	defer func() {
+		for _, svc := range services {
+			if stopErr := svc.Stop(context.Background(), 20*time.Second); stopErr != nil && err == nil {
+				err = stopErr
+			}
+			svc.Pool.Close()
+		}
+	}()
+	for i := range f.workers {
+		wpool, err := openPool(ctx, dbURL, int32(plan.Shards+6))
+		if err != nil {
+			return err
+		}
+		svc, err := settlement.NewService(wpool, &settlement.ServiceConfig{
+			Bank: newBankClient(bank.URL(), 5*time.Second), Plan: plan, BatchSize: f.batchSize,
+			PayoutConcurrency: f.payoutConcurrency, ID: fmt.Sprintf("demo-worker-%d", i+1), Logger: logger,
+			FetchPollInterval: 200 * time.Millisecond,
+		})
+		if err != nil {
+			wpool.Close()
+			return err
+		}
+		if err := svc.Start(runCtx); err != nil {
+			wpool.Close()
+			return err
+		}
+		services = append(services, svc)
+	}
+	step("workers: %d River clients, each working up to %d settle runs and sending %d payouts at once",
+		f.workers, plan.Shards, f.payoutConcurrency)
+
+	// 5. Settle the date: one run per shard, keyed like the daily schedule's.
+	date, _ := settlement.ParseDate(f.seed.date)
+	expected, err := settlement.ExpectedSettlements(ctx, pool, date)
+	if err != nil {
+		return err
+	}
+	runs, _, err := services[0].StartDate(ctx, date)
+	if err != nil {
+		return err
+	}
+	step("settling %s: %d runs (%s ... %s), %s settlements to make", f.seed.date, len(runs), runs[0].Key, runs[len(runs)-1].Key, thousands(expected))
+
+	bar := newBar(stderr, expected)
+	var runsDoneAt time.Duration
+	waitCtx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	p, waitErr := settlement.WaitAtRest(waitCtx, pool, plan, date, 200*time.Millisecond, func(p *settlement.Progress) {
+		if runsDoneAt == 0 && p.Runs[workflow.StatusSucceeded]+p.Runs[workflow.StatusFailed] == plan.Shards {
+			runsDoneAt = time.Since(start)
+		}
+		bar.update(p)
+	})
+	bar.finish()
+	if waitErr != nil {
+		return fmt.Errorf("%s did not come to rest within --timeout %s (runs %s, payouts %s): %w", f.seed.date, f.timeout, counts(p.Runs), counts(p.Operations), waitErr)
+	}
+	step("runs finished at %.1fs: %s; %s settlements, each with 2 ledger entries and a payout", runsDoneAt.Seconds(), counts(p.Runs), thousands(p.Settlements))
+	step("payouts at rest: %s", counts(p.Operations))
+
+	// 6. What the reconciler did, from the audit trail.
+	if err := printReconciled(ctx, pool, stdout); err != nil {
+		return err
+	}
+
+	// 7. Report and invariants.
+	client := newBankClient(bank.URL(), 10*time.Second)
+	rep, err := settlement.BuildReport(ctx, pool, client, plan, date)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	printReport(stdout, rep)
+	inv, err := settlement.CheckInvariants(ctx, pool, client, plan, date)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	printInvariants(stdout, inv)
+	fmt.Fprintln(stdout)
+
+	var problems []string
+	if err := inv.Err(); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if !rep.TotalsMatch() {
+		problems = append(problems, "totals do not match the bank's statement")
+	}
+	if rep.DuplicatePayouts != 0 {
+		problems = append(problems, fmt.Sprintf("%d duplicate payouts", rep.DuplicatePayouts))
+	}
+	if rep.Batch != workflow.BatchCompleted {
+		problems = append(problems, fmt.Sprintf("batch is %s, not COMPLETED", rep.Batch))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("demo failed after %.1fs: %s", time.Since(start).Seconds(), strings.Join(problems, "; "))
+	}
+	fmt.Fprintf(stdout, "demo finished in %.1fs: batch COMPLETED, totals match the bank's statement, 0 duplicate payouts, all invariants hold\n",
+		time.Since(start).Seconds())
+	return nil
+}
+
+// demoDatabase returns the URL of the database the demo works in and what to do at exit.
+// A URL from DATABASE_URL or --database-url is used as is: the user chose it, and the demo
+// drops nothing there. Otherwise the demo finds a server (pgserver: local, else a throwaway
+// cluster it removes at exit) and creates a fresh database of its own, dropping the previous
+// demo's, recognized by its comment, and nothing else.
+func demoDatabase(ctx context.Context, f *demoFlags, step func(string, ...any)) (string, func(), error) {
+	if f.dbURL != "" {
+		if _, err := pgxpool.ParseConfig(f.dbURL); err != nil {
+			return "", nil, usageError("--database-url / DATABASE_URL is not a PostgreSQL URL such as postgres://user@host:5432/db")
+		}
+		step("database: the one DATABASE_URL names (used as is; the demo drops nothing)")
+		return f.dbURL, func() {}, nil
+	}
+	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{}})
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() {
+		if err := srv.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "removing the throwaway PostgreSQL cluster: %v\n", err)
+		}
+	}
+	admin, err := pgx.Connect(ctx, srv.URL)
+	if err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("connecting to the PostgreSQL server (%s): %w", srv.Source, err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	name := pgx.Identifier{f.dbName}.Sanitize()
+	var comment *string
+	var exists bool
+	err = admin.QueryRow(ctx, `SELECT true, shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1`, f.dbName).Scan(&exists, &comment)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		cleanup()
+		return "", nil, fmt.Errorf("looking for database %s: %w", f.dbName, err)
+	}
+	if exists {
+		if comment == nil || *comment != demoMarker {
+			cleanup()
+			return "", nil, fmt.Errorf("database %s exists and was not created by the demo; the demo will not drop it: pass --db-name another_name, or set DATABASE_URL to use it as is", f.dbName)
+		}
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			cleanup()
+			return "", nil, fmt.Errorf("dropping the previous demo's database %s: %w", f.dbName, err)
+		}
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("creating database %s: %w", f.dbName, err)
+	}
+	if _, err := admin.Exec(ctx, "COMMENT ON DATABASE "+name+" IS '"+demoMarker+"'"); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("marking database %s as the demo's: %w", f.dbName, err)
+	}
+	dbURL, err := withDatabase(srv.URL, f.dbName)
+	if err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	if strings.HasPrefix(srv.Source, "throwaway:") {
+		step("database: fresh %s on a throwaway PostgreSQL cluster (removed when the demo exits)", f.dbName)
+	} else {
+		step("database: fresh %s on %s (kept after the demo; the next demo replaces it)", f.dbName, strings.TrimPrefix(srv.Source, "local:"))
+	}
+	return dbURL, cleanup, nil
+}
+
+// thousands renders n with thousands separators.
+func thousands(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+func withDatabase(serverURL, name string) (string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("the server's URL is not a postgres:// URL; set DATABASE_URL to the database to use")
+	}
+	u.Path = "/" + name
+	u.RawPath = ""
+	return u.String(), nil
+}
+
+// printReconciled tells, from the audit trail, what happened to payouts whose outcome was
+// unknown, and shows the trail of one of them.
+func printReconciled(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+	rows, err := pool.Query(ctx, `SELECT from_state, to_state, count(*)::int FROM stepwise_event
+		WHERE kind = 'op.transition' AND from_state IN ('UNKNOWN_EXTERNAL', 'PROCESSING') AND to_state IN ('UNKNOWN_EXTERNAL', 'RETRYABLE', 'SUCCEEDED', 'FAILED_PERMANENT', 'MANUAL')
+		GROUP BY from_state, to_state ORDER BY from_state DESC, to_state`)
+	if err != nil {
+		return fmt.Errorf("reading the audit trail: %w", err)
+	}
+	moves := map[string]int{}
+	var from, to string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&from, &to, &n}, func() error { moves[from+" → "+to] = n; return nil }); err != nil {
+		return fmt.Errorf("reading the audit trail: %w", err)
+	}
+	fmt.Fprintf(w, "         sends: %d succeeded, %d declined, %d refused before processing (resent), %d unknown (5xx or dropped after the bank paid)\n",
+		moves["PROCESSING → SUCCEEDED"], moves["PROCESSING → FAILED_PERMANENT"], moves["PROCESSING → RETRYABLE"], moves["PROCESSING → UNKNOWN_EXTERNAL"])
+	fmt.Fprintf(w, "         reconciler: %d unknown payouts found paid at the bank → SUCCEEDED, %d found declined, %d not found → resent under the same id, %d → MANUAL\n",
+		moves["UNKNOWN_EXTERNAL → SUCCEEDED"], moves["UNKNOWN_EXTERNAL → FAILED_PERMANENT"], moves["UNKNOWN_EXTERNAL → RETRYABLE"], moves["UNKNOWN_EXTERNAL → MANUAL"])
+
+	// The life of one payout that went through UNKNOWN_EXTERNAL, for the walkthrough.
+	var subject string
+	err = pool.QueryRow(ctx, `SELECT subject FROM stepwise_event WHERE kind = 'op.transition' AND from_state = 'UNKNOWN_EXTERNAL'
+		AND to_state = 'SUCCEEDED' ORDER BY id LIMIT 1`).Scan(&subject)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the audit trail: %w", err)
+	}
+	var key string
+	if err := pool.QueryRow(ctx, `SELECT business_key FROM stepwise_operation WHERE 'op:' || operation_id = $1`, subject).Scan(&key); err != nil {
+		return fmt.Errorf("reading the audit trail: %w", err)
+	}
+	fmt.Fprintf(w, "         one of them, payout %s (%s), from the audit trail:\n", strings.TrimPrefix(subject, "op:"), key)
+	rows, err = pool.Query(ctx, `SELECT at, coalesce(from_state, ''), coalesce(to_state, ''), coalesce(actor, ''), coalesce(detail::text, '')
+		FROM stepwise_event WHERE subject = $1 ORDER BY id`, subject)
+	if err != nil {
+		return fmt.Errorf("reading the audit trail: %w", err)
+	}
+	var at time.Time
+	var actor, detail string
+	var first time.Time
+	_, err = pgx.ForEachRow(rows, []any{&at, &from, &to, &actor, &detail}, func() error {
+		if first.IsZero() {
+			first = at
+		}
+		if len(detail) > 110 {
+			detail = detail[:110] + "…"
+		}
+		fmt.Fprintf(w, "           +%6.3fs  %-16s → %-16s by %-28s %s\n", at.Sub(first).Seconds(), from, to, actor, detail)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading the audit trail: %w", err)
+	}
+	return nil
+}
+
+// progressBar shows the payouts coming to rest: a bar on a terminal, a line every few
+// seconds otherwise (CI logs), never on stdout, which carries the report.
+type progressBar struct {
+	bar      *progressbar.ProgressBar
+	w        io.Writer
+	total    int
+	lastLine time.Time
+}
+
+func newBar(w io.Writer, total int) *progressBar {
+	pb := &progressBar{w: w, total: total}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			pb.bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionSetWidth(30),
+				progressbar.OptionShowCount(), progressbar.OptionSetDescription("payouts at rest"),
+				progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+		}
+	}
+	return pb
+}
+
+func (pb *progressBar) update(p *settlement.Progress) {
+	desc := fmt.Sprintf("settled %d/%d · paid %d · unknown %d · retrying %d", p.Settlements, pb.total,
+		p.Operations["SUCCEEDED"], p.Operations["UNKNOWN_EXTERNAL"], p.Operations["RETRYABLE"])
+	if pb.bar != nil {
+		pb.bar.Describe(desc)
+		_ = pb.bar.Set(p.Settled())
+		return
+	}
+	if time.Since(pb.lastLine) >= 2*time.Second {
+		pb.lastLine = time.Now()
+		fmt.Fprintf(pb.w, "  %s · at rest %d\n", desc, p.Settled())
+	}
+}
+
+func (pb *progressBar) finish() {
+	if pb.bar != nil {
+		_ = pb.bar.Finish()
+	}
+}

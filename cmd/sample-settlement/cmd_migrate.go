@@ -1,0 +1,32 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+)
+
+func init() {
+	register("migrate", "bring River's, Stepwise's and the sample's tables up to date", runMigrate)
+}
+
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("migrate", "migrate [--database-url URL]", stderr)
+	var db dbFlags
+	db.register(fs)
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	pool, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := settlement.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "migrated: River, Stepwise and the settlement tables are up to date")
+	return nil
+}

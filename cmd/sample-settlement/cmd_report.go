@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+)
+
+func init() {
+	register("report", "a date's batch status by evidence, payouts per state, totals against the bank's statement", runReport)
+	register("invariants", "check DESIGN.md's invariants 1-6 for a date against the database and the bank", runInvariants)
+}
+
+func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("report", "report --date YYYY-MM-DD [--json]", stderr)
+	var db dbFlags
+	var pf planFlags
+	var bf bankFlags
+	db.register(fs)
+	pf.register(fs)
+	bf.register(fs)
+	date := fs.String("date", "", "business date, YYYY-MM-DD (required)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	d, err := parseDateFlag(*date)
+	if err != nil {
+		return err
+	}
+	plan, err := pf.plan()
+	if err != nil {
+		return err
+	}
+	bank, err := bf.client(10 * time.Second)
+	if err != nil {
+		return err
+	}
+	pool, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rep, err := settlement.BuildReport(ctx, pool, bank, plan, d)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printReport(stdout, rep)
+	return nil
+}
+
+func runInvariants(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("invariants", "invariants --date YYYY-MM-DD [--json]", stderr)
+	var db dbFlags
+	var pf planFlags
+	var bf bankFlags
+	db.register(fs)
+	pf.register(fs)
+	bf.register(fs)
+	date := fs.String("date", "", "business date, YYYY-MM-DD (required)")
+	asJSON := fs.Bool("json", false, "print the checks as JSON")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	d, err := parseDateFlag(*date)
+	if err != nil {
+		return err
+	}
+	plan, err := pf.plan()
+	if err != nil {
+		return err
+	}
+	bank, err := bf.client(10 * time.Second)
+	if err != nil {
+		return err
+	}
+	pool, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := settlement.CheckInvariants(ctx, pool, bank, plan, d)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+	} else {
+		printInvariants(stdout, res)
+	}
+	return res.Err()
+}
+
+func printInvariants(w io.Writer, res *settlement.Result) {
+	fmt.Fprintf(w, "invariants for %s:\n", res.Date)
+	for _, c := range res.Checks {
+		mark := "ok  "
+		if !c.OK {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s %d. %s\n", mark, c.Invariant, c.Name)
+		for _, line := range strings.Split(c.Evidence, "\n") {
+			fmt.Fprintf(w, "         %s\n", line)
+		}
+	}
+	if res.OK() {
+		fmt.Fprintln(w, "all invariants hold")
+	}
+}
+
+func printReport(w io.Writer, r *settlement.Report) {
+	fmt.Fprintf(w, "settlement of %s (slot %s, %d shards)\n", r.Date, r.Slot.Format(time.RFC3339), r.Shards)
+	fmt.Fprintf(w, "  batch status:  %s   (by evidence: runs %s; their payouts %s)\n", r.Batch, counts(r.Runs), counts(r.Operations))
+	fmt.Fprintf(w, "  settlements:   %s\n", counts(r.Settlements))
+	fmt.Fprintf(w, "  payouts:       %s\n", counts(r.Operations))
+	if r.OldestUnknown > 0 {
+		fmt.Fprintf(w, "  oldest unknown payout: %s\n", r.OldestUnknown)
+	} else {
+		fmt.Fprintln(w, "  oldest unknown payout: none")
+	}
+	fmt.Fprintln(w, "  totals per currency:")
+	fmt.Fprintf(w, "    %-4s %9s %20s %13s %20s %9s %20s %9s %20s  %s\n",
+		"cur", "txns", "amount", "settlements", "settled", "paid", "paid amount", "at bank", "bank amount", "")
+	for _, t := range r.Totals {
+		mark := "match"
+		if !t.Match {
+			mark = "DIFFERS"
+		}
+		fmt.Fprintf(w, "    %-4s %9d %20s %13d %20s %9d %20s %9d %20s  %s\n",
+			t.Currency, t.Transactions.Count, money(t.Transactions.Sum, t.Currency), t.Settled.Count, money(t.Settled.Sum, t.Currency),
+			t.Paid.Count, money(t.Paid.Sum, t.Currency), t.Bank.Count, money(t.Bank.Sum, t.Currency), mark)
+		if t.Declined.Count > 0 || t.Open.Count > 0 {
+			fmt.Fprintf(w, "         declined %d (%s), not yet proven %d (%s)\n",
+				t.Declined.Count, money(t.Declined.Sum, t.Currency), t.Open.Count, money(t.Open.Sum, t.Currency))
+		}
+	}
+	if r.BankError != "" {
+		fmt.Fprintf(w, "  bank: not compared (%s)\n", r.BankError)
+	} else {
+		fmt.Fprintf(w, "  differences with the bank's statement: %d\n", len(r.Differences))
+		for i, d := range r.Differences {
+			if i == 10 {
+				fmt.Fprintf(w, "    ... and %d more (--json lists all)\n", len(r.Differences)-10)
+				break
+			}
+			fmt.Fprintf(w, "    %s: %s (ledger %s, %s here, %s at bank)\n", d.Reference, d.Kind, d.State,
+				money(d.Local, d.Currency), money(d.Bank, d.Currency))
+		}
+		fmt.Fprintf(w, "  duplicate payouts at the bank: %d\n", r.DuplicatePayouts)
+	}
+}
+
+func money(minor int64, currency string) string {
+	s := settlement.FormatMoney(minor, currency)
+	return strings.TrimSuffix(s, " "+currency)
+}
+
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}

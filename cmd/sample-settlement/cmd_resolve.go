@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/outbox"
+)
+
+func init() {
+	register("resolve", "settle a MANUAL or UNKNOWN_EXTERNAL payout by hand, audited", runResolve)
+}
+
+func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("resolve", "resolve [flags] OP_ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT [--from STATE]", stderr)
+	var db dbFlags
+	db.register(fs)
+	to := fs.String("to", "", "the decision: SUCCEEDED, FAILED_PERMANENT or RETRYABLE (required)")
+	from := fs.String("from", "", "the state you saw (MANUAL or UNKNOWN_EXTERNAL); refused if the payout has moved since. Default: its current state")
+	reason := fs.String("reason", "", "why, for the audit trail (required)")
+	actor := fs.String("actor", envOr("USER", ""), "who decides, for the audit trail (default $USER)")
+	// The operation id may come before or after the flags.
+	var opArg string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		opArg, args = args[0], args[1:]
+	}
+	if err := parseFlags(fs, args, true); err != nil {
+		return err
+	}
+	if opArg == "" && fs.NArg() > 0 {
+		opArg = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return usageError("unexpected argument %q after the operation id", fs.Arg(0))
+	}
+	if opArg == "" {
+		return usageError("OP_ID is required: the payout's operation id (a UUID), as \"report --date D --json\" lists")
+	}
+	id, err := uuid.Parse(opArg)
+	if err != nil {
+		return usageError("OP_ID %q: want an operation id (a UUID such as 6b1f0c9e-3d0a-5f43-9b52-7f8e0a7d2c11)", opArg)
+	}
+	toState := outbox.State(strings.ToUpper(*to))
+	switch toState {
+	case outbox.StateSucceeded, outbox.StateFailedPermanent, outbox.StateRetryable:
+	case "":
+		return usageError("--to is required: SUCCEEDED, FAILED_PERMANENT or RETRYABLE")
+	default:
+		return usageError("--to %q: want SUCCEEDED, FAILED_PERMANENT or RETRYABLE", *to)
+	}
+	fromState := outbox.State(strings.ToUpper(*from))
+	switch fromState {
+	case "", outbox.StateManual, outbox.StateUnknownExternal:
+	default:
+		return usageError("--from %q: only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand", *from)
+	}
+	if strings.TrimSpace(*reason) == "" {
+		return usageError("--reason is required: it is kept in the audit trail")
+	}
+	if strings.TrimSpace(*actor) == "" {
+		return usageError("--actor is required when $USER is not set")
+	}
+	pool, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The same wiring as serve's, so the payout's outcome callback (the settlement moves with
+	// the payout) runs in the resolution's transaction. Nothing is sent or looked up here.
+	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: newBankClient(defaultBankURL, time.Second), ID: "resolve/" + *actor})
+	if err != nil {
+		return err
+	}
+	op, err := settlement.Resolve(ctx, pool, svc.Reconciler, settlement.Resolution{OperationID: id, From: fromState, To: toState, Actor: *actor, Reason: *reason})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "payout %s (%s, %s) is now %s; settlement %s; audited as %q by %s\n",
+		op.ID, op.BusinessKey, settlement.FormatMoney(op.Amount, op.Currency), op.State, settlement.StatusFor(op.State), *reason, *actor)
+	return nil
+}

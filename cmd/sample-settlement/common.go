@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+)
+
+// defaultBankURL is where "sample-settlement bank" listens by default.
+const defaultBankURL = "http://127.0.0.1:8089"
+
+// dbFlags are the flags of every command that opens the database.
+type dbFlags struct {
+	url string
+}
+
+func (f *dbFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
+}
+
+// connect opens a pool on the database and proves it answers, so a wrong URL fails here with
+// a message naming the server and the fix, not later inside some query.
+func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if f.url == "" {
+		return nil, usageError("no database: set DATABASE_URL or --database-url (\"sample-settlement demo\" needs neither)")
+	}
+	return openPool(ctx, f.url, 0)
+}
+
+func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		// The parse error may quote the URL, password included.
+		return nil, usageError("database URL is not a PostgreSQL URL such as postgres://user@host:5432/db")
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	where := fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database %s: %w", where, err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("database %s does not answer (%w); start PostgreSQL there or fix DATABASE_URL / --database-url", where, err)
+	}
+	return pool, nil
+}
+
+// planFlags are the flags that fix how dates become runs; every process of a deployment
+// must use the same values.
+type planFlags struct {
+	shards int
+	spec   string
+	zone   string
+}
+
+func (f *planFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.shards, "shards", envInt("SETTLE_SHARDS", 4), "runs per date, one per merchant shard; the same in every process (default $SETTLE_SHARDS or 4)")
+	fs.StringVar(&f.spec, "schedule", envOr("SETTLE_SCHEDULE", "0 1 * * *"), "daily cron time at which the previous day is settled ($SETTLE_SCHEDULE)")
+	fs.StringVar(&f.zone, "zone", envOr("SETTLE_ZONE", "UTC"), "IANA time zone of business dates and the schedule ($SETTLE_ZONE)")
+}
+
+func (f *planFlags) plan() (settlement.Plan, error) {
+	p, err := settlement.Plan{Spec: f.spec, Zone: f.zone, Shards: f.shards}.Compile()
+	if err != nil {
+		return p, usageError("--shards/--schedule/--zone: %v", err)
+	}
+	return p, nil
+}
+
+// bankFlags name the bank.
+type bankFlags struct {
+	url string
+}
+
+func (f *bankFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "bank-url", envOr("BANK_URL", defaultBankURL), "base URL of the bank (\"sample-settlement bank\") ($BANK_URL)")
+}
+
+func (f *bankFlags) client(timeout time.Duration) (*fakebank.Client, error) {
+	u, err := url.Parse(f.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usageError("--bank-url %q: want a URL such as %s", f.url, defaultBankURL)
+	}
+	return newBankClient(f.url, timeout), nil
+}
+
+// newBankClient is the HTTP client payouts go through: keep-alive on, as a service would.
+// net/http may resend a request carrying an Idempotency-Key on a kept-alive connection that
+// died before the answer; the key makes that safe, and then the bank's replay is the proof.
+func newBankClient(bankURL string, timeout time.Duration) *fakebank.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 128
+	return fakebank.NewClient(bankURL, &http.Client{Timeout: timeout, Transport: tr})
+}
+
+// parseDateFlag parses --date, naming the flag in the error.
+func parseDateFlag(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, usageError("--date is required: the business date to act on, YYYY-MM-DD")
+	}
+	d, err := settlement.ParseDate(s)
+	if err != nil {
+		return time.Time{}, usageError("--date %q: want YYYY-MM-DD, e.g. 2026-03-01", s)
+	}
+	return d, nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	var n int
+	if v := os.Getenv(name); v != "" {
+		if _, err := fmt.Sscan(v, &n); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+// newLogger logs to stderr at the level asked for.
+func newLogger(stderr interface{ Write([]byte) (int, error) }, verbose bool) *slog.Logger {
+	level := slog.LevelWarn
+	if verbose {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// isUsage reports whether err is a command-line mistake.
+func isUsage(err error) bool { return errors.Is(err, errUsage) }

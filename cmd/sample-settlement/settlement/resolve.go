@@ -1,0 +1,88 @@
+package settlement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+)
+
+// Resolution is a person's decision about a payout the machines could not settle.
+type Resolution struct {
+	// OperationID is the payout's operation id.
+	OperationID uuid.UUID
+	// From is the state the person saw; the resolution applies only if the payout is still
+	// in it, so a decision taken on a stale screen never overrides the reconciler's (or a
+	// colleague's). Empty means "the current state", which must then be MANUAL or
+	// UNKNOWN_EXTERNAL.
+	From outbox.State
+	// To is SUCCEEDED (the bank paid: e.g. confirmed by phone), FAILED_PERMANENT (it did not
+	// and will not) or RETRYABLE (send again, under the same operation id).
+	To outbox.State
+	// Actor is who decides, for the audit trail. Required.
+	Actor string
+	// Reason says why, for the audit trail. Required.
+	Reason string
+}
+
+// Resolve applies a person's decision to a payout through the reconciler (reconcile.Resolve):
+// in one transaction the ledger move, its audit event, and the settlement's status through the
+// payout's outcome callback, as for any other outcome — and only if the payout is still in
+// the state the person saw (ErrStaleState otherwise, nothing changed). An operation id that
+// names no payout is ErrNoSuchSettlement.
+func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler, r Resolution) (*outbox.Operation, error) {
+	switch r.To {
+	case outbox.StateSucceeded, outbox.StateFailedPermanent, outbox.StateRetryable:
+	default:
+		return nil, fmt.Errorf("resolving to %q: want SUCCEEDED, FAILED_PERMANENT or RETRYABLE", r.To)
+	}
+	if strings.TrimSpace(r.Reason) == "" {
+		return nil, errors.New("resolving needs a reason: it is kept in the audit trail")
+	}
+	if strings.TrimSpace(r.Actor) == "" {
+		return nil, errors.New("resolving needs an actor: who decides, for the audit trail")
+	}
+	cur, err := outbox.Get(ctx, pool, r.OperationID)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return nil, fmt.Errorf("%w: operation %s does not exist; find open payouts with \"report --date D --json\"", ErrNoSuchSettlement, r.OperationID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cur.Kind != PayoutKind {
+		return nil, fmt.Errorf("%w: operation %s is a %q, not a payout", ErrNoSuchSettlement, r.OperationID, cur.Kind)
+	}
+	from := r.From
+	if from == "" {
+		// "The state I am looking at": read now, and the move below is still conditional on
+		// it, so a change in between is refused, not overwritten.
+		from = cur.State
+		if from != outbox.StateManual && from != outbox.StateUnknownExternal {
+			return nil, fmt.Errorf("%w: payout %s (%s) is %s; only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand",
+				ErrStaleState, r.OperationID, cur.BusinessKey, cur.State)
+		}
+	}
+	op, err := rec.Resolve(ctx, &reconcile.ResolveParams{
+		OperationID: r.OperationID, Outcome: r.To, ExpectedState: from, Actor: r.Actor, Reason: r.Reason,
+	})
+	var changed *outbox.StateChangedError
+	switch {
+	case errors.As(err, &changed):
+		now, _ := outbox.Get(ctx, pool, r.OperationID)
+		when := ""
+		if now != nil {
+			when = fmt.Sprintf(" (last change %s)", now.UpdatedAt.UTC().Format("2006-01-02 15:04:05Z"))
+		}
+		return nil, fmt.Errorf("%w: payout %s (%s) is %s now, not %s as you saw%s; nothing was changed: look again before deciding",
+			ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, from, when)
+	case err != nil:
+		return nil, err
+	}
+	return op, nil
+}

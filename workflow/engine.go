@@ -41,6 +41,11 @@ type Config struct {
 	// expired, River job still running) and re-enqueues them. Defaults to 1s.
 	MaintenanceInterval time.Duration
 
+	// MaintenanceQueue is the River queue of the maintenance job. The client that should run
+	// maintenance (every client may; the leader inserts it) must work this queue: Install
+	// adds it to a river.Config that lacks it. Defaults to river.QueueDefault.
+	MaintenanceQueue string
+
 	// RescueStuckJobsAfter must equal the river.Config value of the same name of the client
 	// the workers run in; Slice is checked against it. Defaults to River's default, 1 hour.
 	RescueStuckJobsAfter time.Duration
@@ -73,6 +78,9 @@ func (c *Config) WithDefaults() *Config {
 	}
 	if out.MaintenanceInterval == 0 {
 		out.MaintenanceInterval = time.Second
+	}
+	if out.MaintenanceQueue == "" {
+		out.MaintenanceQueue = river.QueueDefault
 	}
 	if out.RescueStuckJobsAfter == 0 {
 		out.RescueStuckJobsAfter = time.Hour
@@ -158,7 +166,7 @@ func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
 				// out of ByState (River's default includes them): otherwise the first
 				// completed pass would block every later insert until River's cleaner
 				// removed its row, a day later, and takeover would silently stop.
-				return MaintenanceArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
+				return MaintenanceArgs{}, &river.InsertOpts{Queue: e.cfg.MaintenanceQueue, UniqueOpts: river.UniqueOpts{
 					ByArgs: true,
 					ByState: []rivertype.JobState{
 						rivertype.JobStateAvailable, rivertype.JobStatePending,
@@ -169,6 +177,43 @@ func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
 			&river.PeriodicJobOpts{ID: "stepwise_maintenance", RunOnStart: true},
 		),
 	}
+}
+
+// Install adds the Engine's maintenance worker, its periodic job and its queue (if the config
+// has no queue of that name) to a River client config, before river.NewClient. Without the
+// maintenance job running somewhere, a run whose worker died waits for River's one-hour
+// rescue instead of about a lease.
+func (e *Engine) Install(rc *river.Config) error {
+	if rc == nil {
+		return errors.New("workflow: Install: river config is nil")
+	}
+	if rc.Workers == nil {
+		rc.Workers = river.NewWorkers()
+	}
+	if err := e.addMaintenanceWorker(rc.Workers); err != nil {
+		return err
+	}
+	rc.PeriodicJobs = append(rc.PeriodicJobs, e.PeriodicJobs()...)
+	if rc.Queues == nil {
+		rc.Queues = map[string]river.QueueConfig{}
+	}
+	if _, ok := rc.Queues[e.cfg.MaintenanceQueue]; !ok {
+		rc.Queues[e.cfg.MaintenanceQueue] = river.QueueConfig{MaxWorkers: 1}
+	}
+	return nil
+}
+
+func (e *Engine) addMaintenanceWorker(workers *river.Workers) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.registered[workers] {
+		return nil
+	}
+	if err := river.AddWorkerSafely[MaintenanceArgs](workers, &maintenanceWorker{e: e}); err != nil {
+		return err
+	}
+	e.registered[workers] = true
+	return nil
 }
 
 // AddWorker registers w with River's workers as the worker for A's kind. It panics on bad
@@ -201,13 +246,5 @@ func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, 
 	if err := river.AddWorkerSafely[A](workers, &stepWorker[A, C]{e: e, w: w, slice: slice}); err != nil {
 		return err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.registered[workers] {
-		if err := river.AddWorkerSafely[MaintenanceArgs](workers, &maintenanceWorker{e: e}); err != nil {
-			return err
-		}
-		e.registered[workers] = true
-	}
-	return nil
+	return e.addMaintenanceWorker(workers)
 }

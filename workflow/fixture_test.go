@@ -219,10 +219,12 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	stallMS, _ := strconv.Atoi(envVars["STALL_MS"])
 	stopAt, _ := strconv.Atoi(envVars["STOP_AT_STEP"])
 	stepSleep, _ := time.ParseDuration(envVars["STEP_SLEEP"])
+	maintMS, _ := strconv.Atoi(envVars["MAINTENANCE_MS"])
 	engine, err := workflow.New(pool, &workflow.Config{
-		Lease:        time.Duration(leaseMS) * time.Millisecond,
-		StallTimeout: time.Duration(stallMS) * time.Millisecond,
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Lease:               time.Duration(leaseMS) * time.Millisecond,
+		MaintenanceInterval: time.Duration(maintMS) * time.Millisecond,
+		StallTimeout:        time.Duration(stallMS) * time.Millisecond,
+		Logger:              slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		return err
@@ -249,19 +251,28 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	}}
 	workers := river.NewWorkers()
 	workflow.AddWorker(engine, workers, w)
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: 2}},
 		Workers:           workers,
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		RetryPolicy:       fastRetry{},
 		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if envVars["WITH_MAINTENANCE"] == "1" {
+		if err := engine.Install(rc); err != nil {
+			return err
+		}
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	if err != nil {
 		return err
 	}
 	if err := client.Start(ctx); err != nil {
 		return err
+	}
+	if envVars["MAINTAIN_EVERYWHERE"] == "1" {
+		go func() { _ = engine.RunMaintenance(ctx, client) }()
 	}
 	fmt.Printf("ready pid=%d\n", os.Getpid())
 	<-ctx.Done()

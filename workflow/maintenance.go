@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -175,3 +176,25 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 }
 
 var errSkip = errors.New("skip")
+
+// RunMaintenance runs Maintain every MaintenanceInterval (with jitter) until ctx ends. Call it
+// in a goroutine of every worker process when takeover must not wait for River's leader: the
+// periodic job runs on River's elected leader only, and when the process that dies is the
+// leader, a new one is elected only after River's leadership TTL (measured here: takeover
+// 16.8-18.7 s instead of 2.2 s with a 2 s lease). Passes in several processes at once are
+// safe: each takeover is a compare-and-set on the run's job id.
+func (e *Engine) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx]) error {
+	if client == nil {
+		return errors.New("workflow.RunMaintenance: client is nil")
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(e.cfg.MaintenanceInterval + jitter(e.cfg.MaintenanceInterval/5+time.Millisecond)):
+		}
+		if _, err := e.Maintain(ctx, client); err != nil && ctx.Err() == nil {
+			e.logger.WarnContext(ctx, "stepwise: maintenance pass failed", "error", err)
+		}
+	}
+}

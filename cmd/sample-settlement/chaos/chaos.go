@@ -332,6 +332,8 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
+	// The killer hits River's leader too; takeover must not wait for a new election.
+	go func() { _ = svc.Engine.RunMaintenance(ctx, svc.Client) }()
 	fmt.Println("ready")
 	<-ctx.Done()
 	return svc.Stop(context.WithoutCancel(ctx), 5*time.Second)

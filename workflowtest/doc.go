@@ -39,4 +39,35 @@
 // Children are killed at the test's cleanup and exit on their own if the test process dies,
 // so none outlives the test. The harness uses process groups and POSIX signals: it runs on
 // Linux and macOS, not Windows.
+//
+// # Chaos
+//
+// RunChaos runs N worker processes and hits a random one every KillMin..KillMax: SIGKILL and
+// restart, or (every StopEvery-th hit) SIGSTOP for StopFor, longer than the lease, then
+// SIGCONT, so a frozen worker wakes into a run someone else now owns. Then it waits for quiet:
+//
+//	report, err := workflowtest.RunChaos(ctx, &workflowtest.ChaosConfig{
+//		Start: func() (workflowtest.Worker, error) {
+//			return workflowtest.Start(t, "worker", "DATABASE_URL="+url), nil
+//		},
+//		Workers:  3,
+//		Duration: 30 * time.Second,
+//		Until:    allRunsFinished, // func(ctx) (bool, error)
+//	})
+//	t.Log(report) // seed=… kills=… stops=…: the seed repeats the run
+//
+// # Invariants
+//
+// CheckInvariants checks DESIGN.md's invariants 1-5 over Stepwise's tables (one run per
+// slot and shard, one operation per business key, strictly increasing fencing tokens, every
+// operation proven or MANUAL, every due slot finished or recorded as skipped) and returns
+// each violation with its evidence; add your own with CheckOpts.Domain:
+//
+//	violations, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{
+//		Quiet:  true,
+//		Domain: []workflowtest.CheckFunc{everyItemOnce},
+//	})
+//
+// workflow/chaos_test.go uses both on Stepwise itself, and shows the suite failing on a build
+// whose fence is switched off; cmd/sample-settlement/chaos runs them on the sample service.
 package workflowtest

@@ -54,7 +54,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.bank.register(fs)
 	fs.StringVar(&f.addr, "addr", envOr("SERVE_ADDR", "127.0.0.1:8080"), "HTTP address of /metrics, /healthz and /riverui/; loopback unless you mean it ($SERVE_ADDR)")
 	fs.StringVar(&f.id, "id", "", "name of this process in River, leases and audit events (default host/pid)")
-	fs.BoolVar(&f.schedule, "schedule", true, "tick the daily settlement schedule (every process may; one tick wins per slot)")
+	fs.BoolVar(&f.schedule, "scheduler", true, "tick the daily settlement schedule (every process may: the tick is safe to run twice)")
 	fs.BoolVar(&f.migrate, "migrate", true, "bring the schema up before serving")
 	fs.IntVar(&f.settleWorkers, "settle-workers", 0, "settle runs worked at once by this process (default: --shards)")
 	fs.IntVar(&f.batchSize, "batch-size", settlement.DefaultBatchSize, "merchants per settle step")

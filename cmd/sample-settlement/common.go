@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -57,9 +58,19 @@ func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool,
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("database %s does not answer (%w); start PostgreSQL there or fix DATABASE_URL / --database-url", where, err)
+		return nil, fmt.Errorf("database %s does not answer (%w); start PostgreSQL there or fix DATABASE_URL / --database-url", where, shortNetError(err))
 	}
 	return pool, nil
+}
+
+// shortNetError keeps what matters of a connection failure ("connect: connection refused")
+// rather than the driver's full multi-line account; other errors are kept whole.
+func shortNetError(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op
+	}
+	return err
 }
 
 // planFlags are the flags that fix how dates become runs; every process of a deployment

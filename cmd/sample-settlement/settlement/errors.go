@@ -25,6 +25,11 @@ var ErrInvariant = errors.New("invariant violated")
 // person saw: somebody (the reconciler, another person) moved it first. Look again.
 var ErrStaleState = errors.New("operation is no longer in the state you saw")
 
+// ErrNotResolvable is returned by Resolve for a payout that is not waiting for a person:
+// PENDING, PROCESSING, RETRYABLE ones are still being delivered, SUCCEEDED and
+// FAILED_PERMANENT ones are final.
+var ErrNotResolvable = errors.New("payout is not waiting for a manual decision")
+
 // DateError is the error of ErrInvalidDate.
 type DateError struct {
 	Input string

@@ -2,8 +2,6 @@ package settlement_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"testing"
 	"time"
@@ -23,10 +21,7 @@ var testDate = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 // shard, small enough to settle in well under a second.
 var testSeed = settlement.SeedConfig{Date: testDate, Merchants: 600, Transactions: 6000, ClosedAccounts: 0.01, Seed: 7}
 
-func schemaTag(prefix string) string {
-	sum := sha256.Sum256([]byte(settlement.SchemaSQL))
-	return prefix + hex.EncodeToString(sum[:])[:10]
-}
+func schemaTag(prefix string) string { return prefix + settlement.SchemaID() }
 
 // schemaDB is a fresh database with Stepwise's and the sample's schema and no data.
 func schemaDB(t *testing.T) *pgxpool.Pool {

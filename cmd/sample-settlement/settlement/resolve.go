@@ -65,7 +65,7 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler,
 		from = cur.State
 		if from != outbox.StateManual && from != outbox.StateUnknownExternal {
 			return nil, fmt.Errorf("%w: payout %s (%s) is %s; only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand",
-				ErrStaleState, r.OperationID, cur.BusinessKey, cur.State)
+				ErrNotResolvable, r.OperationID, cur.BusinessKey, cur.State)
 		}
 	}
 	op, err := rec.Resolve(ctx, &reconcile.ResolveParams{

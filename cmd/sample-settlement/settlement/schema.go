@@ -2,7 +2,9 @@ package settlement
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -18,6 +20,14 @@ var schemaSQL string
 // schemaLockKey serializes ApplySchema across processes (three serve processes starting at
 // once); it differs from the migrations package's lock.
 const schemaLockKey = 0x5e771e5c4e3a
+
+// SchemaID identifies the business schema's text: it changes whenever the schema does.
+// Tests name their template databases after it, so a changed schema gets a new template
+// instead of a stale clone.
+func SchemaID() string {
+	sum := sha256.Sum256([]byte(schemaSQL))
+	return hex.EncodeToString(sum[:])[:10]
+}
 
 // Migrate brings River's and Stepwise's schema up (migrations.Migrate) and then applies the
 // sample's business tables. Safe to run again and from several processes at once.

@@ -2,6 +2,7 @@ package settlement_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -125,4 +126,9 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	require.True(t, rep.TotalsMatch(), "%+v", rep)
 	require.Zero(t, rep.DuplicatePayouts)
 	require.Equal(t, paid, rep.Settlements[settlement.StatusPaid])
+}
+
+func fmtMap(m map[string]int) string {
+	b, _ := json.Marshal(m)
+	return string(b)
 }

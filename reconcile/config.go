@@ -1,0 +1,260 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/stepwise-go/stepwise/outbox"
+)
+
+// Status is what the external system says about an operation_id.
+type Status string
+
+const (
+	// FoundSucceeded: the external system applied the operation. LookupResult carries its
+	// reference, amount and currency.
+	FoundSucceeded Status = "found_succeeded"
+	// FoundFailed: the external system holds the operation as definitely failed (declined).
+	FoundFailed Status = "found_failed"
+	// Pending: the external system has it and has not decided yet.
+	Pending Status = "pending"
+	// NotFound: the external system has no operation under this id, yet. A request still in
+	// flight may land later; the reconciler waits out the grace period before resending.
+	NotFound Status = "not_found"
+)
+
+// LookupResult is the answer of a Querier.
+type LookupResult struct {
+	Status Status
+	// ExternalRef is the external system's reference for a found operation.
+	ExternalRef string
+	// Amount (minor units) and Currency are what the external system holds for a
+	// FoundSucceeded operation. When the operation carries a currency, they must match the
+	// ledger's, or the operation goes to MANUAL with reason "mismatch".
+	Amount   int64
+	Currency string
+	// Reason is the external system's reason for FoundFailed (a decline reason).
+	Reason string
+}
+
+// Querier asks the external system of one kind what became of an operation, by its
+// operation_id (op.IdempotencyKey()). Return an error only when the question itself failed
+// (a timeout, a 5xx): the reconciler then asks again later. "No such operation" is NotFound,
+// not an error.
+type Querier interface {
+	Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error)
+}
+
+// QuerierFunc adapts a function to Querier.
+type QuerierFunc func(ctx context.Context, op *outbox.Operation) (LookupResult, error)
+
+// Lookup calls f.
+func (f QuerierFunc) Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error) {
+	return f(ctx, op)
+}
+
+// KindConfig configures the reconciliation of one kind of operation.
+type KindConfig struct {
+	// Querier looks operations up. Required.
+	Querier Querier
+
+	// BatchSize is how many due operations one pass claims at a time.
+	//
+	// Defaults to 100.
+	BatchSize int
+
+	// Concurrency is how many lookups run at once in one process.
+	//
+	// Defaults to 8.
+	Concurrency int
+
+	// RatePerSecond caps lookups per second in one process, so that reconciling a backlog
+	// after an outage does not hammer the external system that just came back.
+	//
+	// Defaults to 0: no limit.
+	RatePerSecond float64
+
+	// Timeout bounds each lookup. A lookup that times out counts as a lookup error: the
+	// operation is checked again later.
+	//
+	// Defaults to 10s.
+	Timeout time.Duration
+
+	// Grace is how long after an operation was last sent a NotFound is believed. Before
+	// that, the request may still be in flight (queued in a load balancer, retried by a
+	// proxy) and land after the lookup, so the reconciler waits instead of resending. It
+	// must exceed the outbox kind's send Timeout.
+	//
+	// Defaults to 5m.
+	Grace time.Duration
+
+	// GiveUpAfter is how long an operation may stay UNKNOWN_EXTERNAL before the reconciler
+	// stops asking and moves it to MANUAL, with the reason, for a person to decide. A
+	// definitive answer found on the last check is still applied.
+	//
+	// Defaults to 72h.
+	GiveUpAfter time.Duration
+
+	// MaxChecks is how many lookups an operation gets in one UNKNOWN_EXTERNAL episode before
+	// it moves to MANUAL, with the reason.
+	//
+	// Defaults to 100.
+	MaxChecks int
+
+	// CheckBackoff is the wait before the next lookup after the check-th one was pending or
+	// failed.
+	//
+	// Defaults to DefaultCheckBackoff: 5s doubling to 1h, with jitter.
+	CheckBackoff func(check int) time.Duration
+}
+
+// Config configures a Reconciler.
+type Config struct {
+	// Outbox is the ledger's Outbox. Its outcome callbacks run in the transaction of every
+	// transition the reconciler records, as they do for the dispatcher's. Required.
+	Outbox *outbox.Outbox
+
+	// Kinds configures each kind to reconcile. Required; each kind must also be configured in
+	// the Outbox (whose callback it needs).
+	Kinds map[string]*KindConfig
+
+	// Actor names the reconciler in audit events.
+	//
+	// Defaults to "reconcile".
+	Actor string
+
+	// Interval is how often River's leader runs a reconciliation pass (a periodic job).
+	//
+	// Defaults to 10s.
+	Interval time.Duration
+
+	// Slice is the longest one pass runs before it returns to River; the next pass goes on
+	// where it stopped.
+	//
+	// Defaults to 1m.
+	Slice time.Duration
+
+	// Logger receives what cannot be returned: a transition whose outcome callback failed.
+	//
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultCheckBackoff waits 5s, 10s, 20s, ... up to an hour before the next lookup, each with
+// ±25% jitter, so that a backlog of unknown operations spreads out instead of returning in
+// one wave.
+func DefaultCheckBackoff(check int) time.Duration {
+	d := 5 * time.Second
+	for i := 1; i < check && d < time.Hour; i++ {
+		d *= 2
+	}
+	d = min(d, time.Hour)
+	return time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
+}
+
+// WithDefaults returns a copy of the config with every unset field at its default.
+func (c *Config) WithDefaults() *Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Actor == "" {
+		out.Actor = "reconcile"
+	}
+	if out.Interval == 0 {
+		out.Interval = 10 * time.Second
+	}
+	if out.Slice == 0 {
+		out.Slice = time.Minute
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	kinds := make(map[string]*KindConfig, len(out.Kinds))
+	for name, kc := range out.Kinds {
+		if kc == nil {
+			kinds[name] = nil
+			continue
+		}
+		k := *kc
+		if k.BatchSize == 0 {
+			k.BatchSize = 100
+		}
+		if k.Concurrency == 0 {
+			k.Concurrency = 8
+		}
+		if k.Timeout == 0 {
+			k.Timeout = 10 * time.Second
+		}
+		if k.Grace == 0 {
+			k.Grace = 5 * time.Minute
+		}
+		if k.GiveUpAfter == 0 {
+			k.GiveUpAfter = 72 * time.Hour
+		}
+		if k.MaxChecks == 0 {
+			k.MaxChecks = 100
+		}
+		if k.CheckBackoff == nil {
+			k.CheckBackoff = DefaultCheckBackoff
+		}
+		kinds[name] = &k
+	}
+	out.Kinds = kinds
+	return &out
+}
+
+func (c *Config) validate() error {
+	if c.Outbox == nil {
+		return errors.New("reconcile: Config.Outbox is nil; pass the *outbox.Outbox whose operations it settles (its outcome callbacks must run on every transition)")
+	}
+	if len(c.Kinds) == 0 {
+		return errors.New("reconcile: Config.Kinds is empty; configure at least one kind with its Querier")
+	}
+	names := make([]string, 0, len(c.Kinds))
+	for name := range c.Kinds {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		k := c.Kinds[name]
+		if k == nil {
+			return fmt.Errorf("reconcile: Config.Kinds[%q] is nil; give it a KindConfig with a Querier", name)
+		}
+		if k.Querier == nil {
+			return fmt.Errorf("reconcile: Config.Kinds[%q].Querier is nil; every kind needs a Querier", name)
+		}
+		ok := c.Outbox.KindConfig(name)
+		if ok == nil {
+			return fmt.Errorf("reconcile: Config.Kinds[%q]: the Outbox has no such kind; configure it there too (its outcome callback must run on every transition)", name)
+		}
+		if k.Grace <= ok.Timeout {
+			return fmt.Errorf("reconcile: Config.Kinds[%q].Grace %s is not longer than the outbox's send Timeout %s; "+
+				"a request still in flight could land after a not-found lookup and the resend", name, k.Grace, ok.Timeout)
+		}
+		if k.BatchSize < 1 || k.BatchSize > 10000 {
+			return fmt.Errorf("reconcile: Config.Kinds[%q].BatchSize %d: want 1 to 10000", name, k.BatchSize)
+		}
+		if k.Concurrency < 1 || k.Concurrency > 10000 {
+			return fmt.Errorf("reconcile: Config.Kinds[%q].Concurrency %d: want 1 to 10000", name, k.Concurrency)
+		}
+		if k.RatePerSecond < 0 {
+			return fmt.Errorf("reconcile: Config.Kinds[%q].RatePerSecond %v is negative; use 0 for no limit", name, k.RatePerSecond)
+		}
+		if k.Timeout < 0 || k.GiveUpAfter < 0 || k.MaxChecks < 0 {
+			return fmt.Errorf("reconcile: Config.Kinds[%q]: Timeout, GiveUpAfter and MaxChecks must not be negative", name)
+		}
+	}
+	if c.Interval < time.Second {
+		return fmt.Errorf("reconcile: Config.Interval %s is below River's minimum period of 1s", c.Interval)
+	}
+	if c.Slice < time.Second {
+		return fmt.Errorf("reconcile: Config.Slice %s: want at least 1s", c.Slice)
+	}
+	return nil
+}

@@ -1,0 +1,196 @@
+package reconcile_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+)
+
+func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
+
+type payoutPayload struct {
+	Account string `json:"account"`
+}
+
+// bankSender pays at the fake bank, classifying its errors as its documentation allows.
+type bankSender struct{ c *fakebank.Client }
+
+func (s bankSender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+	var p payoutPayload
+	if err := json.Unmarshal(op.Payload, &p); err != nil {
+		return outbox.Receipt{}, outbox.Permanent(err)
+	}
+	pay, err := s.c.Pay(ctx, op.IdempotencyKey(), fakebank.PaymentRequest{
+		Account: p.Account, Amount: op.Amount, Currency: op.Currency, Reference: op.BusinessKey,
+	})
+	switch {
+	case err == nil:
+		return outbox.Receipt{ExternalRef: pay.ID}, nil
+	case fakebank.IsDeclined(err):
+		return outbox.Receipt{}, outbox.Permanent(err)
+	case fakebank.IsNotProcessed(err):
+		return outbox.Receipt{}, outbox.NotSent(err)
+	default:
+		return outbox.Receipt{}, err
+	}
+}
+
+// bankQuerier looks payments up at the fake bank by idempotency key.
+type bankQuerier struct{ c *fakebank.Client }
+
+func (q bankQuerier) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+	p, err := q.c.Lookup(ctx, op.IdempotencyKey())
+	switch {
+	case errors.Is(err, fakebank.ErrNotFound):
+		return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+	case err != nil:
+		return reconcile.LookupResult{}, err
+	case p.Status == fakebank.StatusFailed:
+		return reconcile.LookupResult{Status: reconcile.FoundFailed, ExternalRef: p.ID, Reason: p.DeclineReason}, nil
+	default:
+		return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency}, nil
+	}
+}
+
+// bankStatement reads the fake bank's statement.
+func bankStatement(c *fakebank.Client) reconcile.Statement {
+	return reconcile.StatementFunc(func(ctx context.Context, from, to time.Time) ([]reconcile.StatementEntry, error) {
+		pays, err := c.Statement(ctx, fakebank.StatementQuery{From: from, To: to})
+		if err != nil {
+			return nil, err
+		}
+		out := make([]reconcile.StatementEntry, len(pays))
+		for i, p := range pays {
+			out[i] = reconcile.StatementEntry{Key: p.IdempotencyKey, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency, At: p.CreatedAt}
+		}
+		return out, nil
+	})
+}
+
+// bundle is what a reconciliation test works with.
+type bundle struct {
+	pool   *pgxpool.Pool
+	bank   *fakebank.Bank
+	client *fakebank.Client
+	ob     *outbox.Outbox
+	rec    *reconcile.Reconciler
+}
+
+// setup builds a bank (no keep-alive: net/http would turn a dropped answer into a transparent
+// resend and success), an Outbox and a Reconciler for kind "payout" whose outcome callback logs
+// every transition in outcome_log, in the recording transaction: a callback that ran twice
+// shows as two rows. mod adjusts the configs before they are built.
+func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, *reconcile.KindConfig)) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE outcome_log (operation_id uuid NOT NULL, from_state text NOT NULL, to_state text NOT NULL, actor text NOT NULL)`)
+	require.NoError(t, err)
+
+	bank := fakebank.New(bankCfg)
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DisableKeepAlives = true
+	client := fakebank.NewClient(bank.URL(), &http.Client{Timeout: 10 * time.Second, Transport: tr})
+
+	okc := &outbox.KindConfig{
+		Sender:       bankSender{client},
+		Timeout:      time.Second,
+		RetryBackoff: func(int) time.Duration { return 0 },
+		OnOutcome: func(ctx context.Context, tx pgx.Tx, op *outbox.Operation, oc outbox.Outcome) error {
+			_, err := tx.Exec(ctx, `INSERT INTO outcome_log VALUES ($1, $2, $3, $4)`, op.ID, oc.From, oc.To, oc.Actor)
+			return err
+		},
+	}
+	rkc := &reconcile.KindConfig{
+		Querier:      bankQuerier{client},
+		Grace:        time.Hour, // tests move last_sent_at back instead of waiting
+		CheckBackoff: func(int) time.Duration { return time.Hour },
+	}
+	if mod != nil {
+		mod(okc, rkc)
+	}
+	discard := slog.New(slog.DiscardHandler)
+	ob, err := outbox.New(pool, &outbox.Config{ID: "test", Logger: discard, Kinds: map[string]*outbox.KindConfig{"payout": okc}})
+	require.NoError(t, err)
+	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{"payout": rkc}})
+	require.NoError(t, err)
+	return &bundle{pool: pool, bank: bank, client: client, ob: ob, rec: rec}
+}
+
+func payout(key, account string, amount int64) outbox.Operation {
+	p, _ := json.Marshal(payoutPayload{Account: account})
+	return outbox.Operation{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
+}
+
+func (b *bundle) enqueue(t testing.TB, ops ...outbox.Operation) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, ops...)
+		return err
+	}))
+}
+
+func (b *bundle) drain(t testing.TB) {
+	t.Helper()
+	_, err := b.ob.Drain(context.Background(), "payout")
+	require.NoError(t, err)
+}
+
+func (b *bundle) get(t testing.TB, key string) *outbox.Operation {
+	t.Helper()
+	op, err := outbox.Get(context.Background(), b.pool, outbox.OperationID("payout", key))
+	require.NoError(t, err)
+	return op
+}
+
+// callbacks returns the logged outcome callbacks of an operation, as "FROM>TO".
+func (b *bundle) callbacks(t testing.TB, id uuid.UUID) []string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT from_state || '>' || to_state FROM outcome_log WHERE operation_id = $1 ORDER BY ctid`, id)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
+}
+
+// sentLongAgo moves an operation's last send an hour back, past any grace period, and makes
+// it due for a check: what waiting would do, without the wait.
+func (b *bundle) sentLongAgo(t testing.TB, key string) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), `UPDATE stepwise_operation
+		SET last_sent_at = last_sent_at - interval '1 hour', next_check_at = now() WHERE operation_id = $1`,
+		outbox.OperationID("payout", key))
+	require.NoError(t, err)
+}
+
+func (b *bundle) counts(t testing.TB) map[outbox.State]int64 {
+	t.Helper()
+	cs, err := outbox.Counts(context.Background(), b.pool)
+	require.NoError(t, err)
+	out := map[outbox.State]int64{}
+	for _, c := range cs {
+		out[c.State] += c.Count
+	}
+	return out
+}
+
+func key(i int) string { return fmt.Sprintf("settle/m-%05d", i) }

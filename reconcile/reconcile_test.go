@@ -41,9 +41,11 @@ func TestEachLookupResult(t *testing.T) {
 		"found-failed": func() (reconcile.LookupResult, error) {
 			return reconcile.LookupResult{Status: reconcile.FoundFailed, Reason: "account closed"}, nil
 		},
-		"pending":      func() (reconcile.LookupResult, error) { return reconcile.LookupResult{Status: reconcile.Pending}, nil },
-		"lookup-error": func() (reconcile.LookupResult, error) { return reconcile.LookupResult{}, errors.New("503 from the lookup API") },
-		"not-found":    func() (reconcile.LookupResult, error) { return reconcile.LookupResult{Status: reconcile.NotFound}, nil },
+		"pending": func() (reconcile.LookupResult, error) { return reconcile.LookupResult{Status: reconcile.Pending}, nil },
+		"lookup-error": func() (reconcile.LookupResult, error) {
+			return reconcile.LookupResult{}, errors.New("503 from the lookup API")
+		},
+		"not-found": func() (reconcile.LookupResult, error) { return reconcile.LookupResult{Status: reconcile.NotFound}, nil },
 		"not-found-after-grace": func() (reconcile.LookupResult, error) {
 			return reconcile.LookupResult{Status: reconcile.NotFound}, nil
 		},

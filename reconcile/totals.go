@@ -114,14 +114,14 @@ func (t *Totals) String() string {
 		cs = append(cs, c)
 	}
 	sort.Strings(cs)
-	fmt.Fprintf(&b, "  %-8s %10s %16s %10s %16s\n", "currency", "count here", "sum here", "count there", "sum there")
+	fmt.Fprintf(&b, "  %-8s %11s %16s %11s %16s\n", "currency", "count here", "sum here", "count there", "sum there")
 	for _, c := range cs {
 		h, th := t.Here[c], t.There[c]
 		mark := ""
 		if h != th {
 			mark = "  ≠"
 		}
-		fmt.Fprintf(&b, "  %-8s %10d %16d %10d %16d%s\n", c, h.Count, h.Amount, th.Count, th.Amount, mark)
+		fmt.Fprintf(&b, "  %-8s %11d %16d %11d %16d%s\n", c, h.Count, h.Amount, th.Count, th.Amount, mark)
 	}
 	if t.Match() {
 		b.WriteString("  every effect matches\n")

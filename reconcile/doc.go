@@ -1,0 +1,80 @@
+/*
+Package reconcile settles the operations the outbox could not: every UNKNOWN_EXTERNAL
+operation is looked up at the external system by its operation_id until it is proven
+SUCCEEDED or FAILED_PERMANENT, sent again under the same id when the external system provably
+never got it, or handed to a person (MANUAL). It never sends a new operation.
+
+# Rules
+
+A pass takes the UNKNOWN_EXTERNAL operations whose next check is due, in batches (FOR UPDATE
+SKIP LOCKED), asks the kind's Querier about each (at most Concurrency at once, RatePerSecond
+per second, Timeout each), and records what each answer proves:
+
+	lookup                                      the operation
+	------------------------------------------  ---------------------------------------------
+	found, succeeded                            SUCCEEDED (external reference kept)
+	found, succeeded, other amount or currency  MANUAL, reason "mismatch: …"
+	found, failed                               FAILED_PERMANENT
+	pending, or the lookup failed               stays; next check after a backoff with jitter
+	not found, within Grace of the last send    stays until the grace ends: the request may
+	                                            still be in flight and land later
+	not found, after Grace                      RETRYABLE: resent by the outbox under the same
+	                                            id, so it cannot be applied twice
+	not definitive, past GiveUpAfter, MaxChecks MANUAL, reason "gave up: …"
+	or the outbox's MaxAttempts
+
+The rules are one pure function, table tested; the SQL only guards it. Each transition goes
+through outbox.Outbox.TransitionTx: the kind's outcome callback and an audit event in the same
+transaction as the state change.
+
+# Overlapping passes
+
+The pass is a River periodic job run by the leader every Config.Interval; it can also be run on
+demand (RunOnce) for one operation, one kind or everything, by a CLI say. Passes that overlap
+are safe. Claiming a batch counts the check (checks + 1) and pushes next_check_at past the
+lookups, in one short statement, so another pass skips those operations, and nothing stays
+locked while the external system is asked. A decision is recorded only under the check that
+made it (WHERE checks = $claimed): when a forced check overtakes a slow pass, the slower
+decision is dropped and no outcome callback runs twice.
+
+# By hand
+
+Resolve records a person's decision on a MANUAL or UNKNOWN_EXTERNAL operation — SUCCEEDED,
+FAILED_PERMANENT, or RETRYABLE to send it again under the same id — with the person's name and
+reason in the audit trail and the outcome callback in the same transaction. It is refused with
+ErrStateChanged if the operation left the state the person saw:
+
+	_, err := rec.Resolve(ctx, &reconcile.ResolveParams{
+		OperationID:   id,
+		Outcome:       outbox.StateSucceeded,
+		ExpectedState: outbox.StateManual,
+		Actor:         "alice",
+		Reason:        "TICKET-42: the bank confirms the payment",
+	})
+
+# Totals
+
+CompareTotals compares the ledger's SUCCEEDED operations of a kind over a period with the
+external system's Statement, effect by effect: count and sum per currency on each side, and
+every difference — only here, only there, amount differs — as a value to print (Totals.String)
+or assert on.
+
+# Wiring
+
+	rec, err := reconcile.New(pool, &reconcile.Config{
+		Outbox: ob, // its outcome callbacks run on every transition
+		Kinds: map[string]*reconcile.KindConfig{
+			"payout": {Querier: bankLookup, Grace: 10 * time.Minute, RatePerSecond: 50},
+		},
+	})
+	if err := rec.Install(riverConfig); err != nil { // worker, periodic pass, queue
+		return err
+	}
+
+# Metrics
+
+Reconciler.Metrics is a Prometheus collector: lookups by result, counted in the process, and,
+read from the ledger at scrape time, the unknown count, the age of the oldest unknown and the
+manual count per kind.
+*/
+package reconcile

@@ -116,7 +116,14 @@ func (r *Reconciler) run(ctx context.Context, opts *RunOpts, deadline time.Time)
 		kinds = []string{opts.Kind}
 	}
 	total := newPassResult()
-	start := time.Now()
+	// A forced pass checks each operation once: those it claimed carry a newer updated_at
+	// than its start. The start comes from the database's clock, which stamps updated_at; a
+	// worker clock running ahead would otherwise make the pass claim the same operations
+	// again and again, each time counting a check toward MaxChecks.
+	var start time.Time
+	if err := r.db.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&start); err != nil {
+		return total, fmt.Errorf("reading the database clock: %w", err)
+	}
 	for _, kind := range kinds {
 		ks := r.kinds[kind]
 		for {

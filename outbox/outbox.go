@@ -270,9 +270,14 @@ func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
 			if err != nil {
 				return err
 			}
-			if res.UniqueSkippedAsDuplicate && res.Job.State == rivertype.JobStateRunning && !d.alive {
-				args := DispatchArgs{OperationKind: d.kind, Takeover: res.Job.ID}
-				if _, err := client.InsertTx(ctx, tx, args, nil); err != nil {
+			// A takeover is named after the dead job it replaces. If that takeover was
+			// killed too, its own "running" job swallows the same insert: follow the chain
+			// and name the next takeover after the newest dead job, or the kind would stay
+			// without a dispatcher until River's one-hour rescue (seen in the chaos suite:
+			// 27,709 payouts left PENDING after a takeover dispatcher was killed).
+			for hop := 0; hop < 100 && res.UniqueSkippedAsDuplicate && res.Job.State == rivertype.JobStateRunning && !d.alive; hop++ {
+				res, err = client.InsertTx(ctx, tx, DispatchArgs{OperationKind: d.kind, Takeover: res.Job.ID}, nil)
+				if err != nil {
 					return err
 				}
 			}

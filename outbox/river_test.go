@@ -165,3 +165,35 @@ func TestRiverTakeoverOfADeadDispatcher(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND (args->>'takeover')::bigint = $1`, dead.Job.ID).Scan(&takeovers))
 	require.Equal(t, 1, takeovers)
 }
+
+// TestRiverTakeoverOfADeadTakeover: the takeover dispatcher can be killed too. Its own
+// "running" job then swallows the takeover named after the first corpse; the poll must follow
+// the chain and name a new takeover after the newest dead job, or the kind stays without a
+// dispatcher for River's rescue hour (seen in the chaos suite).
+func TestRiverTakeoverOfADeadTakeover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	ob := newOutbox(t, pool, &scriptSender{}, nil)
+
+	insertOnly, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	dead, err := insertOnly.Insert(ctx, outbox.DispatchArgs{OperationKind: "payout"}, nil)
+	require.NoError(t, err)
+	deadTakeover, err := insertOnly.Insert(ctx, outbox.DispatchArgs{OperationKind: "payout", Takeover: dead.Job.ID}, nil)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 minute' WHERE id = ANY($1)`,
+		[]int64{dead.Job.ID, deadTakeover.Job.ID})
+	require.NoError(t, err)
+
+	rc := startClient(t, pool, ob, river.NewWorkers())
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err = outbox.Enqueue(outbox.ContextWithClient(ctx, rc), tx, outbox.Operation{Kind: "payout", BusinessKey: "ok"})
+		return err
+	}))
+	waitForState(t, pool, outbox.StateSucceeded, 1, 15*time.Second)
+
+	var second int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND (args->>'takeover')::bigint = $1`, deadTakeover.Job.ID).Scan(&second))
+	require.Equal(t, 1, second, "a takeover named after the dead takeover")
+}

@@ -113,7 +113,11 @@ func printInvariants(w io.Writer, res *settlement.Result) {
 		if !c.OK {
 			mark = "FAIL"
 		}
-		fmt.Fprintf(w, "  %s %d. %s\n", mark, c.Invariant, c.Name)
+		num := fmt.Sprint(c.Invariant)
+		if c.Invariant == 0 {
+			num = "1-5"
+		}
+		fmt.Fprintf(w, "  %s %s. %s\n", mark, num, c.Name)
 		for _, line := range strings.Split(c.Evidence, "\n") {
 			fmt.Fprintf(w, "         %s\n", line)
 		}

@@ -1,21 +1,59 @@
 /*
 Package settlement is the business domain of the sample settlement service: merchants, card
 transactions, daily settlement per (merchant, settle date, type, currency), double-entry
-ledger entries, and a payout per settlement through Stepwise's operation ledger.
+ledger entries, and a payout to the bank per settlement through Stepwise's operation ledger.
+It is what the sample-settlement command runs, and what its tests, chaos suite and benchmark
+build on.
 
-# Settling
+# Settling a date
 
-A date is settled by N runs, one per shard; a merchant's shard is workflow.ShardOf(code, N),
-which the SQL function merchant_shard computes from the stored hash. Each step of a run is one
-SettleBatch: one statement settles the next batch of merchants after the cursor (sums,
-settlements, ledger entries), and one outbox.Enqueue writes their payouts, in the step's
-transaction:
+A date is settled by N runs, one per shard (Plan). A merchant's shard is
+workflow.ShardOf(code, N), computed in SQL by merchant_shard from a stored hash. Each step of a
+run is one SettleBatch: one statement settles the next batch of merchants after the cursor —
+sums per (merchant, type, currency), a settlement per group (unique business key, ON CONFLICT
+DO NOTHING) and its two ledger entries — and one outbox.Enqueue writes the payouts, all in the
+step's transaction, committed with the cursor (the last merchant id) or not at all:
 
 	res, err := settlement.SettleBatch(ctx, tx, settlement.Batch{
 		Date: date, Shard: 3, Shards: 8, AfterMerchant: cursor, Size: 500, RunKey: runKey,
 	})
-	// commit tx; the next batch starts after res.LastMerchant; res.Done ends the shard.
+	// commit; the next batch starts after res.LastMerchant; res.Done ends the shard.
 
-The settlement's business key is unique, so a replayed step creates nothing twice.
+A step replayed after a crash finds its settlements there and creates nothing twice.
+
+# Dates, slots and run keys
+
+The daily schedule settles the previous day at a fixed local time (Plan.Spec, Plan.Zone).
+Plan maps a date to that slot and to the run keys "settle/<slot>/<shard>"; a date settled by
+hand (Plan.Start, "settle --date") uses the same keys and input, so the schedule and a person
+can never start two sets of runs for one date.
+
+# Payouts and their outcomes
+
+BankSender pays each payout under its operation id and classifies the bank's answer only as
+far as it proves something (declined: FAILED_PERMANENT; refused before processing:
+RETRYABLE; anything else: UNKNOWN_EXTERNAL). BankQuerier answers the reconciler. The outcome
+callback OnPayoutOutcomes moves settlements in the transaction that moves their payouts:
+
+	payout (ledger)       settlement
+	PENDING, RETRYABLE    PENDING
+	UNKNOWN_EXTERNAL      PAYOUT_SENT     sent, outcome not proven yet
+	SUCCEEDED             PAID
+	FAILED_PERMANENT      PAYOUT_FAILED   plus the reversing ledger entries
+	MANUAL                NEEDS_REVIEW    a person decides (Resolve)
+
+# Evidence
+
+BuildReport shows a date by evidence: batch status derived from runs and their operations,
+payouts per state, the oldest unknown, and the totals per currency from transactions through
+settlements and paid payouts to the bank's statement, payout by payout. CheckInvariants checks
+DESIGN.md's invariants 1 to 6 for a date against the database and the bank, each with its
+evidence.
+
+# Wiring
+
+Service is one worker process: a River client with the settle worker, the payout outbox, the
+reconciler, Stepwise's maintenance and optionally the daily schedule, wired in the open in
+NewService, the way a user adds Stepwise to their own River client.
 */
 package settlement

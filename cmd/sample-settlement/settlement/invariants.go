@@ -13,9 +13,11 @@ import (
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
 // Check is one invariant of DESIGN.md, checked for one date, with the evidence either way.
+// Invariant 0 is the summary of Stepwise's own checkers over the whole database.
 type Check struct {
 	Invariant int    `json:"invariant"`
 	Name      string `json:"name"`
@@ -236,6 +238,20 @@ func CheckInvariants(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Cli
 	// 6. Money balances.
 	if err := checkMoney(ctx, pool, bank, plan, date, add); err != nil {
 		return nil, err
+	}
+
+	// Stepwise's own checkers over the whole database (every date, every run), the ones
+	// that hold at every instant, so a violation elsewhere is not hidden by a date's view.
+	vs, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{})
+	if err != nil {
+		return nil, err
+	}
+	if len(vs) == 0 {
+		add(0, "Stepwise's checkers, whole database (workflowtest.CheckInvariants)", true,
+			"no violation of invariants 1, 2 and 5 in any run, operation or slot")
+	}
+	for _, v := range vs {
+		add(v.Invariant, v.Name+" (whole database)", false, "%s", v.Evidence)
 	}
 	return res, nil
 }

@@ -118,7 +118,7 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	res, err := settlement.CheckInvariants(ctx, pool, client, svc.Plan, testDate)
 	require.NoError(t, err)
 	require.NoError(t, res.Err(), "%+v", res.Checks)
-	require.Len(t, res.Checks, 7)
+	require.Len(t, res.Checks, 8)
 
 	rep, err := settlement.BuildReport(ctx, pool, client, svc.Plan, testDate)
 	require.NoError(t, err)

@@ -6,23 +6,19 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
-	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/stepwise-go/stepwise/internal/pgserver"
-	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
 func Example() {
 	ctx := context.Background()
-	pool, cleanup := exampleDB(ctx) // a migrated database (migrations.Migrate)
+	pool, cleanup := testkit.ExampleDB(ctx) // a fresh database, migrated with migrations.Migrate
 	defer cleanup()
 	if _, err := pool.Exec(ctx, `CREATE TABLE settlement (merchant text PRIMARY KEY, amount bigint, status text)`); err != nil {
 		log.Fatal(err)
@@ -107,39 +103,3 @@ func Example() {
 	// m-1 PAID SUCCEEDED pay-m-1
 	// m-2 PAID SUCCEEDED pay-m-2
 }
-
-// exampleDB creates a migrated database for the example and drops it afterwards.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	name := fmt.Sprintf("stepwise_example_outbox_%d_%d", os.Getpid(), exampleSeq.Add(1))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		log.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := migrations.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-		_ = srv.Close()
-	}
-}
-
-var exampleSeq atomic.Int64

@@ -6,16 +6,13 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
-	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise/internal/pgserver"
-	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 )
@@ -63,7 +60,7 @@ func (b *memoryBank) Entries(ctx context.Context, from, to time.Time) ([]reconci
 
 func Example() {
 	ctx := context.Background()
-	pool, cleanup := exampleDB(ctx) // a migrated database (migrations.Migrate)
+	pool, cleanup := testkit.ExampleDB(ctx) // a fresh database, migrated with migrations.Migrate
 	defer cleanup()
 	bank := &memoryBank{payments: map[string]reconcile.StatementEntry{}}
 	quiet := slog.New(slog.DiscardHandler)
@@ -125,39 +122,3 @@ func printStates(ctx context.Context, pool *pgxpool.Pool) {
 		fmt.Println(key, op.State)
 	}
 }
-
-// exampleDB creates a migrated database for the example and drops it afterwards.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	name := fmt.Sprintf("stepwise_example_reconcile_%d_%d", os.Getpid(), exampleSeq.Add(1))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		log.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(srv.URL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := migrations.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-		_ = srv.Close()
-	}
-}
-
-var exampleSeq atomic.Int64

@@ -47,8 +47,8 @@ type Config struct {
 	// Shards is how many runs settle the date. Defaults to 8.
 	Shards int
 
-	// BatchSize is merchants per settle step. Defaults to 25: small steps make long runs,
-	// so kills land mid-run and takeovers are exercised.
+	// BatchSize is merchants per settle step. Defaults to 2: small steps make long runs
+	// (1,250 steps a shard), so kills land mid-run and takeovers are exercised.
 	BatchSize int
 
 	// Workers is how many worker processes run at once. Defaults to 4.
@@ -85,7 +85,7 @@ func (c *Config) withDefaults() *Config {
 		out.Shards = 8
 	}
 	if out.BatchSize == 0 {
-		out.BatchSize = 25
+		out.BatchSize = 2
 	}
 	if out.Workers == 0 {
 		out.Workers = 4
@@ -323,8 +323,13 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 		BatchSize:     batch,
 		PayoutTimeout: time.Second,
 		PayoutLease:   2 * lease,
-		Workflow:      &workflow.Config{Lease: lease, Logger: logger},
-		Logger:        logger,
+		// Short reconciliation so the suite comes to rest in seconds, not in the
+		// production back-off's minutes; the grace still exceeds the payout timeout.
+		ReconcileInterval: time.Second,
+		ReconcileGrace:    3 * time.Second,
+		ReconcileBackoff:  func(int) time.Duration { return time.Second },
+		Workflow:          &workflow.Config{Lease: lease, Logger: logger},
+		Logger:            logger,
 	})
 	if err != nil {
 		return err

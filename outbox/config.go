@@ -24,6 +24,9 @@ import (
 //   - NotSent(err): it definitely did not act on it (never reached, or said so);
 //   - anything else: it may have happened. The operation becomes UNKNOWN_EXTERNAL and the
 //     reconciler asks the external system. This is the default on purpose.
+//
+// The error's text is kept in the ledger (last_error, its first KiB) and may be logged; the
+// payload never is. Keep secrets out of error messages.
 type Sender interface {
 	Send(ctx context.Context, op *Operation) (Receipt, error)
 }

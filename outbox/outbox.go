@@ -182,13 +182,21 @@ type dispatchWorker struct {
 	o *Outbox
 }
 
-// Timeout covers one slice plus the longest batch that may be in flight when it ends. A
-// dispatcher never runs longer: it snoozes itself at the end of its slice.
+// Timeout covers one slice plus the longest the operations in flight when it ends may take
+// (the kind's hold limit). A dispatcher never runs longer: it stops claiming at the end of its
+// slice, finishes what it holds and snoozes itself.
 func (w *dispatchWorker) Timeout(job *river.Job[DispatchArgs]) time.Duration {
 	if ks, ok := w.o.kinds[job.Args.OperationKind]; ok {
-		return w.o.config.Slice + ks.cfg.Lease + time.Minute
+		return w.o.config.Slice + ks.cfg.holdLimit() + time.Minute
 	}
 	return 0
+}
+
+// NextRetry keeps a failing dispatcher (the database was unreachable, say) coming back within
+// seconds rather than River's default hours-long backoff: while it waits as "retryable" its
+// uniqueness swallows every wake of the kind, and delivery would wait with it.
+func (w *dispatchWorker) NextRetry(job *river.Job[DispatchArgs]) time.Time {
+	return time.Now().Add(min(time.Duration(job.Attempt)*time.Second, 30*time.Second))
 }
 
 func (w *dispatchWorker) Work(ctx context.Context, job *river.Job[DispatchArgs]) error {

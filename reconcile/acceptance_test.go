@@ -212,3 +212,30 @@ func TestDrillKillAfterSendThenReconcile(t *testing.T) {
 	require.Equal(t, 1, bank.Effects(id.String()))
 	require.Equal(t, []string{"PROCESSING>UNKNOWN_EXTERNAL", "UNKNOWN_EXTERNAL>SUCCEEDED"}, b.callbacks(t, id))
 }
+
+// TestRiverResendAfterGraceWakesTheDispatcher: through River, a not-found after the grace
+// period goes back to RETRYABLE and the reconciler's transaction wakes the dispatcher (the
+// outbox's poll is off here), which resends under the same id.
+func TestRiverResendAfterGraceWakesTheDispatcher(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	op := payout("settle/m-1", "acct", 300)
+	b.unknown(t, op)
+	b.sentLongAgo(t, op.BusinessKey)
+
+	quiet := slog.New(slog.DiscardHandler)
+	var err error
+	b.ob, err = outbox.New(b.pool, &outbox.Config{ID: "river", Logger: quiet, PollInterval: time.Hour,
+		Kinds: map[string]*outbox.KindConfig{"payout": {Sender: bankSender{b.client}, Timeout: time.Second}}})
+	require.NoError(t, err)
+	b.rec, err = reconcile.New(b.pool, &reconcile.Config{Outbox: b.ob, Logger: quiet, Interval: time.Second,
+		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{b.client}, Grace: time.Hour}}})
+	require.NoError(t, err)
+	b.startClient(t)
+	b.waitQuiet(t, 30*time.Second)
+
+	got := b.get(t, op.BusinessKey)
+	require.Equal(t, outbox.StateSucceeded, got.State)
+	require.Equal(t, 2, got.Attempts)
+	require.Equal(t, 1, b.bank.Effects(got.ID.String()))
+}

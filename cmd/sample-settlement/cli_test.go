@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -145,4 +146,16 @@ func TestResolveFromStaleState(t *testing.T) {
 	require.Equal(t, settlement.StatusPaid, status)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE subject = $1`, "op:"+id.String()).Scan(&after))
 	require.Equal(t, events, after, "a refused resolution writes no audit event")
+}
+
+// The demo end to end at a small size, on a database the test names (so it drops nothing):
+// it must finish with every invariant holding and exit 0.
+func TestDemoSmall(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "demo", "--database-url", testkit.DBURL(t), "--merchants", "300", "--transactions", "3000", "--workers", "2")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "database: the one DATABASE_URL names (used as is; the demo drops nothing)")
+	require.Contains(t, r.stdout, "workers: 2 River clients")
+	require.Contains(t, r.stdout, "all invariants hold")
+	require.Contains(t, r.stdout, "demo finished in")
 }

@@ -187,6 +187,9 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 		bar.update(p)
 	})
 	bar.finish()
+	if waitErr != nil && ctx.Err() != nil {
+		return fmt.Errorf("interrupted while settling %s (runs %s, payouts %s); stopping the workers", f.seed.date, counts(p.Runs), counts(p.Operations))
+	}
 	if waitErr != nil {
 		return fmt.Errorf("%s did not come to rest within --timeout %s (runs %s, payouts %s): %w", f.seed.date, f.timeout, counts(p.Runs), counts(p.Operations), waitErr)
 	}

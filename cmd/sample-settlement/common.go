@@ -158,6 +158,3 @@ func newLogger(stderr interface{ Write([]byte) (int, error) }, verbose bool) *sl
 	}
 	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 }
-
-// isUsage reports whether err is a command-line mistake.
-func isUsage(err error) bool { return errors.Is(err, errUsage) }

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The operator's HTTP surface is read-only without credentials; changes to River's jobs need
+// RIVERUI_USER / RIVERUI_PASSWORD, and are refused outright when those are not configured.
+func TestRiverUIWritesNeedCredentials(t *testing.T) {
+	t.Parallel()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	tests := []struct {
+		name             string
+		user, password   string // configured
+		method           string
+		sendUser, sendPw string // sent; empty: no Authorization header
+		want             int
+	}{
+		{name: "read without credentials", user: "ops", password: "pw", method: http.MethodGet, want: http.StatusOK},
+		{name: "read, none configured", method: http.MethodGet, want: http.StatusOK},
+		{name: "write, none configured", method: http.MethodPost, sendUser: "ops", sendPw: "pw", want: http.StatusForbidden},
+		{name: "write without credentials", user: "ops", password: "pw", method: http.MethodPost, want: http.StatusUnauthorized},
+		{name: "write, wrong password", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "nope", want: http.StatusUnauthorized},
+		{name: "write, wrong user", user: "ops", password: "pw", method: http.MethodDelete, sendUser: "eve", sendPw: "pw", want: http.StatusUnauthorized},
+		{name: "write with credentials", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "pw", want: http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := readOnlyUnlessAuthorized(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				requireAuthForWrites(ok, tt.user, tt.password).ServeHTTP(w, r)
+			}))
+			req := httptest.NewRequest(tt.method, "/riverui/api/jobs/cancel", nil)
+			if tt.sendUser != "" {
+				req.SetBasicAuth(tt.sendUser, tt.sendPw)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			require.Equal(t, tt.want, rec.Code)
+		})
+	}
+
+	// Outside /riverui/ nothing but reads is served, credentials or not.
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/metrics", nil)
+	req.SetBasicAuth("ops", "pw")
+	readOnlyUnlessAuthorized(ok).ServeHTTP(rec, req)
+	require.Equal(t, http.StatusMethodNotAllowed, rec.Code)
+}

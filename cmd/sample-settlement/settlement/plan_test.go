@@ -43,9 +43,9 @@ func TestPlanSlots(t *testing.T) {
 func TestPlanRejects(t *testing.T) {
 	t.Parallel()
 	for _, p := range []settlement.Plan{
-		{Spec: "0 1,13 * * *"},      // two slots a day would settle a date twice
-		{Spec: "0 * * * *"},         // hourly
-		{Spec: "0 1 * * 1"},         // weekly: most dates never settled
+		{Spec: "0 1,13 * * *"}, // two slots a day would settle a date twice
+		{Spec: "0 * * * *"},    // hourly
+		{Spec: "0 1 * * 1"},    // weekly: most dates never settled
 		{Spec: "0 1 * * *", Zone: "Mars/Olympus"},
 		{Spec: "61 1 * * *"},
 		{Shards: -1},

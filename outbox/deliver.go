@@ -363,7 +363,7 @@ func (o *Outbox) sendIfRunning(ctx context.Context, ks *kindState, op *Operation
 	if ctx.Err() != nil {
 		return sendResult{}
 	}
-	if err := ks.limiter.wait(ctx); err != nil {
+	if err := ks.limiter.Wait(ctx); err != nil {
 		return sendResult{}
 	}
 	return o.sendOne(ctx, ks, op)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
@@ -58,7 +60,7 @@ type Outbox struct {
 type kindState struct {
 	name    string
 	cfg     *KindConfig
-	limiter *limiter
+	limiter *rate.Limiter
 
 	mu         sync.Mutex
 	lastExpiry time.Time
@@ -297,4 +299,14 @@ func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
 		woken = append(woken, d.kind)
 	}
 	return woken, nil
+}
+
+// newLimiter spaces calls evenly at perSecond a second, with no burst: an external system's
+// rate limit usually counts per second or finer, and a burst after an idle minute is exactly
+// what trips it. 0 means no limit.
+func newLimiter(perSecond float64) *rate.Limiter {
+	if perSecond <= 0 {
+		return rate.NewLimiter(rate.Inf, 1)
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), 1)
 }

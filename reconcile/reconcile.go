@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -33,7 +35,7 @@ type Reconciler struct {
 type kindState struct {
 	name        string
 	cfg         *KindConfig
-	limiter     *limiter
+	limiter     *rate.Limiter
 	maxAttempts int // the outbox's, for "not found after N attempts"
 }
 
@@ -225,7 +227,7 @@ func (r *Reconciler) lookupAll(ctx context.Context, ks *kindState, ops []*outbox
 		go func() {
 			defer wg.Done()
 			var res LookupResult
-			err := ks.limiter.wait(ctx)
+			err := ks.limiter.Wait(ctx)
 			if err == nil {
 				select {
 				case sem <- struct{}{}:
@@ -440,4 +442,14 @@ func (r *Reconciler) Install(rc *river.Config) error {
 		}
 	}
 	return nil
+}
+
+// newLimiter spaces calls evenly at perSecond a second, with no burst: an external system's
+// rate limit usually counts per second or finer, and a burst after an idle minute is exactly
+// what trips it. 0 means no limit.
+func newLimiter(perSecond float64) *rate.Limiter {
+	if perSecond <= 0 {
+		return rate.NewLimiter(rate.Inf, 1)
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), 1)
 }

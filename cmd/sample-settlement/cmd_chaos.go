@@ -119,6 +119,18 @@ Flags:
 }
 
 func runChaosWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("chaos-worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, `Usage: sample-settlement chaos-worker
+
+One worker process of "sample-settlement chaos", which starts it; not meant to be run by
+hand. It reads DATABASE_URL, BANK_URL, CHAOS_LEASE, CHAOS_SHARDS and CHAOS_BATCH from the
+environment and runs the settlement service until SIGTERM.`)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	env := map[string]string{}
 	for _, kv := range os.Environ() {
 		if k, v, ok := strings.Cut(kv, "="); ok {

@@ -70,11 +70,11 @@ func testTakeoverByLeader(t *testing.T, everywhere bool) {
 	sort.Slice(plain, func(i, j int) bool { return plain[i] < plain[j] })
 	t.Logf("takeover after kill -9, lease %s, maintenance every 1s (in every process: %v): non-leader killed %v; leader killed %v", lease, everywhere, plain, leaderKilled)
 	for _, d := range plain {
-		require.Less(t, d, lease+3*time.Second)
+		require.Less(t, d, lease+6*time.Second, "far slower than lease + maintenance interval (slack for a loaded CI machine)")
 	}
 	if everywhere {
 		for _, d := range leaderKilled {
-			require.Less(t, d, lease+3*time.Second, "with RunMaintenance everywhere, a dead leader must not delay takeover")
+			require.Less(t, d, lease+6*time.Second, "with RunMaintenance everywhere, a dead leader must not cost River's leader failover (~17s here)")
 		}
 	}
 }

@@ -1,0 +1,167 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+)
+
+// startBank starts a zero-latency fake bank on a free loopback port, and a keep-alive client
+// for it sized for the outbox's concurrency, as the sample's own bank client is.
+func startBank() (*fakebank.Bank, *fakebank.Client, func(), error) {
+	bank := fakebank.New(&fakebank.Config{})
+	if err := bank.Start(); err != nil {
+		return nil, nil, nil, fmt.Errorf("starting the fake bank: %w", err)
+	}
+	client, closeIdle := bankClient(bank.URL())
+	return bank, client, func() { closeIdle(); _ = bank.Close() }, nil
+}
+
+func bankClient(url string) (*fakebank.Client, func()) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 256
+	return fakebank.NewClient(url, &http.Client{Timeout: 5 * time.Second, Transport: tr}), tr.CloseIdleConnections
+}
+
+// sectionDB clones a database for a section and opens a pool on it.
+func (r *runner) sectionDB(ctx context.Context, section string) (*pgxpool.Pool, string, error) {
+	dbURL, err := r.clone(ctx, section)
+	if err != nil {
+		return nil, "", err
+	}
+	pool, err := newPool(ctx, dbURL, r.opts.poolConns)
+	return pool, dbURL, err
+}
+
+// pendingPayouts settles n merchants of a fresh date through the floor's loop, leaving n
+// PENDING payouts in the operation ledger.
+func pendingPayouts(ctx context.Context, pool *pgxpool.Pool, dates *dateSeq, n int) (time.Time, error) {
+	date := dates.take()
+	if err := seedDate(ctx, pool, date, n); err != nil {
+		return date, err
+	}
+	m, err := floorRun(ctx, pool, date, 1000, n)
+	if err != nil {
+		return date, err
+	}
+	if m.items != n {
+		return date, fmt.Errorf("settled %d merchants of %s, want %d", m.items, date.Format(time.DateOnly), n)
+	}
+	return date, nil
+}
+
+// sampleService is the sample's Service on pool, not started: its Outbox and Reconciler are
+// the sample's delivery and reconciliation wiring (BankSender, OnPayoutOutcomes, BankQuerier,
+// the sample's concurrency and timeouts), driven here on demand.
+func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*settlement.Service, error) {
+	return settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Logger: quietLogger(), ID: "bench"})
+}
+
+func (r *runner) deliverySection(ctx context.Context) error {
+	pool, _, err := r.sectionDB(ctx, "delivery")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	bank, client, stop, err := startBank()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	svc, err := sampleService(pool, client)
+	if err != nil {
+		return err
+	}
+	kc := svc.Outbox.KindConfig(settlement.PayoutKind)
+	dates := newDateSeq()
+	n := r.opts.deliveryOps
+	var rates []float64
+	for range 2 {
+		if _, err := pendingPayouts(ctx, pool, dates, n); err != nil {
+			return err
+		}
+		start := time.Now()
+		got, err := svc.Outbox.Drain(ctx, settlement.PayoutKind)
+		elapsed := time.Since(start)
+		if err != nil {
+			return fmt.Errorf("draining payouts: %w", err)
+		}
+		if got != n {
+			return fmt.Errorf("delivered %d payouts, want %d", got, n)
+		}
+		rates = append(rates, float64(n)/elapsed.Seconds())
+	}
+	var succeeded, paid int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM stepwise_operation WHERE state = 'SUCCEEDED'),
+		(SELECT count(*) FROM settlement WHERE status = 'PAID')`).Scan(&succeeded, &paid); err != nil {
+		return fmt.Errorf("counting delivered payouts: %w", err)
+	}
+	if st := bank.Stats(); succeeded != 2*n || paid != 2*n || st.Applied != 2*n {
+		return fmt.Errorf("after delivery: %d payouts SUCCEEDED, %d settlements PAID, %d applied by the bank; want %d each", succeeded, paid, st.Applied, 2*n)
+	}
+	r.printf("\n== delivery: payouts claimed, sent to the zero-latency fake bank over HTTP and recorded (outcome callback and audit included) ==\n")
+	r.check(max(rates[0], rates[1]) >= 5000, "delivery >= 5,000 ops/s: %s", fmtRate(max(rates[0], rates[1])))
+	r.printf("%s ops/s (best of 2 drains of %d payouts; %s and %s): batch %d, concurrency %d, the sample's BankSender and OnPayoutOutcomes\n",
+		fmtRate(max(rates[0], rates[1])), n, fmtRate(rates[0]), fmtRate(rates[1]), kc.BatchSize, kc.Concurrency)
+	return nil
+}
+
+func (r *runner) reconcileSection(ctx context.Context) error {
+	pool, _, err := r.sectionDB(ctx, "reconcile")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	bank, client, stop, err := startBank()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	svc, err := sampleService(pool, client)
+	if err != nil {
+		return err
+	}
+	n := r.opts.reconcileOps
+	if _, err := pendingPayouts(ctx, pool, newDateSeq(), n); err != nil {
+		return err
+	}
+	// Every payment is applied and its answer lost (a 5xx after applying): each payout ends
+	// UNKNOWN_EXTERNAL, and the bank holds the effect the reconciler must find.
+	if err := bank.SetFaults(fakebank.Mix{Error5xxAfterApply: 1}); err != nil {
+		return err
+	}
+	if _, err := svc.Outbox.Drain(ctx, settlement.PayoutKind); err != nil {
+		return fmt.Errorf("sending payouts into the 5xx: %w", err)
+	}
+	if err := bank.SetFaults(fakebank.Mix{}); err != nil {
+		return err
+	}
+	var unknown int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation WHERE state = 'UNKNOWN_EXTERNAL'`).Scan(&unknown); err != nil {
+		return err
+	}
+	if unknown != n {
+		return fmt.Errorf("%d payouts UNKNOWN_EXTERNAL after the 5xx drain, want %d", unknown, n)
+	}
+	start := time.Now()
+	res, err := svc.Reconciler.RunOnce(ctx, &reconcile.RunOpts{Kind: settlement.PayoutKind, Force: true})
+	elapsed := time.Since(start)
+	if err != nil {
+		return fmt.Errorf("reconciling: %w", err)
+	}
+	if res.Checked != n || res.Moved[outbox.StateSucceeded] != n {
+		return fmt.Errorf("reconcile pass checked %d and moved %d to SUCCEEDED, want %d each (lookups %v)", res.Checked, res.Moved[outbox.StateSucceeded], n, res.Lookups)
+	}
+	r.printf("\n== reconcile: UNKNOWN_EXTERNAL payouts looked up at the bank by operation id and recorded SUCCEEDED (settlement PAID in the same tx) ==\n")
+	r.printf("%s lookups/s (%d payouts in one forced pass, %s), the sample's BankQuerier and reconcile defaults\n",
+		fmtRate(float64(n)/elapsed.Seconds()), n, fmtDur(elapsed))
+	return nil
+}

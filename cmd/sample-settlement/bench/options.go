@@ -1,0 +1,249 @@
+package bench
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Sections are the parts of the bench, in the order they run. --only picks some of them.
+var Sections = []string{"floor", "stepwise", "river", "delivery", "reconcile", "takeover", "scale", "size"}
+
+// options are the bench's flags after defaults (and --quick) were applied.
+type options struct {
+	merchants           int
+	batches             []int
+	maxItemsB1          int
+	riverItems          int
+	riverWorkers        int
+	rounds              int
+	only                map[string]bool
+	sizes               []int
+	sizeBatch           int
+	quick               bool
+	databaseURL         string
+	keep                bool
+	kills               int
+	lease               time.Duration
+	deliveryOps         int
+	reconcileOps        int
+	scaleProcs          []int
+	scaleShards         int
+	scaleItems          int
+	cpuProfile          string
+	trace               bool
+	check               bool
+	verbose             bool
+	setFlags            map[string]bool
+	poolConns           int32
+	takeoverProcs       int
+	takeoverMaintenance string
+}
+
+const usageText = `Usage: sample-settlement bench [flags]
+
+Measures Stepwise against the plain-pgx floor, in one process, on a fresh database of its
+own (created on the server pgserver finds: $TEST_DATABASE_URL, $DATABASE_URL, 127.0.0.1:5432,
+or a throwaway cluster; dropped at the end).
+
+The settle step is settlement.SettleBatch, the sample's own code: per merchant one sum over
+its card transactions, one settlement row, two ledger rows and one payout in the operation
+ledger. It runs three ways on identical data:
+
+  floor (a)     plain pgx: BEGIN; SettleBatch; fenced cursor UPDATE; COMMIT, in a loop.
+  stepwise (b)  settlement.SettleWorker as a Stepwise workflow in a River client: claim,
+                fenced steps, cursor, run status, dispatcher wake, River job completion.
+  river (c)     one River job per merchant (SettleBatch of 1 + JobCompleteTx): what a River
+                user writes without Stepwise. Shown at River's default fetch settings and
+                with a 5ms FetchCooldown.
+
+How to read it: items/s are merchants settled per second, the best of --rounds runs of each
+variant (the run least disturbed by other work on the machine), run interleaved on fresh
+business dates with identical data. b/a is stepwise over floor (1.00 = Stepwise costs nothing
+over the hand-written loop; the target is >= 0.90 at B=100 and B=1000); the median and range
+of the per-round paired ratios show how noisy the machine was. b/c compares a Stepwise step of B
+merchants with one River job per merchant (target >= 10 at B=100). The last lines are
+"stepwise/floor B=<n>: <ratio>", one per batch size, for scripts.
+
+Flags:
+`
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o                                options
+		batches, only, sizes, scaleProcs string
+	)
+	fs.IntVar(&o.merchants, "merchants", 20000, "merchants settled per run (each with 5 card transactions of the day)")
+	fs.StringVar(&batches, "batches", "1,100,1000", "batch sizes B: merchants per step (and per floor transaction)")
+	fs.IntVar(&o.maxItemsB1, "max-items-b1", 2000, "cap on merchants per run at B=1 (one merchant per step is slow; the output says when it applied)")
+	fs.IntVar(&o.riverItems, "river-items", 3000, "merchants (= River jobs) per one-job-per-merchant run")
+	fs.IntVar(&o.riverWorkers, "river-workers", 100, "MaxWorkers of the one-job-per-merchant River queue")
+	fs.IntVar(&o.rounds, "rounds", 5, "runs of each settle variant, interleaved; the best is reported, with the spread of the paired ratios")
+	fs.StringVar(&only, "only", "", "comma-separated sections to run, of "+strings.Join(Sections, ",")+" (default all)")
+	fs.StringVar(&sizes, "sizes", "10000,100000,1000000", "merchant counts of the size section (seeded set-based; 1M takes about a minute)")
+	fs.IntVar(&o.sizeBatch, "size-batch", 1000, "batch size of the size section")
+	fs.BoolVar(&o.quick, "quick", false, "run every section small (about a minute in all), for CI; explicit flags still win")
+	fs.StringVar(&o.databaseURL, "database-url", "", "server to create the bench's databases on (a URL whose user may create databases); default: found by pgserver")
+	fs.BoolVar(&o.keep, "keep", false, "keep the bench's databases instead of dropping them, to inspect them afterwards")
+	fs.IntVar(&o.kills, "kills", 20, "kill -9s of the takeover section")
+	fs.DurationVar(&o.lease, "lease", time.Second, "workflow lease of the takeover section's workers")
+	fs.IntVar(&o.takeoverProcs, "takeover-procs", 3, "worker processes of the takeover section")
+	fs.StringVar(&o.takeoverMaintenance, "takeover-maintenance", "every", "where takeover maintenance runs: \"every\" worker process (Engine.RunMaintenance) or River's \"leader\" only (its periodic job)")
+	fs.IntVar(&o.deliveryOps, "delivery-ops", 20000, "payouts delivered by the delivery section")
+	fs.IntVar(&o.reconcileOps, "reconcile-ops", 5000, "UNKNOWN_EXTERNAL payouts looked up by the reconcile section")
+	fs.StringVar(&scaleProcs, "scale-procs", "1,2,4", "worker process counts of the scale section")
+	fs.IntVar(&o.scaleShards, "scale-shards", 8, "shards (runs) the scale section's merchants are split into")
+	fs.IntVar(&o.scaleItems, "scale-merchants", 40000, "merchants settled per scale run")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process during the floor/stepwise/river section to `file` (go tool pprof)")
+	fs.BoolVar(&o.trace, "trace", false, "instead of the timed rounds, run each settle variant once per batch size with every statement traced, and print where a step's time goes")
+	fs.BoolVar(&o.check, "check", false, "exit with an error when this run misses one of issue 8's targets (listed before the last lines)")
+	fs.BoolVar(&o.verbose, "v", false, "log progress to stderr")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return nil, fmt.Errorf("bench: unexpected argument %q; all settings are flags", fs.Arg(0))
+	}
+	o.setFlags = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.setFlags[f.Name] = true })
+	var err error
+	if o.batches, err = parseInts("batches", batches); err != nil {
+		return nil, err
+	}
+	if o.sizes, err = parseInts("sizes", sizes); err != nil {
+		return nil, err
+	}
+	if o.scaleProcs, err = parseInts("scale-procs", scaleProcs); err != nil {
+		return nil, err
+	}
+	if o.only, err = parseOnly(only); err != nil {
+		return nil, err
+	}
+	if o.quick {
+		o.applyQuick()
+	}
+	o.poolConns = 20
+	return &o, o.validate()
+}
+
+// applyQuick shrinks every section that the user did not size explicitly.
+func (o *options) applyQuick() {
+	set := func(name string, apply func()) {
+		if !o.setFlags[name] {
+			apply()
+		}
+	}
+	set("merchants", func() { o.merchants = 5000 })
+	set("max-items-b1", func() { o.maxItemsB1 = 500 })
+	set("river-items", func() { o.riverItems = 1000 })
+	set("rounds", func() { o.rounds = 3 })
+	set("sizes", func() { o.sizes = []int{2000, 20000} })
+	set("kills", func() { o.kills = 3 })
+	set("delivery-ops", func() { o.deliveryOps = 3000 })
+	set("reconcile-ops", func() { o.reconcileOps = 1000 })
+	set("scale-procs", func() { o.scaleProcs = []int{1, 2} })
+	set("scale-merchants", func() { o.scaleItems = 8000 })
+}
+
+func (o *options) validate() error {
+	switch {
+	case o.merchants < 1:
+		return fmt.Errorf("bench: --merchants %d: want at least 1", o.merchants)
+	case len(o.batches) == 0:
+		return errors.New("bench: --batches is empty; give batch sizes such as 1,100,1000")
+	case o.maxItemsB1 < 1:
+		return fmt.Errorf("bench: --max-items-b1 %d: want at least 1", o.maxItemsB1)
+	case o.riverItems < 1:
+		return fmt.Errorf("bench: --river-items %d: want at least 1", o.riverItems)
+	case o.riverWorkers < 1:
+		return fmt.Errorf("bench: --river-workers %d: want at least 1", o.riverWorkers)
+	case o.rounds < 1:
+		return fmt.Errorf("bench: --rounds %d: want at least 1", o.rounds)
+	case o.kills < 1:
+		return fmt.Errorf("bench: --kills %d: want at least 1", o.kills)
+	case o.lease < 100*time.Millisecond:
+		return fmt.Errorf("bench: --lease %s: want at least 100ms", o.lease)
+	case o.takeoverProcs < 2:
+		return fmt.Errorf("bench: --takeover-procs %d: want at least 2 (one is killed, another takes over)", o.takeoverProcs)
+	case o.takeoverMaintenance != "every" && o.takeoverMaintenance != "leader":
+		return fmt.Errorf("bench: --takeover-maintenance %q: want every or leader", o.takeoverMaintenance)
+	case o.deliveryOps < 1 || o.reconcileOps < 1:
+		return errors.New("bench: --delivery-ops and --reconcile-ops: want at least 1")
+	case o.scaleShards < 1 || o.scaleItems < o.scaleShards:
+		return fmt.Errorf("bench: --scale-shards %d, --scale-merchants %d: want at least one shard and a merchant per shard", o.scaleShards, o.scaleItems)
+	case o.sizeBatch < 1:
+		return fmt.Errorf("bench: --size-batch %d: want at least 1", o.sizeBatch)
+	}
+	for _, b := range o.batches {
+		if b < 1 || b > 100000 {
+			return fmt.Errorf("bench: --batches: %d is not a batch size; want 1 to 100000", b)
+		}
+	}
+	for _, s := range o.sizes {
+		if s < 1 || s > 100_000_000 {
+			return fmt.Errorf("bench: --sizes: %d merchants; want 1 to 100,000,000", s)
+		}
+	}
+	for _, p := range o.scaleProcs {
+		if p < 1 || p > 64 {
+			return fmt.Errorf("bench: --scale-procs: %d processes; want 1 to 64", p)
+		}
+	}
+	return nil
+}
+
+// runs reports whether section is selected.
+func (o *options) runs(section string) bool { return len(o.only) == 0 || o.only[section] }
+
+func parseInts(name, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(strings.ReplaceAll(f, "_", ""))
+		if f == "" {
+			continue
+		}
+		mult := 1
+		switch {
+		case strings.HasSuffix(f, "k"):
+			mult, f = 1000, strings.TrimSuffix(f, "k")
+		case strings.HasSuffix(f, "M"):
+			mult, f = 1_000_000, strings.TrimSuffix(f, "M")
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("bench: --%s: %q is not a number; want a list such as 1,100,1000", name, f)
+		}
+		out = append(out, n*mult)
+	}
+	return out, nil
+}
+
+func parseOnly(s string) (map[string]bool, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := map[string]bool{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !slices.Contains(Sections, f) {
+			return nil, fmt.Errorf("bench: --only: unknown section %q; sections are %s", f, strings.Join(Sections, ","))
+		}
+		out[f] = true
+	}
+	return out, nil
+}

@@ -1,0 +1,156 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+)
+
+// sizeSection settles all merchants at growing merchant counts, on one database that grows
+// (merchants and one date of transactions per size), and shows the plan of the settle
+// statement with the cursor near the end of the largest table: the time per merchant must
+// not grow with the table, which needs every access to be an index lookup.
+func (r *runner) sizeSection(ctx context.Context) error {
+	o := r.opts
+	pool, _, err := r.sectionDB(ctx, "size")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// Start from no merchants: "at 10k merchants" means a table of 10k, not a prefix of the
+	// template's.
+	if _, err := pool.Exec(ctx, `TRUNCATE card_txn, merchant`); err != nil {
+		return fmt.Errorf("emptying the size section's database: %w", err)
+	}
+	rig, err := newSettleRig(ctx, pool, 0, r.log)
+	if err != nil {
+		return err
+	}
+	defer rig.close()
+
+	type row struct {
+		size int
+		seed time.Duration
+		m    measurement
+	}
+	var rows []row
+	var lastDate time.Time
+	for _, size := range sortedInts(o.sizes) {
+		t := time.Now()
+		if err := ensureMerchants(ctx, pool, size); err != nil {
+			return err
+		}
+		date, err := rig.newDate(ctx, size)
+		if err != nil {
+			return err
+		}
+		seed := time.Since(t)
+		m, err := rig.stepwiseRun(ctx, date, o.sizeBatch, size, fmt.Sprintf("size-%d", size))
+		if err != nil {
+			return err
+		}
+		if err := rig.verify(ctx, date, m.items); err != nil {
+			return err
+		}
+		rows = append(rows, row{size: size, seed: seed, m: m})
+		lastDate = date
+		r.log.Info("size", "merchants", size, "per_s", int(m.rate()), "seed", seed)
+	}
+
+	r.printf("\n== size: one Stepwise run settling every merchant, B=%d, on a database grown to each size ==\n", o.sizeBatch)
+	r.printf("%-10s %12s %12s %10s %12s %12s\n", "merchants", "merchants/s", "per merchant", "vs first", "run", "seeded in")
+	first := rows[0].m.elapsed.Seconds() / float64(rows[0].m.items)
+	for _, x := range rows {
+		per := x.m.elapsed.Seconds() / float64(x.m.items)
+		r.printf("%-10d %12s %12s %10.2f %12s %12s\n", x.size, fmtRate(x.m.rate()),
+			fmtDur(time.Duration(per*float64(time.Second))), per/first, fmtDur(x.m.elapsed), fmtDur(x.seed))
+	}
+	last := rows[len(rows)-1]
+	growth := (last.m.elapsed.Seconds() / float64(last.m.items)) / first
+	r.printf("time per merchant at %d is %.2fx that at %d (target within 1.20x: %s)\n", last.size, growth, rows[0].size, verdict(growth <= 1.2))
+	r.check(growth <= 1.2, "time per merchant at %d within 1.20x of at %d: %.2fx", last.size, rows[0].size, growth)
+
+	plan, err := settlePlan(ctx, pool, lastDate, int64(last.size-2*o.sizeBatch), o.sizeBatch)
+	if err != nil {
+		r.printf("plan of the settle statement: not available (%v)\n", err)
+		return nil
+	}
+	r.printf("plan of the settle statement (auto_explain, EXPLAIN ANALYZE of the step's own SQL) with the cursor at merchant %d of %d:\n", last.size-2*o.sizeBatch, last.size)
+	for _, l := range plan {
+		r.printf("  %s\n", l)
+	}
+	return nil
+}
+
+var planNode = regexp.MustCompile(`(Seq Scan|Index Scan|Index Only Scan|Bitmap Heap Scan|Bitmap Index Scan) (using \S+ )?on \S+`)
+
+// settlePlan runs settlement.SettleBatch once, in a transaction it rolls back, with
+// auto_explain logging the executed plan of every statement to this session as notices; it
+// returns the scan lines of the settle statement's plan. auto_explain is loaded per session
+// (LOAD needs a superuser; on other servers the plan is reported as unavailable).
+func settlePlan(ctx context.Context, pool *pgxpool.Pool, date time.Time, after int64, batch int) ([]string, error) {
+	cfg := pool.Config().ConnConfig.Copy()
+	var mu sync.Mutex
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		notices = append(notices, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, s := range []string{
+		`LOAD 'auto_explain'`,
+		`SET auto_explain.log_min_duration = 0`,
+		`SET auto_explain.log_analyze = on`,
+		`SET auto_explain.log_level = notice`,
+	} {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return nil, fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := settlement.SettleBatch(ctx, tx, settlement.Batch{Date: date, Shard: 0, Shards: 1, AfterMerchant: after, Size: batch}); err != nil {
+		return nil, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var out []string
+	for _, n := range notices {
+		if !strings.Contains(n, "INSERT INTO settlement") {
+			continue // the payouts' insert and the session's SETs are not the cursor's query
+		}
+		for _, line := range strings.Split(n, "\n") {
+			if planNode.MatchString(line) || strings.Contains(line, "Execution Time") || strings.HasPrefix(strings.TrimSpace(line), "duration:") {
+				out = append(out, strings.TrimSpace(line))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("auto_explain logged no plan of the settle statement (%d notices)", len(notices))
+	}
+	return out, nil
+}
+
+func sortedInts(xs []int) []int {
+	out := slices.Clone(xs)
+	slices.Sort(out)
+	return slices.Compact(out)
+}

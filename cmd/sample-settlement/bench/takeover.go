@@ -1,0 +1,239 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// takeoverBatch is the settle batch of the takeover section: small steps, so that a kill
+// lands mid-run and the successor's first commit comes right after its claim.
+const takeoverBatch = 5
+
+// insertClient is a River client that only inserts (the bench starts runs; workers work them).
+func insertClient(pool *pgxpool.Pool) (*river.Client[pgx.Tx], error) {
+	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})
+	if err != nil {
+		return nil, fmt.Errorf("creating an insert-only River client: %w", err)
+	}
+	return c, nil
+}
+
+// startDate seeds date for n merchants (none when n is 0: seeded already) and starts its
+// runs with plan, as "sample-settlement settle" does.
+func startDate(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx.Tx], plan settlement.Plan, date time.Time, n int) ([]string, error) {
+	if n > 0 {
+		if err := seedDate(ctx, pool, date, n); err != nil {
+			return nil, err
+		}
+	}
+	var keys []string
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		runs, _, err := plan.Start(ctx, client, tx, date)
+		for _, r := range runs {
+			keys = append(keys, r.Key)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting the runs of %s: %w", date.Format(time.DateOnly), err)
+	}
+	return keys, nil
+}
+
+type checkpointRow struct {
+	owner     *string
+	token     int64
+	steps     int64
+	cursor    int64
+	leaseLive bool
+	runStatus string
+}
+
+func readCheckpoint(ctx context.Context, pool *pgxpool.Pool, key string) (checkpointRow, error) {
+	var c checkpointRow
+	err := pool.QueryRow(ctx, `SELECT c.owner, c.fencing_token, c.steps, coalesce((c.cursor->>'after_merchant')::bigint, 0),
+			coalesce(c.lease_until > now(), false), r.status
+		FROM stepwise_checkpoint c JOIN stepwise_run r ON r.key = c.key WHERE c.key = $1`, key).
+		Scan(&c.owner, &c.token, &c.steps, &c.cursor, &c.leaseLive, &c.runStatus)
+	if err != nil {
+		return c, fmt.Errorf("reading checkpoint %s: %w", key, err)
+	}
+	return c, nil
+}
+
+// ownerPid is the pid of the worker process named in a lease owner
+// ("bench-worker-<pid>/job-N/attempt-M").
+func ownerPid(owner string) (int, bool) {
+	client, _, _ := strings.Cut(owner, "/")
+	pid, err := strconv.Atoi(strings.TrimPrefix(client, "bench-worker-"))
+	return pid, err == nil && strings.HasPrefix(client, "bench-worker-")
+}
+
+type takeoverSample struct {
+	claim, commit time.Duration
+	leader        bool
+}
+
+func (r *runner) takeoverSection(ctx context.Context) error {
+	o := r.opts
+	pool, dbURL, err := r.sectionDB(ctx, "takeover")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	bank, _, stopBank, err := startBank()
+	if err != nil {
+		return err
+	}
+	defer stopBank()
+	inserter, err := insertClient(pool)
+	if err != nil {
+		return err
+	}
+	plan, err := settlement.Plan{Shards: 1}.Compile()
+	if err != nil {
+		return err
+	}
+	wo := workerOpts{dbURL: dbURL, bankURL: bank.URL(), lease: o.lease, batch: takeoverBatch, slots: 2, maintenance: o.takeoverMaintenance}
+	procs := map[int]*workerProc{}
+	defer func() {
+		for _, p := range procs {
+			p.kill()
+		}
+	}()
+	for range o.takeoverProcs {
+		p, err := startWorker(ctx, wo)
+		if err != nil {
+			return err
+		}
+		procs[p.pid] = p
+	}
+
+	perRun := r.templateMerchants()
+	dates := newDateSeq()
+	var key string
+	var samples []takeoverSample
+	for i := 0; i < o.kills; i++ {
+		// A run mid-way, owned, with a step committed under its current token.
+		var st checkpointRow
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if key != "" {
+				if st, err = readCheckpoint(ctx, pool, key); err != nil {
+					return err
+				}
+			}
+			if key == "" || st.runStatus == workflow.StatusSucceeded || st.cursor > int64(perRun)*9/10 {
+				keys, err := startDate(ctx, pool, inserter, plan, dates.take(), perRun)
+				if err != nil {
+					return err
+				}
+				key = keys[0]
+				continue
+			}
+			if st.owner != nil && st.leaseLive && st.runStatus == workflow.StatusRunning {
+				if pid, ok := ownerPid(*st.owner); ok && procs[pid] != nil {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("run %s has no live owner among the workers after 30s (owner %v, status %s)", key, deref(st.owner), st.runStatus)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// Let the owner commit a step first, so the kill lands mid-run, not at its claim.
+		for first := st.steps; st.steps == first; {
+			time.Sleep(2 * time.Millisecond)
+			if st, err = readCheckpoint(ctx, pool, key); err != nil {
+				return err
+			}
+		}
+		pid, _ := ownerPid(*st.owner)
+		var leaderID string
+		_ = pool.QueryRow(ctx, `SELECT leader_id FROM river_leader LIMIT 1`).Scan(&leaderID)
+		victim := procs[pid]
+		killedAt := time.Now()
+		victim.kill()
+		delete(procs, pid)
+
+		s := takeoverSample{leader: leaderID == workerID(pid)}
+		claimStepsSeen := int64(-1)
+		for {
+			now := time.Now()
+			if now.Sub(killedAt) > 2*time.Minute {
+				return fmt.Errorf("run %s not taken over 2 minutes after its owner (pid %d) was killed", key, pid)
+			}
+			c, err := readCheckpoint(ctx, pool, key)
+			if err != nil {
+				return err
+			}
+			if c.token > st.token {
+				if claimStepsSeen < 0 {
+					s.claim, claimStepsSeen = now.Sub(killedAt), c.steps
+				}
+				if c.steps > claimStepsSeen || c.runStatus == workflow.StatusSucceeded {
+					s.commit = now.Sub(killedAt)
+					break
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		samples = append(samples, s)
+		r.log.Info("takeover", "kill", i+1, "pid", pid, "leader", s.leader, "claim", s.claim, "commit", s.commit)
+		p, err := startWorker(ctx, wo)
+		if err != nil {
+			return err
+		}
+		procs[p.pid] = p
+	}
+
+	commits := make([]time.Duration, 0, len(samples))
+	var leaderCommits []time.Duration
+	for _, s := range samples {
+		commits = append(commits, s.commit)
+		if s.leader {
+			leaderCommits = append(leaderCommits, s.commit)
+		}
+	}
+	target := o.lease + 2*time.Second
+	r.printf("\n== takeover: kill -9 of the worker process holding a run, until another process commits the run's next step ==\n")
+	r.printf("%d kills, lease %s, %d worker processes (the sample's Service; maintenance: %s): median %s, max %s (target <= lease + 2s = %s: %s)\n",
+		len(samples), o.lease, o.takeoverProcs, o.takeoverMaintenance, fmtDur(medianOf(commits)), fmtDur(slices.Max(commits)), target, verdict(slices.Max(commits) <= target))
+	r.check(slices.Max(commits) <= target, "takeover <= lease + 2s = %s: max %s of %d kills", target, fmtDur(slices.Max(commits)), len(samples))
+	if len(leaderCommits) > 0 {
+		r.printf("of which %d killed River's leader: median %s, max %s\n", len(leaderCommits), fmtDur(medianOf(leaderCommits)), fmtDur(slices.Max(leaderCommits)))
+	}
+	claims := make([]time.Duration, 0, len(samples))
+	for _, s := range samples {
+		claims = append(claims, s.claim)
+	}
+	r.printf("claim by the successor (token moved): median %s, max %s\n", fmtDur(medianOf(claims)), fmtDur(slices.Max(claims)))
+	return nil
+}
+
+func medianOf(ds []time.Duration) time.Duration {
+	xs := make([]float64, len(ds))
+	for i, d := range ds {
+		xs[i] = float64(d)
+	}
+	return time.Duration(median(xs))
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}

@@ -14,20 +14,11 @@ const scaleBatch = 100
 
 func (r *runner) scaleSection(ctx context.Context) error {
 	o := r.opts
-	pool, dbURL, err := r.sectionDB(ctx, "scale")
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	bank, _, stopBank, err := startBank()
 	if err != nil {
 		return err
 	}
 	defer stopBank()
-	inserter, err := insertClient(pool)
-	if err != nil {
-		return err
-	}
 	plan, err := settlement.Plan{Shards: o.scaleShards}.Compile()
 	if err != nil {
 		return err
@@ -41,6 +32,17 @@ func (r *runner) scaleSection(ctx context.Context) error {
 	}
 	var rows []row
 	for _, n := range o.scaleProcs {
+		// A database per row: the previous row's payouts, still being delivered, must not
+		// be this row's load.
+		pool, dbURL, err := r.sectionDB(ctx, fmt.Sprintf("scale%d", n))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		inserter, err := insertClient(pool)
+		if err != nil {
+			return err
+		}
 		wo := workerOpts{dbURL: dbURL, bankURL: bank.URL(), lease: 30 * time.Second, batch: scaleBatch, slots: o.scaleShards, maintenance: "every"}
 		var procs []*workerProc
 		for range n {
@@ -56,7 +58,7 @@ func (r *runner) scaleSection(ctx context.Context) error {
 		res, err := func() (row, error) {
 			defer func() {
 				for _, p := range procs {
-					p.kill()
+					p.stop()
 				}
 			}()
 			date := dates.take()

@@ -175,6 +175,18 @@ func startWorker(ctx context.Context, o workerOpts) (*workerProc, error) {
 	}
 }
 
+// stop asks the worker to shut down as serve does on SIGTERM (in-flight steps and sends
+// finish), and kills it if it has not exited within 15s.
+func (w *workerProc) stop() {
+	_ = syscall.Kill(w.pid, syscall.SIGTERM)
+	select {
+	case <-w.done:
+		_ = w.stdin.Close()
+	case <-time.After(15 * time.Second):
+		w.kill()
+	}
+}
+
 // kill sends SIGKILL to the worker's process group and waits for it to be gone.
 func (w *workerProc) kill() {
 	_ = syscall.Kill(-w.pid, syscall.SIGKILL)

@@ -1,0 +1,145 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(roleEnv); role != "" {
+		// A worker process started by TestBenchQuick's takeover or scale section: the test
+		// binary re-executed, as the sample binary is in production use.
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		err := runRole(ctx, role, os.Stdout, os.Stderr)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(testkit.Main(m))
+}
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		check func(t *testing.T, o *options)
+		err   string
+	}{
+		{name: "defaults", check: func(t *testing.T, o *options) {
+			require.Equal(t, 20000, o.merchants)
+			require.Equal(t, []int{1, 100, 1000}, o.batches)
+			require.Equal(t, []int{10000, 100000, 1000000}, o.sizes)
+			require.Equal(t, 20, o.kills)
+			require.True(t, o.runs("takeover"))
+		}},
+		{name: "quick shrinks what was not set", args: []string{"--quick", "--merchants", "7000"}, check: func(t *testing.T, o *options) {
+			require.Equal(t, 7000, o.merchants, "an explicit flag wins over --quick")
+			require.Equal(t, 3, o.kills)
+			require.Equal(t, []int{2000, 20000}, o.sizes)
+		}},
+		{name: "lists with suffixes", args: []string{"--sizes", "10k,1M", "--batches", "1_000"}, check: func(t *testing.T, o *options) {
+			require.Equal(t, []int{10000, 1000000}, o.sizes)
+			require.Equal(t, []int{1000}, o.batches)
+		}},
+		{name: "only", args: []string{"--only", "floor, stepwise"}, check: func(t *testing.T, o *options) {
+			require.True(t, o.runs("floor"))
+			require.False(t, o.runs("river"))
+		}},
+		{name: "unknown section", args: []string{"--only", "flor"}, err: `unknown section "flor"`},
+		{name: "bad list", args: []string{"--batches", "1,x"}, err: `--batches: "x" is not a number`},
+		{name: "zero batch", args: []string{"--batches", "0"}, err: "0 is not a batch size"},
+		{name: "one takeover process", args: []string{"--takeover-procs", "1"}, err: "want at least 2"},
+		{name: "maintenance", args: []string{"--takeover-maintenance", "nowhere"}, err: "want every or leader"},
+		{name: "stray argument", args: []string{"now"}, err: `unexpected argument "now"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o, err := parseFlags(tc.args, io.Discard)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			tc.check(t, o)
+		})
+	}
+}
+
+func TestMainUsageErrors(t *testing.T) {
+	t.Parallel()
+	err := Main(context.Background(), []string{"--rounds", "0"}, io.Discard, io.Discard)
+	require.ErrorIs(t, err, ErrUsage)
+	require.ErrorContains(t, err, "--rounds 0")
+	require.NoError(t, Main(context.Background(), []string{"--help"}, io.Discard, io.Discard), "--help is not an error")
+}
+
+func TestGroupThousands(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4500: "-4,500"} {
+		require.Equal(t, want, groupThousands(in))
+	}
+}
+
+func TestOwnerPid(t *testing.T) {
+	t.Parallel()
+	pid, ok := ownerPid("bench-worker-4242/job-7/attempt-1")
+	require.True(t, ok)
+	require.Equal(t, 4242, pid)
+	_, ok = ownerPid("host_2026/job-7/attempt-1")
+	require.False(t, ok)
+}
+
+// TestBenchQuick runs every section, tiny, against a real PostgreSQL with real worker
+// processes, and checks the report's shape: a section that breaks fails here, not in the
+// lead's next benchmark run. The numbers themselves are not asserted (see the targets).
+func TestBenchQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole bench, small: about 30s")
+	}
+	t.Parallel()
+	var out, errw bytes.Buffer
+	err := Main(context.Background(), []string{"--quick", "--merchants", "600", "--max-items-b1", "100", "--river-items", "200",
+		"--kills", "2", "--sizes", "500,2000", "--size-batch", "100", "--delivery-ops", "500", "--reconcile-ops", "300",
+		"--scale-procs", "1,2", "--scale-merchants", "1600", "--rounds", "2"}, &out, &errw)
+	require.NoError(t, err, "report:\n%s\nstderr:\n%s", out.String(), errw.String())
+	report := out.String()
+	for _, section := range []string{"== settle:", "== delivery:", "== reconcile:", "== takeover:", "== scale:", "== size:", "== targets (issue 8)"} {
+		require.Contains(t, report, section)
+	}
+	require.Regexp(t, `Index (Only )?Scan using merchant_pkey on merchant`, report, "the settle statement's plan must reach merchants by their primary key")
+	lines := strings.Split(strings.TrimSpace(report), "\n")
+	require.GreaterOrEqual(t, len(lines), 3)
+	last := regexp.MustCompile(`^stepwise/floor B=(\d+): \d+\.\d\d$`)
+	for i, b := range []string{"1", "100", "1000"} {
+		m := last.FindStringSubmatch(lines[len(lines)-3+i])
+		require.NotNil(t, m, "line %q", lines[len(lines)-3+i])
+		require.Equal(t, b, m[1])
+	}
+}
+
+func TestCheckFailsOnMissedTarget(t *testing.T) {
+	t.Parallel()
+	r := &runner{opts: &options{}, out: io.Discard}
+	r.check(true, "fine")
+	r.check(false, "not fine")
+	require.Len(t, r.targets, 2)
+	require.False(t, r.targets[1].met)
+	require.True(t, errors.Is(fmt.Errorf("%w: 1 of 2", ErrTargetMissed), ErrTargetMissed))
+}

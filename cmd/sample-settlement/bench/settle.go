@@ -243,9 +243,30 @@ type cappedSettle struct {
 	workflow.StepperDefaults[settlement.SettleArgs, settlement.SettleCursor]
 	batch atomic.Int64
 	cap   atomic.Int64
+
+	// starts records when each step began, when recording is on (the size section): the
+	// interval between two starts is one whole step, commit and next BEGIN included.
+	mu        sync.Mutex
+	recording bool
+	starts    []time.Time
+}
+
+// record switches step-start recording on (clearing what was recorded) or off, returning
+// what was recorded.
+func (w *cappedSettle) record(on bool) []time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := w.starts
+	w.recording, w.starts = on, nil
+	return out
 }
 
 func (w *cappedSettle) Step(ctx context.Context, s *workflow.Step[settlement.SettleArgs, settlement.SettleCursor]) (workflow.Next, error) {
+	w.mu.Lock()
+	if w.recording {
+		w.starts = append(w.starts, time.Now())
+	}
+	w.mu.Unlock()
 	inner := settlement.SettleWorker{BatchSize: int(w.batch.Load())}
 	next, err := inner.Step(ctx, s)
 	if err == nil && s.Cursor.AfterMerchant >= w.cap.Load() {

@@ -37,14 +37,16 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&cfg.Merchants, "merchants", 20000, "merchants settled")
 	fs.IntVar(&cfg.Shards, "shards", 8, "runs (shards) per date")
 	fs.DurationVar(&cfg.Lease, "lease", 2*time.Second, "run lease of the workers")
+	fs.BoolVar(&cfg.Soak, "soak", true, "keep the load up for the whole --duration: when a date is at rest, seed and settle the next one (false: one date)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `Usage: sample-settlement chaos [flags]
 
-Settles one date of -merchants merchants in -shards runs on -workers worker processes,
+Settles dates of -merchants merchants in -shards runs on -workers worker processes,
 against a bank that fails 10%% of requests, while a killer SIGKILLs a random worker every
-0.5-2s (and restarts it) and every sixth time SIGSTOPs one past its lease instead. Then it
-waits for rest and checks DESIGN.md's invariants 1-6, printing the first violation and the
-seed to repeat the run. Exits non-zero on any violation. Uses DATABASE_URL's server (or
+0.5-2s (and restarts it) and every sixth time SIGSTOPs one past its lease instead. With
+-soak (the default) a date at rest is followed by the next one until -duration ends. Then it
+waits for rest and checks DESIGN.md's invariants 1-6 for every date, printing the first
+violation and the seed to repeat the run. Exits non-zero on any violation. Uses DATABASE_URL's server (or
 finds one like the demo) and a fresh database of its own, dropped afterwards.
 
 Flags:

@@ -57,6 +57,11 @@ type Config struct {
 	// Duration bounds the killing; then the system runs to rest. Defaults to 45s.
 	Duration time.Duration
 
+	// Soak keeps the load up for the whole Duration: whenever a date comes to rest before
+	// Duration ends, the next date is seeded and started. Without it one date is settled and
+	// the killer stops when it is at rest.
+	Soak bool
+
 	// Seed makes the killer and the bank's faults reproducible. Defaults to the clock.
 	Seed uint64
 
@@ -111,7 +116,7 @@ func (c *Config) withDefaults() *Config {
 	return &out
 }
 
-// Date is the business date every chaos run settles.
+// Date is the (first) business date a chaos run settles; a soak goes on day by day.
 var Date = time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
 
 // Result is what a chaos run did and found.
@@ -125,18 +130,27 @@ type Result struct {
 	// Violations of invariants 1-5 over Stepwise's tables, then the sample's own checks
 	// (1-6, money and the bank's ledger) that failed.
 	Violations []workflowtest.Violation
-	Invariants *settlement.Result
+	// Invariants are the sample's checks, one result per date settled.
+	Invariants []*settlement.Result
 }
 
 // OK reports whether the run reached rest with every invariant holding.
 func (r *Result) OK() bool {
-	return r.Chaos != nil && r.Chaos.Quiet && len(r.Violations) == 0 && r.Invariants != nil && r.Invariants.OK()
+	if r.Chaos == nil || !r.Chaos.Quiet || len(r.Violations) > 0 || len(r.Invariants) == 0 {
+		return false
+	}
+	for _, inv := range r.Invariants {
+		if !inv.OK() {
+			return false
+		}
+	}
+	return true
 }
 
 // Summary is the run's one-paragraph account, first violation included.
 func (r *Result) Summary() string {
-	s := fmt.Sprintf("chaos seed=%d: %s; takeovers=%d fenced-commits=%d ops-ever-unknown=%d bank: requests=%d applied=%d faults=%v",
-		r.Seed, r.Chaos, r.Takeovers, r.Fenced, r.Unknown, r.Bank.Requests, r.Bank.Applied, r.Bank.Faults)
+	s := fmt.Sprintf("chaos seed=%d: %d date(s) settled; %s; takeovers=%d fenced-commits=%d ops-ever-unknown=%d bank: requests=%d applied=%d faults=%v",
+		r.Seed, len(r.Invariants), r.Chaos, r.Takeovers, r.Fenced, r.Unknown, r.Bank.Requests, r.Bank.Applied, r.Bank.Faults)
 	if r.OK() {
 		return s + "\nall invariants hold"
 	}
@@ -205,6 +219,32 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		"CHAOS_SHARDS=" + strconv.Itoa(cfg.Shards),
 		"CHAOS_BATCH=" + strconv.Itoa(cfg.BatchSize),
 	}
+	dates := []time.Time{Date}
+	deadline := time.Now().Add(cfg.Duration)
+	until := func(ctx context.Context) (bool, error) {
+		rest, err := atRest(ctx, pool)
+		if err != nil || !rest {
+			return false, err
+		}
+		if !cfg.Soak || !time.Now().Before(deadline) {
+			return true, nil
+		}
+		next := dates[len(dates)-1].AddDate(0, 0, 1)
+		if _, err := settlement.Seed(ctx, pool, &settlement.SeedConfig{
+			Date: next, Merchants: cfg.Merchants, Transactions: cfg.Transactions, Seed: 1,
+		}); err != nil {
+			return false, fmt.Errorf("chaos: seeding %s: %w", next.Format(time.DateOnly), err)
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, _, err := plan.Start(ctx, inserter, tx, next)
+			return err
+		}); err != nil {
+			return false, fmt.Errorf("chaos: starting %s: %w", next.Format(time.DateOnly), err)
+		}
+		dates = append(dates, next)
+		cfg.Logf("chaos: %s at rest; soaking on with %s", dates[len(dates)-2].Format(time.DateOnly), next.Format(time.DateOnly))
+		return false, nil
+	}
 	stopProgress := progress(ctx, pool, cfg.Progress, time.Now())
 	defer stopProgress()
 	report, err := workflowtest.RunChaos(ctx, &workflowtest.ChaosConfig{
@@ -216,7 +256,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		StopEvery:    6,
 		StopFor:      cfg.Lease + 2*time.Second,
 		Duration:     cfg.Duration,
-		Until:        func(ctx context.Context) (bool, error) { return atRest(ctx, pool) },
+		Until:        until,
 		QuietTimeout: 3 * time.Minute,
 		Logf:         cfg.Logf,
 	})
@@ -238,13 +278,17 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
-	res.Invariants, err = settlement.CheckInvariants(ctx, pool, bankClient, plan, Date)
-	if err != nil {
-		return res, err
-	}
-	for _, c := range res.Invariants.Checks {
-		if !c.OK {
-			res.Violations = append(res.Violations, workflowtest.Violation{Invariant: c.Invariant, Name: c.Name, Evidence: c.Evidence})
+	for _, d := range dates {
+		inv, err := settlement.CheckInvariants(ctx, pool, bankClient, plan, d)
+		if err != nil {
+			return res, err
+		}
+		res.Invariants = append(res.Invariants, inv)
+		for _, c := range inv.Checks {
+			if !c.OK {
+				res.Violations = append(res.Violations, workflowtest.Violation{Invariant: c.Invariant, Name: c.Name,
+					Evidence: d.Format(time.DateOnly) + ": " + c.Evidence})
+			}
 		}
 	}
 	return res, nil

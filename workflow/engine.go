@@ -162,12 +162,18 @@ func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(
 			river.PeriodicInterval(e.cfg.MaintenanceInterval),
 			func() (river.JobArgs, *river.InsertOpts) {
-				// At most one maintenance job waiting or running. Completed jobs are left
-				// out of ByState (River's default includes them): otherwise the first
-				// completed pass would block every later insert until River's cleaner
-				// removed its row, a day later, and takeover would silently stop.
+				// At most one maintenance job waiting or running per period. Completed jobs
+				// are left out of ByState (River's default includes them): otherwise the
+				// first completed pass would block every later insert until River's cleaner
+				// removed its row, a day later, and takeover would silently stop. ByPeriod
+				// for the same reason with a job that stays 'running': the process working
+				// it was killed (measured by sample-settlement bench: the leader killed
+				// mid-pass left its job running, every later insert was a duplicate of it,
+				// and no run was taken over until River's rescue an hour later).
 				return MaintenanceArgs{}, &river.InsertOpts{Queue: e.cfg.MaintenanceQueue, UniqueOpts: river.UniqueOpts{
-					ByArgs: true,
+					ByArgs:   true,
+					ByPeriod: max(e.cfg.MaintenanceInterval, time.Second), // River's minimum period
+
 					ByState: []rivertype.JobState{
 						rivertype.JobStateAvailable, rivertype.JobStatePending,
 						rivertype.JobStateRunning, rivertype.JobStateRetryable, rivertype.JobStateScheduled,

@@ -53,12 +53,16 @@ func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(
 			river.PeriodicInterval(s.cfg.TickInterval),
 			func() (river.JobArgs, *river.InsertOpts) {
-				// Unique while one is waiting or running, so slow ticks do not pile up;
-				// completed ticks are left out of ByState, unlike River's default, or the
-				// first completed tick would block every later one until River's job
-				// cleaner removed it (a day by default).
+				// Unique while one is waiting or running in a period, so slow ticks do not
+				// pile up; completed ticks are left out of ByState, unlike River's default,
+				// or the first completed tick would block every later one until River's job
+				// cleaner removed it (a day by default). ByPeriod, so that a tick left
+				// 'running' by a killed process blocks its own period only, not every tick
+				// until River rescues it an hour later.
 				return ScheduleTickArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
-					ByArgs: true,
+					ByArgs:   true,
+					ByPeriod: max(s.cfg.TickInterval, time.Second), // River's minimum period
+
 					ByState: []rivertype.JobState{
 						rivertype.JobStateAvailable, rivertype.JobStatePending,
 						rivertype.JobStateRunning, rivertype.JobStateScheduled,

@@ -75,18 +75,21 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 	}
 	started := time.Now()
 
-	adminURL, source := opts.databaseURL, "--database-url"
+	adminURL, source, local := opts.databaseURL, "--database-url", false
 	if adminURL == "" {
 		pg, err := pgserver.Find(ctx, &pgserver.Options{Logf: func(f string, a ...any) { r.progress(f, a...) }})
 		if err != nil {
 			return fmt.Errorf("bench: finding a PostgreSQL server: %w", err)
 		}
 		defer pg.Close()
-		adminURL, source = pg.URL, pg.Source
+		adminURL, source, local = pg.URL, pg.Source, pg.Local()
 	}
 	r.srv, err = newServer(ctx, adminURL, opts.keep)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	if local {
+		r.srv.sweep(ctx)
 	}
 	defer func() {
 		if kept := r.srv.close(); len(kept) > 0 {

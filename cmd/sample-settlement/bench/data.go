@@ -7,8 +7,10 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,6 +78,10 @@ func (s *server) close() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.keep {
+		for _, name := range s.created {
+			// Marked, so that sweep leaves them to the person who asked to keep them.
+			_, _ = s.admin.Exec(ctx, "COMMENT ON DATABASE "+pgx.Identifier{name}.Sanitize()+" IS 'kept by sample-settlement bench --keep'")
+		}
 		return s.created
 	}
 	for i := len(s.created) - 1; i >= 0; i-- {
@@ -83,6 +89,29 @@ func (s *server) close() []string {
 		_, _ = s.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{s.created[i]}.Sanitize()+" WITH (FORCE)")
 	}
 	return nil
+}
+
+// sweep drops the databases of benches on this machine that were killed before they could
+// drop their own (stepwise_bench_<pid>_…, the pid no longer running), except those kept
+// with --keep. Only for a server on this machine: a pid means nothing elsewhere.
+func (s *server) sweep(ctx context.Context) {
+	rows, err := s.admin.Query(ctx, `SELECT datname FROM pg_database
+		WHERE datname LIKE 'stepwise\_bench\_%' AND shobj_description(oid, 'pg_database') IS DISTINCT FROM 'kept by sample-settlement bench --keep'`)
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		pidText, _, _ := strings.Cut(strings.TrimPrefix(name, "stepwise_bench_"), "_")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		_, _ = s.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	}
 }
 
 // withDatabase returns adminURL pointing at database name. URLs and keyword/value strings

@@ -161,28 +161,29 @@ func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		river.NewPeriodicJob(
 			river.PeriodicInterval(e.cfg.MaintenanceInterval),
-			func() (river.JobArgs, *river.InsertOpts) {
-				// At most one maintenance job waiting or running per period. Completed jobs
-				// are left out of ByState (River's default includes them): otherwise the
-				// first completed pass would block every later insert until River's cleaner
-				// removed its row, a day later, and takeover would silently stop. ByPeriod
-				// for the same reason with a job that stays 'running': the process working
-				// it was killed (measured by sample-settlement bench: the leader killed
-				// mid-pass left its job running, every later insert was a duplicate of it,
-				// and no run was taken over until River's rescue an hour later).
-				return MaintenanceArgs{}, &river.InsertOpts{Queue: e.cfg.MaintenanceQueue, UniqueOpts: river.UniqueOpts{
-					ByArgs:   true,
-					ByPeriod: max(e.cfg.MaintenanceInterval, time.Second), // River's minimum period
-
-					ByState: []rivertype.JobState{
-						rivertype.JobStateAvailable, rivertype.JobStatePending,
-						rivertype.JobStateRunning, rivertype.JobStateRetryable, rivertype.JobStateScheduled,
-					},
-				}}
-			},
+			func() (river.JobArgs, *river.InsertOpts) { return MaintenanceArgs{}, e.maintenanceInsertOpts() },
 			&river.PeriodicJobOpts{ID: "stepwise_maintenance", RunOnStart: true},
 		),
 	}
+}
+
+// maintenanceInsertOpts makes the maintenance job unique among waiting and running jobs of
+// the same period. Completed jobs are left out of ByState (River's default includes them):
+// otherwise the first completed pass would block every later insert until River's cleaner
+// removed its row, a day later, and takeover would silently stop. ByPeriod for the same
+// reason with a job that stays 'running' because the process working it was killed
+// (measured by sample-settlement bench: the leader killed mid-pass left its job running,
+// every later insert was a duplicate of it, and no run was taken over until River's rescue
+// an hour later).
+func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {
+	return &river.InsertOpts{Queue: e.cfg.MaintenanceQueue, UniqueOpts: river.UniqueOpts{
+		ByArgs:   true,
+		ByPeriod: max(e.cfg.MaintenanceInterval, time.Second), // River's minimum period
+		ByState: []rivertype.JobState{
+			rivertype.JobStateAvailable, rivertype.JobStatePending,
+			rivertype.JobStateRunning, rivertype.JobStateRetryable, rivertype.JobStateScheduled,
+		},
+	}}
 }
 
 // Install adds the Engine's maintenance worker, its periodic job and its queue (if the config

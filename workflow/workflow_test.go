@@ -250,9 +250,11 @@ func TestOutcomes(t *testing.T) {
 	require.Equal(t, workflow.StatusFailed, run.Status)
 	require.Equal(t, "merchant 42 has no bank account", *run.LastError)
 	require.Equal(t, 1, run.Attempts, "Fail is terminal: no retry")
-	job, err := e.client.JobGet(ctx, *run.RiverJobID)
-	require.NoError(t, err)
-	require.Equal(t, "cancelled", string(job.State))
+	// The run is failed in the step's commit; River records the job's cancel right after.
+	require.Eventually(t, func() bool {
+		job, err := e.client.JobGet(ctx, *run.RiverJobID)
+		return err == nil && job.State == "cancelled"
+	}, 10*time.Second, 20*time.Millisecond)
 
 	// An always-failing run backs off through River's attempts and ends dead, visibly.
 	run = waitRun(t, pool, "dead", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
@@ -364,4 +366,27 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, 1.0, got["stepwise_runs_finished_total,status=succeeded,workflow=test_count"])
 	require.Equal(t, 1.0, got["stepwise_runs_active,status=pending,workflow=test_count"])
 	require.GreaterOrEqual(t, got["stepwise_run_lease_expired_seconds"], 59.0)
+}
+
+// A maintenance job left 'running' by a killed leader must not block the next ones: River
+// keeps such a job running until its one-hour rescue, and a uniqueness that counted it would
+// stop takeover for that hour. Maintenance is unique per period instead.
+func TestMaintenanceNotBlockedByADeadJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	cfg := &workflow.Config{MaintenanceInterval: time.Second}
+	insertOnly := newEnv(t, pool, cfg, nil, map[string]river.QueueConfig{})
+	// The corpse: inserted exactly as the periodic job inserts it, then "running" forever.
+	dead, err := insertOnly.client.Insert(ctx, workflow.MaintenanceArgs{}, workflow.MaintenanceInsertOptsForTest(insertOnly.engine))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 minute' WHERE id = $1`, dead.Job.ID)
+	require.NoError(t, err)
+
+	newEnv(t, pool, cfg, &countWorker{}, nil)
+	require.Eventually(t, func() bool {
+		var done int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_maintenance' AND state = 'completed'`).Scan(&done)
+		return err == nil && done >= 2
+	}, 20*time.Second, 50*time.Millisecond)
 }

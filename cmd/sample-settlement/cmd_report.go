@@ -9,7 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 )
 
 func init() {
@@ -17,8 +20,18 @@ func init() {
 	register("invariants", "check DESIGN.md's invariants 1-6 for a date against the database and the bank", runInvariants)
 }
 
-func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("report", "report --date YYYY-MM-DD [--json]", stderr)
+// dateCommand is what the per-date read commands (report, invariants) share: their flags,
+// parsed and checked, and an open pool.
+type dateCommand struct {
+	pool   *pgxpool.Pool
+	bank   *fakebank.Client
+	plan   settlement.Plan
+	date   time.Time
+	asJSON bool
+}
+
+func parseDateCommand(ctx context.Context, name, what string, args []string, stderr io.Writer) (*dateCommand, error) {
+	fs := newFlagSet(name, name+" --date YYYY-MM-DD [--json]", stderr)
 	var db dbFlags
 	var pf planFlags
 	var bf bankFlags
@@ -26,78 +39,64 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	pf.register(fs)
 	bf.register(fs)
 	date := fs.String("date", "", "business date, YYYY-MM-DD (required)")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
+	asJSON := fs.Bool("json", false, "print the "+what+" as JSON")
 	if err := parseFlags(fs, args, false); err != nil {
-		return err
+		return nil, err
 	}
 	d, err := parseDateFlag(*date)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	plan, err := pf.plan()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	bank, err := bf.client(10 * time.Second)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pool, err := db.connect(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer pool.Close()
-	rep, err := settlement.BuildReport(ctx, pool, bank, plan, d)
+	return &dateCommand{pool: pool, bank: bank, plan: plan, date: d, asJSON: *asJSON}, nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := parseDateCommand(ctx, "report", "report", args, stderr)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+	defer c.pool.Close()
+	rep, err := settlement.BuildReport(ctx, c.pool, c.bank, c.plan, c.date)
+	if err != nil {
+		return err
+	}
+	if c.asJSON {
+		return writeJSON(stdout, rep)
 	}
 	printReport(stdout, rep)
 	return nil
 }
 
 func runInvariants(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("invariants", "invariants --date YYYY-MM-DD [--json]", stderr)
-	var db dbFlags
-	var pf planFlags
-	var bf bankFlags
-	db.register(fs)
-	pf.register(fs)
-	bf.register(fs)
-	date := fs.String("date", "", "business date, YYYY-MM-DD (required)")
-	asJSON := fs.Bool("json", false, "print the checks as JSON")
-	if err := parseFlags(fs, args, false); err != nil {
-		return err
-	}
-	d, err := parseDateFlag(*date)
+	c, err := parseDateCommand(ctx, "invariants", "checks", args, stderr)
 	if err != nil {
 		return err
 	}
-	plan, err := pf.plan()
+	defer c.pool.Close()
+	res, err := settlement.CheckInvariants(ctx, c.pool, c.bank, c.plan, c.date)
 	if err != nil {
 		return err
 	}
-	bank, err := bf.client(10 * time.Second)
-	if err != nil {
-		return err
-	}
-	pool, err := db.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	res, err := settlement.CheckInvariants(ctx, pool, bank, plan, d)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(res); err != nil {
+	if c.asJSON {
+		if err := writeJSON(stdout, res); err != nil {
 			return err
 		}
 	} else {

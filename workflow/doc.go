@@ -33,7 +33,9 @@
 //
 //	engine, err := workflow.New(pool, &workflow.Config{})
 //	workflow.AddWorker(engine, workers, &SettleWorker{})
-//	// river.Config{Workers: workers, PeriodicJobs: engine.PeriodicJobs(), ...}
+//	err = engine.Install(riverConfig) // maintenance worker, periodic job and queue
+//	// ... river.NewClient(riverpgxv5.New(pool), riverConfig), client.Start(ctx)
+//	go engine.RunMaintenance(ctx, riverClient)
 //	run, err := workflow.Start(ctx, riverClient, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
 //
 // # The step protocol
@@ -46,8 +48,10 @@
 //     river.JobCompleteTx, whose returned state is checked; commit.
 //  3. A heartbeat renews the lease and cancels the step's context if it cannot.
 //  4. After Config.Slice, release the lease in the last commit and JobSnooze(0).
-//  5. Maintenance (Engine.Maintain, a leader-run periodic job) re-enqueues runs whose
-//     worker vanished: takeover after about Lease + MaintenanceInterval, not River's hour.
+//  5. Maintenance (Engine.Maintain: a leader-run periodic job added by Engine.Install, and
+//     Engine.RunMaintenance in every process) re-enqueues runs whose worker vanished:
+//     takeover after about Lease + MaintenanceInterval, not River's hour, and not River's
+//     leader failover either when every process runs RunMaintenance.
 //  6. Outcomes: Continue, Done, Sleep/Until, Fail; an error or panic rolls back and River
 //     retries with backoff; the last attempt's failure ends the run failed.
 //

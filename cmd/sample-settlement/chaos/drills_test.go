@@ -1,0 +1,157 @@
+package chaos_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest"
+)
+
+// drillBundle is a prepared date on the sample service: a seeded database, a bank, and the
+// date's runs started, with no worker yet.
+type drillBundle struct {
+	url    string
+	pool   *pgxpool.Pool
+	bank   *fakebank.Client
+	plan   settlement.Plan
+	client *river.Client[pgx.Tx]
+	env    func(dbURL string) []string
+}
+
+func setupDrill(t *testing.T) *drillBundle {
+	t.Helper()
+	ctx := context.Background()
+	url := testkit.TemplateDBURL(t, "chaos_v1", func(ctx context.Context, pool *pgxpool.Pool) error {
+		return chaos.Prepare(ctx, pool, &chaos.Config{})
+	})
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	bank := fakebank.New(&fakebank.Config{Seed: 1})
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	plan, err := settlement.Plan{Shards: 8}.Compile()
+	require.NoError(t, err)
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, _, err := plan.Start(ctx, client, tx, chaos.Date)
+		return err
+	}))
+	return &drillBundle{url: url, pool: pool, bank: fakebank.NewClient(bank.URL(), nil), plan: plan, client: client,
+		env: func(dbURL string) []string {
+			return []string{"DATABASE_URL=" + dbURL, "BANK_URL=" + bank.URL(), "CHAOS_LEASE=2s", "CHAOS_SHARDS=8", "CHAOS_BATCH=2"}
+		}}
+}
+
+// waitRest waits until every run has finished and every payout is proven or MANUAL.
+func (b *drillBundle) waitRest(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var open int
+		err := b.pool.QueryRow(context.Background(), `SELECT
+			(SELECT count(*) FROM stepwise_run WHERE status IN ('pending', 'running')) +
+			(SELECT count(*) FROM stepwise_operation WHERE state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT', 'MANUAL'))`).Scan(&open)
+		return err == nil && open == 0
+	}, timeout, 200*time.Millisecond)
+}
+
+func (b *drillBundle) requireInvariants(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	vs, err := workflowtest.CheckInvariants(ctx, b.pool, &workflowtest.CheckOpts{Quiet: true})
+	require.NoError(t, err)
+	require.Empty(t, vs, workflowtest.FormatViolations(vs))
+	res, err := settlement.CheckInvariants(ctx, b.pool, b.bank, b.plan, chaos.Date)
+	require.NoError(t, err)
+	require.NoError(t, res.Err())
+}
+
+// Drill 4 on the sample service: one worker's database connection is cut mid-settlement (a
+// TCP proxy between it and Postgres drops every connection and refuses new ones). It can no
+// longer renew its leases; the other worker takes its runs over, and the date ends with every
+// invariant holding.
+func TestDrillConnectionCutOnSample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drill takes half a minute")
+	}
+	b := setupDrill(t)
+	ctx := context.Background()
+	proxy, proxied := testkit.NewProxy(t, b.url)
+
+	cutOff := workflowtest.Start(t, "chaos-worker", b.env(proxied)...)
+	_, err := cutOff.WaitForLine(ctx, "ready")
+	require.NoError(t, err)
+	// Let it claim and work runs (it is the only worker so far).
+	require.Eventually(t, func() bool {
+		var held int
+		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_checkpoint c JOIN stepwise_run r ON r.key = c.key
+			WHERE r.status = 'running' AND c.steps > 5`).Scan(&held)
+		return err == nil && held > 0
+	}, 30*time.Second, 50*time.Millisecond)
+
+	healthy := workflowtest.Start(t, "chaos-worker", b.env(b.url)...)
+	_, err = healthy.WaitForLine(ctx, "ready")
+	require.NoError(t, err)
+	proxy.Cut()
+	cutAt := time.Now()
+
+	b.waitRest(t, 3*time.Minute)
+	var takeovers int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE kind = 'run.takeover' AND at > $1`, cutAt).Scan(&takeovers))
+	t.Logf("date at rest %s after the cut; %d runs taken over from the cut-off worker", time.Since(cutAt).Round(time.Millisecond), takeovers)
+	require.Positive(t, takeovers, "the cut-off worker's runs must be taken over")
+	b.requireInvariants(t)
+}
+
+// Drill 6 on the sample service: a hot run whose every step fails (a shard outside the plan)
+// among the date's eight healthy runs. It backs off through River's attempts and ends failed,
+// visibly; the healthy runs settle the date beside it.
+func TestDrillHotFailingRunOnSample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drill takes half a minute")
+	}
+	b := setupDrill(t)
+	ctx := context.Background()
+	_, err := workflow.Start(ctx, b.client, "settle/hot", settlement.SettleArgs{Date: "2026-11-26", Shard: 9, Shards: 8},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: settlement.SettleQueue, MaxAttempts: 3}})
+	require.NoError(t, err)
+
+	began := time.Now()
+	for i := 0; i < 2; i++ {
+		w := workflowtest.Start(t, "chaos-worker", b.env(b.url)...)
+		_, err := w.WaitForLine(ctx, "ready")
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		var open int
+		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_run WHERE key <> 'settle/hot' AND status IN ('pending', 'running')`).Scan(&open)
+		return err == nil && open == 0
+	}, 2*time.Minute, 100*time.Millisecond)
+	healthyDone := time.Since(began)
+
+	b.waitRest(t, 2*time.Minute)
+	hot, err := workflow.GetRun(ctx, b.pool, "settle/hot")
+	require.NoError(t, err)
+	require.Equal(t, workflow.StatusFailed, hot.Status)
+	require.Equal(t, 3, hot.Attempts)
+	require.Contains(t, *hot.LastError, "last attempt (3 of 3)")
+	require.Contains(t, *hot.LastError, "shard 9 of 8")
+	t.Logf("healthy runs finished after %s; the hot run failed after %d attempts (%s in all): %s",
+		healthyDone.Round(time.Millisecond), hot.Attempts, time.Since(began).Round(time.Millisecond), *hot.LastError)
+	b.requireInvariants(t)
+}

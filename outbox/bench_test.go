@@ -25,7 +25,7 @@ func BenchmarkDeliver(b *testing.B) {
 			ctx := context.Background()
 			pool := testkit.DB(b)
 			_, client := startBank(b, nil, 5*time.Second, true)
-			ob := newOutbox(b, pool, bankSender{client}, func(kc *outbox.KindConfig) {
+			ob := newOutbox(b, pool, bankSender{Client: client}, func(kc *outbox.KindConfig) {
 				kc.BatchSize, kc.Concurrency = bc.batch, bc.concurrency
 			})
 			ops := make([]outbox.Operation, 0, 1000)

@@ -29,7 +29,7 @@ func TestDeliveryClassifiesEachFaultOfTheBank(t *testing.T) {
 	ctx := context.Background()
 	pool := testkit.DB(t)
 	bank, client := startBank(t, &fakebank.Config{Delay: 3 * time.Second}, 5*time.Second, false)
-	ob := newOutbox(t, pool, bankSender{client}, func(kc *outbox.KindConfig) {
+	ob := newOutbox(t, pool, bankSender{Client: client}, func(kc *outbox.KindConfig) {
 		kc.Timeout = 500 * time.Millisecond
 		kc.BatchSize = 50
 	})
@@ -106,7 +106,7 @@ func TestDeliveryBankDownIsRetryable(t *testing.T) {
 	ctx := context.Background()
 	pool := testkit.DB(t)
 	bank, client := startBank(t, nil, 2*time.Second, false)
-	ob := newOutbox(t, pool, bankSender{client}, nil)
+	ob := newOutbox(t, pool, bankSender{Client: client}, nil)
 
 	require.NoError(t, bank.SetDown(true))
 	enqueue(t, pool, payout("k", "acct", 10))

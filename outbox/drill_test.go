@@ -26,7 +26,7 @@ import (
 // lease, so that the test waits seconds, not minutes, for crash recovery.
 func drillKind(client *fakebank.Client) *outbox.KindConfig {
 	return &outbox.KindConfig{
-		Sender:      bankSender{client},
+		Sender:      bankSender{Client: client},
 		BatchSize:   1,
 		Concurrency: 1,
 		Timeout:     500 * time.Millisecond,

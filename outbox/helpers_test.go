@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -16,40 +15,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
 func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 
-// payoutPayload is what the test sender needs beyond the operation's amount and currency.
-type payoutPayload struct {
-	Account string `json:"account"`
-}
-
-// bankSender pays operations at the fake bank and classifies its errors as the fake bank's
-// documentation says a caller honestly can.
-type bankSender struct{ c *fakebank.Client }
-
-func (s bankSender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
-	var p payoutPayload
-	if err := json.Unmarshal(op.Payload, &p); err != nil {
-		return outbox.Receipt{}, outbox.Permanent(fmt.Errorf("decoding payload: %w", err))
-	}
-	pay, err := s.c.Pay(ctx, op.IdempotencyKey(), fakebank.PaymentRequest{
-		Account: p.Account, Amount: op.Amount, Currency: op.Currency, Reference: op.BusinessKey,
-	})
-	switch {
-	case err == nil:
-		return outbox.Receipt{ExternalRef: pay.ID}, nil
-	case fakebank.IsDeclined(err):
-		return outbox.Receipt{}, outbox.Permanent(err)
-	case fakebank.IsNotProcessed(err):
-		return outbox.Receipt{}, outbox.NotSent(err)
-	default:
-		return outbox.Receipt{}, err
-	}
-}
+// The fake bank wired to the ledger, shared with the other SDK test packages.
+type (
+	payoutPayload = bankops.Payload
+	bankSender    = bankops.Sender
+)
 
 // startBank starts a fake bank for the test. keepAlive false gives every request its own
 // connection: net/http silently resends a request carrying an Idempotency-Key when a reused

@@ -31,7 +31,7 @@ func TestDeliver10000WithMixedFaults(t *testing.T) {
 	ob, err := outbox.New(pool, &outbox.Config{
 		Logger: slog.New(slog.DiscardHandler),
 		Kinds: map[string]*outbox.KindConfig{"payout": {
-			Sender:       bankSender{client},
+			Sender:       bankSender{Client: client},
 			BatchSize:    200,
 			Concurrency:  32,
 			Timeout:      2 * time.Second, // generous: a loaded CI machine must not turn a normal answer into a timeout

@@ -96,7 +96,7 @@ func TestRiverDeliveryWakesWithoutPolling(t *testing.T) {
 	ctx := context.Background()
 	pool := testkit.DB(t)
 	bank, client := startBank(t, &fakebank.Config{Latency: time.Millisecond}, 5*time.Second, true)
-	kc := &outbox.KindConfig{Sender: bankSender{client}, Timeout: 2 * time.Second, BatchSize: 20, Concurrency: 4}
+	kc := &outbox.KindConfig{Sender: bankSender{Client: client}, Timeout: 2 * time.Second, BatchSize: 20, Concurrency: 4}
 	ob, err := outbox.New(pool, &outbox.Config{
 		Logger: slog.New(slog.DiscardHandler), Kinds: map[string]*outbox.KindConfig{"payout": kc},
 		PollInterval: time.Hour, // only the poll at start; the rest must come from wakes

@@ -79,7 +79,7 @@ func TestWorkflowStepFailsThenRetries(t *testing.T) {
 
 	quiet := slog.New(slog.DiscardHandler)
 	ob, err := outbox.New(pool, &outbox.Config{Logger: quiet, Kinds: map[string]*outbox.KindConfig{"payout": {
-		Sender: bankSender{client},
+		Sender: bankSender{Client: client},
 		OnOutcome: func(ctx context.Context, tx pgx.Tx, op *outbox.Operation, oc outbox.Outcome) error {
 			if oc.To != outbox.StateSucceeded {
 				return nil

@@ -129,7 +129,7 @@ func init() {
 		}
 		defer pool.Close()
 		ob, err := outbox.New(pool, &outbox.Config{ID: "child", Kinds: map[string]*outbox.KindConfig{
-			"payout": {Sender: bankSender{fakebank.NewClient(env["BANK_URL"], nil)}, Timeout: time.Second, Lease: 2 * time.Second},
+			"payout": {Sender: bankSender{Client: fakebank.NewClient(env["BANK_URL"], nil)}, Timeout: time.Second, Lease: 2 * time.Second},
 		}})
 		if err != nil {
 			return err
@@ -192,7 +192,7 @@ func TestDrillKillAfterSendThenReconcile(t *testing.T) {
 	b := &bundle{pool: pool, bank: bank, client: client}
 	discard := slog.New(slog.DiscardHandler)
 	b.ob, err = outbox.New(pool, &outbox.Config{ID: "survivor", Logger: discard, Kinds: map[string]*outbox.KindConfig{"payout": {
-		Sender: bankSender{client}, Timeout: time.Second, Lease: 2 * time.Second,
+		Sender: bankSender{Client: client}, Timeout: time.Second, Lease: 2 * time.Second,
 		OnOutcome: func(ctx context.Context, tx pgx.Tx, op *outbox.Operation, oc outbox.Outcome) error {
 			_, err := tx.Exec(ctx, `INSERT INTO outcome_log VALUES ($1, $2, $3, $4)`, op.ID, oc.From, oc.To, oc.Actor)
 			return err
@@ -200,7 +200,7 @@ func TestDrillKillAfterSendThenReconcile(t *testing.T) {
 	}}})
 	require.NoError(t, err)
 	b.rec, err = reconcile.New(pool, &reconcile.Config{Outbox: b.ob, Logger: discard, Interval: time.Second,
-		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{client}, Grace: 5 * time.Second}}})
+		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{Client: client}, Grace: 5 * time.Second}}})
 	require.NoError(t, err)
 	b.startClient(t)
 	b.waitQuiet(t, 60*time.Second)
@@ -226,10 +226,10 @@ func TestRiverResendAfterGraceWakesTheDispatcher(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
 	var err error
 	b.ob, err = outbox.New(b.pool, &outbox.Config{ID: "river", Logger: quiet, PollInterval: time.Hour,
-		Kinds: map[string]*outbox.KindConfig{"payout": {Sender: bankSender{b.client}, Timeout: time.Second}}})
+		Kinds: map[string]*outbox.KindConfig{"payout": {Sender: bankSender{Client: b.client}, Timeout: time.Second}}})
 	require.NoError(t, err)
 	b.rec, err = reconcile.New(b.pool, &reconcile.Config{Outbox: b.ob, Logger: quiet, Interval: time.Second,
-		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{b.client}, Grace: time.Hour}}})
+		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{Client: b.client}, Grace: time.Hour}}})
 	require.NoError(t, err)
 	b.startClient(t)
 	b.waitQuiet(t, 30*time.Second)

@@ -3,7 +3,6 @@ package reconcile_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -17,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
@@ -24,64 +24,14 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 
-type payoutPayload struct {
-	Account string `json:"account"`
-}
+// The fake bank wired to the ledger, shared with the other SDK test packages.
+type (
+	payoutPayload = bankops.Payload
+	bankSender    = bankops.Sender
+	bankQuerier   = bankops.Querier
+)
 
-// bankSender pays at the fake bank, classifying its errors as its documentation allows.
-type bankSender struct{ c *fakebank.Client }
-
-func (s bankSender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
-	var p payoutPayload
-	if err := json.Unmarshal(op.Payload, &p); err != nil {
-		return outbox.Receipt{}, outbox.Permanent(err)
-	}
-	pay, err := s.c.Pay(ctx, op.IdempotencyKey(), fakebank.PaymentRequest{
-		Account: p.Account, Amount: op.Amount, Currency: op.Currency, Reference: op.BusinessKey,
-	})
-	switch {
-	case err == nil:
-		return outbox.Receipt{ExternalRef: pay.ID}, nil
-	case fakebank.IsDeclined(err):
-		return outbox.Receipt{}, outbox.Permanent(err)
-	case fakebank.IsNotProcessed(err):
-		return outbox.Receipt{}, outbox.NotSent(err)
-	default:
-		return outbox.Receipt{}, err
-	}
-}
-
-// bankQuerier looks payments up at the fake bank by idempotency key.
-type bankQuerier struct{ c *fakebank.Client }
-
-func (q bankQuerier) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
-	p, err := q.c.Lookup(ctx, op.IdempotencyKey())
-	switch {
-	case errors.Is(err, fakebank.ErrNotFound):
-		return reconcile.LookupResult{Status: reconcile.NotFound}, nil
-	case err != nil:
-		return reconcile.LookupResult{}, err
-	case p.Status == fakebank.StatusFailed:
-		return reconcile.LookupResult{Status: reconcile.FoundFailed, ExternalRef: p.ID, Reason: p.DeclineReason}, nil
-	default:
-		return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency}, nil
-	}
-}
-
-// bankStatement reads the fake bank's statement.
-func bankStatement(c *fakebank.Client) reconcile.Statement {
-	return reconcile.StatementFunc(func(ctx context.Context, from, to time.Time) ([]reconcile.StatementEntry, error) {
-		pays, err := c.Statement(ctx, fakebank.StatementQuery{From: from, To: to})
-		if err != nil {
-			return nil, err
-		}
-		out := make([]reconcile.StatementEntry, len(pays))
-		for i, p := range pays {
-			out[i] = reconcile.StatementEntry{Key: p.IdempotencyKey, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency, At: p.CreatedAt}
-		}
-		return out, nil
-	})
-}
+var bankStatement = bankops.Statement
 
 // bundle is what a reconciliation test works with.
 type bundle struct {
@@ -111,7 +61,7 @@ func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, 
 	client := fakebank.NewClient(bank.URL(), &http.Client{Timeout: 10 * time.Second, Transport: tr})
 
 	okc := &outbox.KindConfig{
-		Sender:       bankSender{client},
+		Sender:       bankSender{Client: client},
 		Timeout:      time.Second,
 		RetryBackoff: func(int) time.Duration { return 0 },
 		OnOutcome: func(ctx context.Context, tx pgx.Tx, op *outbox.Operation, oc outbox.Outcome) error {
@@ -120,7 +70,7 @@ func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, 
 		},
 	}
 	rkc := &reconcile.KindConfig{
-		Querier:      bankQuerier{client},
+		Querier:      bankQuerier{Client: client},
 		Grace:        time.Hour, // tests move last_sent_at back instead of waiting
 		CheckBackoff: func(int) time.Duration { return time.Hour },
 	}

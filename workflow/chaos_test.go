@@ -35,6 +35,23 @@ func chaosRun(t *testing.T, seed uint64, brokenFence bool) (*workflowtest.ChaosR
 		env = append(env, "DISABLE_FENCE=1")
 	}
 	ctx := context.Background()
+
+	// Besides the random hits, one freeze that certainly lands on a worker holding a run:
+	// the first worker is frozen as soon as it has stepped, and thawed once the chaos
+	// workers have taken its runs over. (A random SIGSTOP may hit an idle worker, so on its
+	// own it would not prove the fence every time.)
+	frozen := workflowtest.Start(t, "wf-worker", env...)
+	_, err := frozen.WaitForLine(waitCtx(t, 30*time.Second), "step run=chaos/")
+	require.NoError(t, err)
+	require.NoError(t, frozen.Stop())
+	thawed := make(chan struct{})
+	go func() {
+		defer close(thawed)
+		time.Sleep(2500 * time.Millisecond)
+		_ = frozen.Cont()
+	}()
+	t.Cleanup(func() { <-thawed })
+
 	report, err := workflowtest.RunChaos(ctx, &workflowtest.ChaosConfig{
 		Start:     func() (workflowtest.Worker, error) { return workflowtest.Start(t, "wf-worker", env...), nil },
 		Workers:   3,
@@ -53,6 +70,7 @@ func chaosRun(t *testing.T, seed uint64, brokenFence bool) (*workflowtest.ChaosR
 		Logf:         t.Logf,
 	})
 	require.NoError(t, err)
+	<-thawed
 	t.Logf("chaos: %s", report)
 	require.True(t, report.Quiet, "runs did not finish: %v", report.QuietErr)
 

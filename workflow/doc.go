@@ -40,7 +40,7 @@
 //
 // # The step protocol
 //
-// Work (worker.go) follows DESIGN.md's step protocol:
+// Work (worker.go) follows the step protocol of docs/design.md:
 //
 //  1. Claim the run's lease (checkpoint.Claim); if held, snooze until it lapses.
 //  2. Per step: begin with the stall timeout armed, run Step in the tx, then the fenced

@@ -125,9 +125,9 @@ func (p CatchUpAll) withDefaults() MisfirePolicy {
 func (p CatchUpAll) validate(time.Duration) error {
 	switch {
 	case p.Max < 0:
-		return fmt.Errorf("Misfire CatchUpAll.Max is %d; it must be positive (0 means the default, 1000)", p.Max)
+		return fmt.Errorf("misfire policy CatchUpAll.Max is %d; it must be positive (0 means the default, 1000)", p.Max)
 	case p.PerTick < 0:
-		return fmt.Errorf("Misfire CatchUpAll.PerTick is %d; it must be positive (0 means the default, 100)", p.PerTick)
+		return fmt.Errorf("misfire policy CatchUpAll.PerTick is %d; it must be positive (0 means the default, 100)", p.PerTick)
 	}
 	return nil
 }
@@ -159,7 +159,7 @@ func (p SkipMissed) describe() map[string]any {
 
 func (p SkipMissed) validate(tickInterval time.Duration) error {
 	if p.StartingDeadline <= tickInterval {
-		return fmt.Errorf("Misfire SkipMissed.StartingDeadline is %s; it must be longer than the scheduler's TickInterval (%s), or on-time slots would be skipped while waiting for a tick; e.g. %s",
+		return fmt.Errorf("misfire policy SkipMissed.StartingDeadline is %s; it must be longer than the scheduler's TickInterval (%s), or on-time slots would be skipped while waiting for a tick; e.g. %s",
 			p.StartingDeadline, tickInterval, 3*tickInterval)
 	}
 	return nil

@@ -112,7 +112,7 @@ func queryInt(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 	return n
 }
 
-// requireOneRunPerSlotShard checks invariant 1 of DESIGN.md for a schedule: every
+// requireOneRunPerSlotShard checks invariant 1 of docs/design.md for a schedule: every
 // materialized slot has exactly one run per shard and each run exactly one River job, and
 // nothing else exists.
 func requireOneRunPerSlotShard(t testing.TB, pool *pgxpool.Pool, schedule string) (slots, runs int) {

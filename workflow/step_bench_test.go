@@ -23,7 +23,7 @@ import (
 // fenced cursor write, run bookkeeping, River job) costs over the same business writes made by
 // hand in plain pgx: BEGIN, the writes, a fenced cursor UPDATE, COMMIT. Both run in the same
 // benchmark, on the same database, interleaved. The stepwise/floor metric is the ratio of
-// their throughputs (1.00: the protocol costs nothing); DESIGN.md's budget is >= 0.90 for
+// their throughputs (1.00: the protocol costs nothing); docs/design.md's budget is >= 0.90 for
 // steps of a realistic size. ns/op is per step, of both variants together. Each Stepwise chunk
 // is one run, so its claim, River pickup and completion are counted once per b.N/8 steps.
 //

@@ -23,7 +23,7 @@ import (
 const maxErrorLen = 2000
 
 // stepWorker is the River worker behind a Stepper. Its Work is the step protocol of
-// DESIGN.md: claim, then fenced steps until the slice ends or the run finishes.
+// docs/design.md: claim, then fenced steps until the slice ends or the run finishes.
 type stepWorker[A river.JobArgs, C any] struct {
 	river.WorkerDefaults[A]
 	e     *Engine

@@ -58,7 +58,7 @@
 //
 // # Invariants
 //
-// CheckInvariants checks DESIGN.md's invariants 1-5 over Stepwise's tables (one run per
+// CheckInvariants checks invariants 1, 2, 4 and 5 of docs/design.md over Stepwise's tables (one run per
 // slot and shard, one operation per business key, strictly increasing fencing tokens, every
 // operation proven or MANUAL, every due slot finished or recorded as skipped) and returns
 // each violation with its evidence; add your own with CheckOpts.Domain:

@@ -10,7 +10,8 @@ import (
 
 // Violation is one broken invariant, with the rows that prove it.
 type Violation struct {
-	// Invariant is the number of DESIGN.md's invariant (1-6; domain checks choose theirs).
+	// Invariant is the invariant's number in docs/design.md, section Invariants (1-6;
+	// domain checks choose theirs).
 	Invariant int
 	// Name says what should have held.
 	Name string
@@ -42,7 +43,7 @@ type CheckOpts struct {
 	Domain []CheckFunc
 }
 
-// CheckInvariants checks DESIGN.md's invariants 1-5 over Stepwise's tables, then opts'
+// CheckInvariants checks invariants 1, 2, 4 and 5 of docs/design.md over Stepwise's tables, then opts'
 // domain checks, and returns every violation found (nil when all hold). An error means a
 // check could not run, not that an invariant failed.
 func CheckInvariants(ctx context.Context, q Querier, opts *CheckOpts) ([]Violation, error) {

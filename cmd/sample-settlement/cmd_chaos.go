@@ -45,7 +45,7 @@ Settles dates of -merchants merchants in -shards runs on -workers worker process
 against a bank that fails 10%% of requests, while a killer SIGKILLs a random worker every
 0.5-2s (and restarts it) and every sixth time SIGSTOPs one past its lease instead. With
 -soak (the default) a date at rest is followed by the next one until -duration ends. Then it
-waits for rest and checks DESIGN.md's invariants 1-6 for every date, printing the first
+waits for rest and checks the invariants 1-6 of docs/design.md for every date, printing the first
 violation and the seed to repeat the run. Exits non-zero on any violation. Uses DATABASE_URL's server (or
 finds one like the demo) and a fresh database of its own, dropped afterwards.
 

@@ -17,7 +17,7 @@ import (
 
 func init() {
 	register("report", "a date's batch status by evidence, payouts per state, totals against the bank's statement", runReport)
-	register("invariants", "check DESIGN.md's invariants 1-6 for a date against the database and the bank", runInvariants)
+	register("invariants", "check the invariants 1-6 of docs/design.md for a date against the database and the bank", runInvariants)
 }
 
 // dateCommand is what the per-date read commands (report, invariants) share: their flags,

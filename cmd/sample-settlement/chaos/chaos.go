@@ -1,8 +1,8 @@
-// Package chaos is the fault-injection suite on the sample settlement service (DESIGN.md,
+// Package chaos is the fault-injection suite on the sample settlement service (docs/design.md,
 // drill 7): several worker processes settle a date of thousands of merchants against a bank
 // that misbehaves on one request in ten, while a killer SIGKILLs a random worker every
 // 0.5-2 s (and restarts it) and now and then SIGSTOPs one past its lease. After the system
-// comes to rest, every invariant of DESIGN.md is checked with its evidence: nothing lost,
+// comes to rest, every invariant of docs/design.md is checked with its evidence: nothing lost,
 // nothing done twice, money balances.
 //
 // The same code runs as a bounded test on every CI run (chaos_test.go) and as a long soak

@@ -47,7 +47,7 @@ callback OnPayoutOutcomes moves settlements in the transaction that moves their 
 BuildReport shows a date by evidence: batch status derived from runs and their operations,
 payouts per state, the oldest unknown, and the totals per currency from transactions through
 settlements and paid payouts to the bank's statement, payout by payout. CheckInvariants checks
-DESIGN.md's invariants 1 to 6 for a date against the database and the bank, each with its
+the invariants 1 to 6 of docs/design.md for a date against the database and the bank, each with its
 evidence.
 
 # Wiring

@@ -16,7 +16,7 @@ import (
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
-// Check is one invariant of DESIGN.md, checked for one date, with the evidence either way.
+// Check is one invariant of docs/design.md, checked for one date, with the evidence either way.
 // Invariant 0 is the summary of Stepwise's own checkers over the whole database.
 type Check struct {
 	Invariant int    `json:"invariant"`
@@ -67,7 +67,7 @@ func listSome(items []string) string {
 	return strings.Join(items, ", ")
 }
 
-// CheckInvariants checks DESIGN.md's invariants 1 to 6 for date against the database and
+// CheckInvariants checks docs/design.md's invariants 1 to 6 for date against the database and
 // the bank, and returns each with its evidence. It expects the date to have come to rest
 // (runs finished, payouts proven or MANUAL): run it after the settlement, not during. An
 // error means a check could not run; failed invariants are in the Result (see Result.Err).

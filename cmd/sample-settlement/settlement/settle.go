@@ -16,7 +16,7 @@ import (
 // PayoutKind is the operation kind of payouts in the operation ledger.
 const PayoutKind = "payout"
 
-// DefaultBatchSize is how many merchants one settle step covers. Measured (DESIGN.md,
+// DefaultBatchSize is how many merchants one settle step covers. Measured (docs/design.md,
 // performance budget): 100 per statement reaches about 13,800 merchants/s on two cores,
 // 1,000 about 19,000/s; 500 keeps each step's transaction short while staying close.
 const DefaultBatchSize = 500

@@ -1,7 +1,7 @@
 /*
 Package fakebank is a fake payment provider for testing Stepwise's operation ledger: the
 external system the outbox sends payouts to and the reconciler asks about. It exists to prove
-invariant 3 of the design, one external effect per operation id, so it applies each idempotency
+invariant 3 of docs/design.md, one external effect per operation id, so it applies each idempotency
 key at most once, fails on demand in every way a real provider does, and keeps its own ledger as
 the evidence a test checks.
 

@@ -227,3 +227,32 @@ func TestHeartbeatKeepsLeaseAndReportsFence(t *testing.T) {
 	}
 	stop()
 }
+
+// A step whose statements run longer than the lease must not commit a lease in the past: the
+// renewal counts from the commit's clock, not from the transaction's start (issue 12 item 3).
+// On the old code every such step left an expired lease on a healthy worker.
+func TestLongStatementNeverLeavesLeaseInPast(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	s, b := setup(t, &checkpoint.Config{Lease: lease})
+	ctx := context.Background()
+	l, err := s.Claim(ctx, "k", "w1", 1)
+	require.NoError(t, err)
+	for i := range 2 {
+		tx, err := s.Begin(ctx, l)
+		require.NoError(t, err)
+		// A statement longer than the lease; a heartbeat renews meanwhile, as a worker's would.
+		_, err = tx.Exec(ctx, `SELECT pg_sleep(1.3)`)
+		require.NoError(t, err)
+		require.NoError(t, s.Renew(ctx, l))
+		var renewedLeft time.Duration
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT (extract(epoch FROM lease_until - clock_timestamp()) * 1e9)::bigint FROM stepwise_checkpoint WHERE key = 'k'`).Scan(&renewedLeft))
+		require.NoError(t, s.Advance(ctx, tx, l, json.RawMessage(`{}`), nil))
+		require.NoError(t, tx.Commit(ctx))
+		var left time.Duration
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT (extract(epoch FROM lease_until - clock_timestamp()) * 1e9)::bigint FROM stepwise_checkpoint WHERE key = 'k'`).Scan(&left))
+		t.Logf("step %d: lease left after renewal %s, after commit %s (lease %s)", i+1, renewedLeft.Round(time.Millisecond), left.Round(time.Millisecond), lease)
+		require.Greater(t, left, time.Duration(0), "the commit left the lease in the past")
+		require.GreaterOrEqual(t, left, renewedLeft-50*time.Millisecond, "the commit shortened the lease the heartbeat had just renewed")
+	}
+}

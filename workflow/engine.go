@@ -1,12 +1,15 @@
 package workflow
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -121,11 +124,29 @@ type Engine struct {
 	registered map[*river.Workers]bool
 	metrics    *engineMetrics
 
-	// disableFence is a test-only switch that removes fencing: the token check at begin,
-	// the fenced write and the heartbeat's reaction to a lost lease. It exists so the fault
-	// suite can prove it catches a broken build; only export_test.go sets it.
-	disableFence bool
+	// fence is the step protocol's fencing: the token check at begin, the fenced write and
+	// whether a lost lease stops the step. Always the checkpoint store, except that the fault
+	// suite injects a deliberately broken one (export_test.go) to prove it catches a build
+	// without the fence.
+	fence stepFence
+
+	// sweepAfter is where maintenance's sweep for runs whose job ended resumes (a key).
+	sweepMu    sync.Mutex
+	sweepAfter string
 }
+
+// stepFence is the seam for the step protocol's fencing.
+type stepFence interface {
+	Begin(ctx context.Context, l *checkpoint.Lease) (pgx.Tx, error)
+	Advance(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error
+	// Enforced is false only for the fault suite's broken build: a lost lease goes unnoticed.
+	Enforced() bool
+}
+
+// storeFence is the real fence: the checkpoint store's token check and fenced write.
+type storeFence struct{ *checkpoint.Store }
+
+func (storeFence) Enforced() bool { return true }
 
 // New returns an Engine for step functions whose checkpoints live in pool's database.
 func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
@@ -144,7 +165,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}}
+	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}, fence: storeFence{store}}
 	e.metrics = newEngineMetrics(e)
 	return e, nil
 }

@@ -18,15 +18,6 @@ import (
 // the key in metadata leaves the user's job args exactly as they wrote them.
 const metadataRunKey = "stepwise_run"
 
-// Run statuses, as stored in stepwise_run.status.
-const (
-	StatusPending   = "pending"
-	StatusRunning   = "running"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-	StatusCancelled = "cancelled"
-)
-
 // RunKeyer may be implemented by job args to give jobs inserted with plain River Insert
 // (without Start) a run key.
 type RunKeyer interface {
@@ -38,13 +29,19 @@ type Run struct {
 	Key        string
 	Workflow   string
 	Input      json.RawMessage
-	Status     string
+	Status     RunStatus
 	Schedule   *string
 	Slot       *time.Time
 	Shard      *int
 	RiverJobID *int64
-	Attempts   int
-	LastError  *string
+	// Attempts counts claims: one per attempt of the run's jobs, so one per slice.
+	Attempts int
+	// Failures counts what the crash-loop guard counts: takeovers of a worker that vanished,
+	// and step errors. The run fails when they reach its job's MaxAttempts.
+	Failures  int
+	LastError *string
+	// WakeAt is when a run that released its lease on purpose (Sleep, Until) is due again.
+	WakeAt     *time.Time
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	FinishedAt *time.Time
@@ -154,11 +151,7 @@ func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx],
 	if err != nil {
 		return nil, fmt.Errorf("workflow.Start: inserting River job for run %q: %w", key, err)
 	}
-	if _, err := tx.Exec(ctx, `
-		WITH r AS (UPDATE stepwise_run SET river_job_id = $2 WHERE key = $1 RETURNING key)
-		INSERT INTO stepwise_event (subject, kind, to_state, detail)
-		SELECT key, 'run.start', 'pending', jsonb_build_object('river_job_id', $2::bigint) FROM r`,
-		key, res.Job.ID); err != nil {
+	if err := linkStartedRun(ctx, tx, key, res.Job.ID); err != nil {
 		return nil, fmt.Errorf("workflow.Start: linking run %q to its job: %w", key, err)
 	}
 	run, err := GetRun(ctx, tx, key)
@@ -204,11 +197,11 @@ func runKeyOf(metadata []byte, args any) (string, error) {
 // GetRun reads one run.
 func GetRun(ctx context.Context, q Querier, key string) (*Run, error) {
 	r := &Run{Key: key}
-	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts,
-			last_error, created_at, updated_at, finished_at, cancel_requested_at
+	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts, failures,
+			last_error, wake_at, created_at, updated_at, finished_at, cancel_requested_at
 		FROM stepwise_run WHERE key = $1`, key).
-		Scan(&r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts,
-			&r.LastError, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt)
+		Scan(&r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
+			&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrRunNotFound, key)
 	}
@@ -220,19 +213,14 @@ func GetRun(ctx context.Context, q Querier, key string) (*Run, error) {
 
 // CancelRun asks for a run to stop cooperatively: a run that has not started ends
 // 'cancelled' at its next claim; a running one has its step's context cancelled within about
-// Config.Heartbeat, its open step rolled back, and ends 'cancelled' with reason recorded.
+// Config.Heartbeat, its open step rolled back, and ends 'cancelled' with reason recorded; one
+// that is not being worked (sleeping, or waiting for River's retry) is ended 'cancelled' by
+// the next maintenance pass, within about MaintenanceInterval.
 // Committed steps stay committed. Cancelling a finished run does nothing and returns nil.
 func CancelRun(ctx context.Context, q interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }, key, reason string) error {
-	_, err := q.Exec(ctx, `
-		WITH r AS (
-			UPDATE stepwise_run SET cancel_requested_at = coalesce(cancel_requested_at, now()), last_error = $2, updated_at = now()
-			 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key
-		)
-		INSERT INTO stepwise_event (subject, kind, detail) SELECT key, 'run.cancel_requested', jsonb_build_object('reason', $2::text) FROM r`,
-		key, reason)
-	if err != nil {
+	if err := requestCancel(ctx, q, key, reason); err != nil {
 		return fmt.Errorf("requesting cancellation of run %q: %w", key, err)
 	}
 	return nil

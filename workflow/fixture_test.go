@@ -44,7 +44,7 @@ type countWorker struct {
 	// from it fails the step.
 	hook func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error
 	// next, when set and returning true, overrides what the step returns after its writes.
-	next func(s *workflow.Step[countArgs, countCursor]) (workflow.Next, bool)
+	next  func(s *workflow.Step[countArgs, countCursor]) (workflow.Next, bool)
 	slice time.Duration
 }
 

@@ -130,7 +130,7 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 	e.sweepMu.Unlock()
 	for _, s := range page {
 		// The lease is rechecked under lock by rescue (lockLapsed).
-		if (s.jobState == nil || *s.jobState == "completed" || *s.jobState == "discarded" || *s.jobState == "cancelled") {
+		if s.jobState == nil || *s.jobState == "completed" || *s.jobState == "discarded" || *s.jobState == "cancelled" {
 			crashed = append(crashed, s)
 		}
 	}

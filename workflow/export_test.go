@@ -36,3 +36,13 @@ func (noFence) Enforced() bool { return false }
 
 // MaintenanceInsertOptsForTest are the options the periodic maintenance job is inserted with.
 func MaintenanceInsertOptsForTest(e *Engine) *river.InsertOpts { return e.maintenanceInsertOpts() }
+
+// MaintenanceScansForTest are the scans of a maintenance pass with their arguments for an
+// engine, for EXPLAIN.
+func MaintenanceScansForTest(e *Engine) map[string][]any {
+	return map[string][]any{
+		"takeover": {takeoverScanSQL, e.cfg.Lease.Milliseconds()},
+		"sweep":    {sweepScanSQL, "", sweepPage},
+		"cancel":   {cancelScanSQL},
+	}
+}

@@ -233,3 +233,64 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	defer cancel()
 	_ = tx.Rollback(ctx)
 }
+
+// Resume continues a failed or cancelled run from its last committed cursor: the run goes
+// back to pending under a new River job (same queue, priority and max attempts as its last
+// job, when River still has it) with a fresh crash-loop budget, and the checkpoint is left
+// as committed, so no committed step is redone. actor (who) and reason (why, e.g. a ticket)
+// are required and recorded in the run's 'run.resume' event. A succeeded run is never redone;
+// a pending or running one is refused (it is not stopped).
+func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reason string) error {
+	switch {
+	case client == nil:
+		return errors.New("workflow.Resume: client is nil")
+	case actor == "":
+		return fmt.Errorf("workflow.Resume(%q): actor is empty; say who resumes the run, for the audit trail", key)
+	case reason == "":
+		return fmt.Errorf("workflow.Resume(%q): reason is empty; say why the run can go on now (e.g. the incident fixed)", key)
+	}
+	execTx, err := client.Driver().GetExecutor().Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("resuming run %q: %w", key, err)
+	}
+	tx := client.Driver().UnwrapTx(execTx)
+	defer rollback(ctx, tx)
+	run, err := GetRun(ctx, tx, key)
+	if err != nil {
+		return fmt.Errorf("workflow.Resume: %w", err)
+	}
+	if run.Status != StatusFailed && run.Status != StatusCancelled {
+		return fmt.Errorf("workflow.Resume(%q): the run is %s; only a failed or cancelled run can be resumed", key, run.Status)
+	}
+	opts := &river.InsertOpts{}
+	if run.RiverJobID != nil {
+		var queue string
+		var priority, maxAttempts int
+		err := tx.QueryRow(ctx, `SELECT queue, priority, max_attempts FROM river_job WHERE id = $1`, *run.RiverJobID).Scan(&queue, &priority, &maxAttempts)
+		switch {
+		case err == nil:
+			opts.Queue, opts.Priority, opts.MaxAttempts = queue, priority, maxAttempts
+		case !errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("resuming run %q: reading its last job: %w", key, err)
+		}
+	}
+	if opts.Metadata, err = withRunKey(nil, key); err != nil {
+		return err
+	}
+	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: run.Workflow, raw: run.Input}, opts)
+	if err != nil {
+		return fmt.Errorf("resuming run %q: inserting its River job: %w", key, err)
+	}
+	// Guards: two resumes at once, or a run that changed since it was read.
+	ok, err := resumeRun(ctx, tx, key, run.Status, ins.Job.ID, actor, reason)
+	if err != nil {
+		return fmt.Errorf("resuming run %q: %w", key, err)
+	}
+	if !ok {
+		return fmt.Errorf("resuming run %q: %w", key, errRunMoved)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("resuming run %q: committing: %w", key, err)
+	}
+	return nil
+}

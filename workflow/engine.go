@@ -130,9 +130,11 @@ type Engine struct {
 	// without the fence.
 	fence stepFence
 
-	// sweepAfter is where maintenance's sweep for runs whose job ended resumes (a key).
-	sweepMu    sync.Mutex
-	sweepAfter string
+	// Where maintenance's paged scans resume: the sweep of unfinished runs for ended jobs
+	// (a run key), and the scan of River's running jobs without a lease (a job id).
+	sweepMu      sync.Mutex
+	sweepAfter   string
+	runningAfter int64
 }
 
 // stepFence is the seam for the step protocol's fencing.

@@ -38,10 +38,12 @@ func (noFence) Enforced() bool { return false }
 func MaintenanceInsertOptsForTest(e *Engine) *river.InsertOpts { return e.maintenanceInsertOpts() }
 
 // MaintenanceScansForTest are the scans of a maintenance pass with their arguments for an
-// engine, for EXPLAIN.
-func MaintenanceScansForTest(e *Engine) map[string][]any {
+// engine, for EXPLAIN; the page of running jobs is (afterJob, lastJob].
+func MaintenanceScansForTest(e *Engine, afterJob, lastJob int64) map[string][]any {
 	return map[string][]any{
-		"takeover": {takeoverScanSQL, e.cfg.Lease.Milliseconds()},
+		"expired":  {expiredScanSQL, e.cfg.Lease.Milliseconds()},
+		"running":  {runningPageSQL, afterJob, sweepPage},
+		"unleased": {unleasedScanSQL, e.cfg.Lease.Milliseconds(), afterJob, lastJob},
 		"sweep":    {sweepScanSQL, "", sweepPage},
 		"cancel":   {cancelScanSQL},
 	}

@@ -62,13 +62,17 @@ func (r rawArgs) MarshalJSON() ([]byte, error) { return r.raw, nil }
 // finds itself superseded and exits. River periodic jobs run on the leader only; Maintain is
 // also safe to call by hand.
 //
-// A pass does three index-driven things, so its cost does not grow with the backlog of
-// pending runs:
+// A pass does four index-driven things, so its cost does not grow with the backlog of
+// pending or sleeping runs:
 //
-//   - takeover: River's running jobs whose run has no live lease, driven by river_job's
-//     state index (a few rows: the jobs being worked), joined to their run by job id. A run
-//     its worker released on purpose is left alone for one Lease past the release (the rule
-//     in runstate.go);
+//   - takeover of expired leases (a worker killed or frozen mid-run, the common case):
+//     driven by the index on stepwise_checkpoint.lease_until, a few rows. Takeover after
+//     about Lease + MaintenanceInterval;
+//   - takeover of running jobs with no lease at all (a worker that died after River fetched
+//     its job and before it claimed, or after it released and before River recorded the
+//     snooze): a page of 100 of River's running jobs per pass, resuming where the last pass
+//     stopped, so a full round takes (running jobs / 100) passes. A run its worker released
+//     on purpose is left alone for one Lease past the release (the rule in runstate.go);
 //   - sweep: a page of unfinished runs by key, resuming where the last pass stopped, for
 //     runs whose River job ended or vanished without finishing them (rare: an operator
 //     cancelled or deleted the job). A full sweep takes (unfinished runs / 100) passes;
@@ -83,7 +87,7 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 	}
 	res := &MaintenanceResult{}
 	// Takeover of vanished workers: the job is still 'running' but nobody holds the lease.
-	rows, err := e.pool.Query(ctx, takeoverScanSQL, e.cfg.Lease.Milliseconds())
+	rows, err := e.pool.Query(ctx, expiredScanSQL, e.cfg.Lease.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("finding runs whose worker vanished: %w", err)
 	}
@@ -91,6 +95,31 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 	if err != nil {
 		return nil, fmt.Errorf("finding runs whose worker vanished: %w", err)
 	}
+	e.sweepMu.Lock()
+	afterJob := e.runningAfter
+	e.sweepMu.Unlock()
+	var lastJob *int64
+	var pageLen int
+	if err := e.pool.QueryRow(ctx, runningPageSQL, afterJob, sweepPage).Scan(&lastJob, &pageLen); err != nil {
+		return nil, fmt.Errorf("paging River's running jobs: %w", err)
+	}
+	if pageLen > 0 {
+		rows, err = e.pool.Query(ctx, unleasedScanSQL, e.cfg.Lease.Milliseconds(), afterJob, *lastJob)
+		if err != nil {
+			return nil, fmt.Errorf("finding running jobs without a lease: %w", err)
+		}
+		unleased, err := pgx.CollectRows(rows, scanStuck)
+		if err != nil {
+			return nil, fmt.Errorf("finding running jobs without a lease: %w", err)
+		}
+		crashed = append(crashed, unleased...)
+	}
+	e.sweepMu.Lock()
+	e.runningAfter = 0
+	if pageLen == sweepPage {
+		e.runningAfter = *lastJob
+	}
+	e.sweepMu.Unlock()
 
 	// The sweep: one page of unfinished runs, for jobs that ended or vanished.
 	e.sweepMu.Lock()
@@ -307,22 +336,40 @@ func (e *Engine) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 
 // The scans of a maintenance pass. Each is driven by a small index range, so a pass costs the
 // same with a hundred thousand pending runs as with none (BenchmarkMaintainPass shows the
-// plans): takeover by river_job's (state, ...) index on 'running', then stepwise_run_job_idx;
-// the sweep by stepwise_run_active_key_idx from the last key; cancellations by
-// stepwise_run_cancel_idx.
+// plans): expired leases by stepwise_checkpoint_lease_idx; running jobs by river_job's
+// (state, ...) index, a page at a time, then stepwise_run_job_idx; the sweep by
+// stepwise_run_active_key_idx from the last key; cancellations by stepwise_run_cancel_idx.
 const (
-	takeoverScanSQL = `
+	// Expired leases: a worker killed or frozen while it held the run.
+	expiredScanSQL = `
+		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
+		       j.queue, j.priority, j.max_attempts, r.wake_at
+		  FROM stepwise_checkpoint c
+		  JOIN stepwise_run r ON r.key = c.key AND r.status IN ('pending', 'running')
+		  JOIN river_job j ON j.id = r.river_job_id
+		 WHERE c.lease_until IS NOT NULL AND c.lease_until < now()
+		   AND j.state = 'running'
+		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
+		 LIMIT 100`
+	// A page of River's running jobs, by id. "id + 0" keeps the planner on the state index
+	// (a top-N sort of the running jobs) instead of walking the primary key past every
+	// finished and waiting job.
+	runningPageSQL = `
+		SELECT max(id), count(*)::int FROM (
+			SELECT id FROM river_job WHERE state = 'running' AND id > $1 ORDER BY id + 0 LIMIT $2
+		) p`
+	// The page's jobs whose run has no lease at all and was not released just now.
+	unleasedScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
 		       j.queue, j.priority, j.max_attempts, r.wake_at
 		  FROM river_job j
 		  JOIN stepwise_run r ON r.river_job_id = j.id AND r.status IN ('pending', 'running')
 		  JOIN stepwise_checkpoint c ON c.key = r.key
-		 WHERE j.state = 'running'
+		 WHERE j.state = 'running' AND j.id > $2 AND j.id <= $3
 		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
-		   AND (c.lease_until IS NULL OR c.lease_until < now())
+		   AND c.lease_until IS NULL
 		   AND (r.released_at IS NULL OR r.released_at < j.attempted_at
-		        OR r.released_at < now() - $1 * interval '1 millisecond')
-		 LIMIT 100`
+		        OR r.released_at < now() - $1 * interval '1 millisecond')`
 	sweepScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
 		       j.queue, j.priority, j.max_attempts, r.wake_at

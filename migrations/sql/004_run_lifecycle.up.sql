@@ -13,8 +13,11 @@ ALTER TABLE stepwise_run ADD COLUMN released_at timestamptz;
 -- takeover of a run whose worker died before River recorded the snooze keeps it.
 ALTER TABLE stepwise_run ADD COLUMN wake_at timestamptz;
 
--- Maintenance's takeover scan is driven by River's running jobs (few) and joins back to the
--- run through its job id: index-driven, however many runs are pending.
+-- Maintenance's takeover scan starts from expired leases (a worker killed mid-run): few rows,
+-- however many runs are pending or asleep. A step's commit changes lease_until only when
+-- under half the lease is left, so steps stay HOT updates despite this index.
+CREATE INDEX stepwise_checkpoint_lease_idx ON stepwise_checkpoint (lease_until) WHERE lease_until IS NOT NULL;
+-- Its page of River's running jobs joins back to the run through the job id.
 CREATE INDEX stepwise_run_job_idx ON stepwise_run (river_job_id) WHERE status IN ('pending', 'running');
 -- Its sweep for runs whose job ended or vanished walks unfinished runs by key, a page a pass.
 CREATE INDEX stepwise_run_active_key_idx ON stepwise_run (key) WHERE status IN ('pending', 'running');

@@ -118,13 +118,11 @@ func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx],
 	if err := checkpoint.Ensure(ctx, tx, key); err != nil {
 		return nil, err
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard)
-		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING`,
-		key, kind, input, schedule, slot, opts.Shard)
+	created, err := insertRun(ctx, tx, key, kind, input, schedule, slot, opts.Shard)
 	if err != nil {
 		return nil, fmt.Errorf("workflow.Start: recording run %q: %w", key, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if !created {
 		run, err := GetRun(ctx, tx, key)
 		if err != nil {
 			return nil, err

@@ -88,6 +88,23 @@ func linkStartedRun(ctx context.Context, tx pgx.Tx, key string, jobID int64) err
 	return err
 }
 
+// insertRun records a new pending run for Start; its job is linked by linkStartedRun.
+// Guards: a key started twice (ON CONFLICT: the existing run stands, created is false).
+func insertRun(ctx context.Context, tx pgx.Tx, key, kind string, input []byte, schedule *string, slot *time.Time, shard *int) (created bool, err error) {
+	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard)
+		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING`,
+		key, kind, input, schedule, slot, shard)
+	return err == nil && tag.RowsAffected() == 1, err
+}
+
+// recordFenced audits a commit the fence refused: the run does not change (another attempt
+// owns it), but the zombie's attempt is in the trail. Best effort: the refusal already holds.
+func recordFenced(ctx context.Context, q execer, key string, by stepActor, cause error) {
+	_, _ = q.Exec(ctx, `INSERT INTO stepwise_event (subject, kind, actor, token, attempt, detail)
+		VALUES ($1, 'lease.fenced', $2, $3, $4, jsonb_build_object('error', $5::text))`,
+		key, by.owner, by.token, by.attempt, cause.Error())
+}
+
 // insertRunForJob creates the run of a job inserted with plain River Insert (args with a
 // RunKey method), linked to that job. Guards: two workers creating the same run (ON
 // CONFLICT: the first one wins, the second reads it).

@@ -348,9 +348,7 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	}
 	if errors.Is(stepErr, checkpoint.ErrFenced) {
 		e.metrics.fenced.WithLabelValues(a.job.Kind).Inc()
-		_, _ = e.pool.Exec(cctx, `INSERT INTO stepwise_event (subject, kind, actor, token, attempt, detail)
-			VALUES ($1, 'lease.fenced', $2, $3, $4, jsonb_build_object('error', $5::text))`,
-			a.key, a.lease.Owner, a.lease.Token, a.job.Attempt, stepErr.Error())
+		recordFenced(cctx, e.pool, a.key, a.actor(), stepErr)
 		e.logger.WarnContext(ctx, "stepwise: commit refused, another worker owns the run", "run", a.key, "token", a.lease.Token, "owner", a.lease.Owner)
 		run, err := GetRun(cctx, e.pool, a.key)
 		if err == nil && (run.Status.Finished() || run.RiverJobID != nil && *run.RiverJobID != a.job.ID) {

@@ -294,7 +294,8 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 	}
 	l.Steps++
 	l.Cursor = cursor
-	// The lease now runs from this statement's clock, which is after stepBegan. Should the
+	// The lease now lasts at least Lease/2 past this statement, which is after stepBegan
+	// (Begin skips its token check only within Lease/2 of confirmedAt). Should the
 	// commit fail, the caller abandons the attempt; a released lease may be claimed at once.
 	l.confirmedAt = l.stepBegan
 	if release {

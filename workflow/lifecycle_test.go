@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
@@ -308,4 +310,62 @@ func TestResumeFailedRun(t *testing.T) {
 
 	require.ErrorContains(t, workflow.Resume(ctx, e.client, "resumable", "alice@ops", "again"), "succeeded")
 	require.ErrorIs(t, workflow.Resume(ctx, e.client, "nope", "alice@ops", "x"), workflow.ErrRunNotFound)
+}
+
+// hourRetry schedules every retry an hour out, like River's backoff after a few attempts.
+type hourRetry struct{}
+
+func (hourRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(time.Hour) }
+
+// Issue 12 item 2, step errors: River's backoff is honoured. A step fails after running
+// longer than the lease; until River's completer records the retry (its batches flush every
+// 250ms) the job is 'running' with a stale attempted_at and no lease. The old maintenance
+// (here every 10ms) took it over into a job available at once, skipping the backoff; the run
+// must wait for River's retry instead.
+func TestStepErrorBackoffHonoured(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	var steps atomic.Int32
+	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+		steps.Add(1)
+		time.Sleep(1200 * time.Millisecond)
+		return errors.New("bank said 503")
+	}}
+	engine, err := workflow.New(pool, &workflow.Config{Lease: time.Second, StallTimeout: 10 * time.Second, Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, w)
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:      map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
+		Workers:     workers,
+		RetryPolicy: hourRetry{},
+		Logger:      quietLogger(),
+	})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	require.NoError(t, client.Start(runCtx))
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.Stop(stopCtx)
+		cancel()
+	})
+	e := &env{pool: pool, engine: engine, client: client, workers: workers}
+	maintainLoop(t, e, 10*time.Millisecond)
+
+	run, err := workflow.Start(ctx, client, "backoff", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return steps.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(3 * time.Second) // the step's 1.2s, River's completer, many maintenance passes
+	run, err = workflow.GetRun(ctx, pool, "backoff")
+	require.NoError(t, err)
+	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'backoff' AND kind = 'run.takeover'`)
+	job, err := client.JobGet(ctx, *run.RiverJobID)
+	require.NoError(t, err)
+	t.Logf("after 3s: %d step attempts, %d takeovers, job %d %s due in %s", steps.Load(), takeovers, job.ID, job.State, time.Until(job.ScheduledAt).Round(time.Second))
+	require.Zero(t, takeovers, "a run waiting for River's retry was taken over")
+	require.Equal(t, int32(1), steps.Load(), "the step ran again before River's backoff")
+	require.Equal(t, "retryable", string(job.State))
 }

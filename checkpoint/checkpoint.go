@@ -267,10 +267,7 @@ type AdvanceOpts struct {
 // The renewal is measured from the statement's clock (clock_timestamp), not from the
 // transaction's start (now()), and never moves lease_until backwards: a step whose statements
 // ran longer than the lease would otherwise commit a lease already in the past, and a healthy
-// worker would be taken over (guards: "a commit never shortens the lease"). While more than
-// half the lease is left (the heartbeat renews every Lease/3) the commit leaves lease_until
-// as it is: the column is indexed for maintenance's scan of expired leases, and an unchanged
-// value keeps the step's UPDATE a HOT update, so the index costs the step nothing. The
+// worker would be taken over (guards: "a commit never shortens the lease"). The
 // caller commits tx afterwards; on ErrFenced it must roll back, so none of the step's
 // writes land. Under READ COMMITTED this UPDATE re-reads the newest row version, so either it
 // commits before a newer claim (and the claimer resumes from this cursor) or it sees the
@@ -282,7 +279,6 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 		   SET cursor = $3, steps = steps + 1, updated_at = now(),
 		       owner       = CASE WHEN $4 THEN NULL ELSE owner END,
 		       lease_until = CASE WHEN $4 THEN NULL
-		                          WHEN lease_until > clock_timestamp() + $5 * interval '500 microseconds' THEN lease_until
 		                          ELSE greatest(lease_until, clock_timestamp() + $5 * interval '1 millisecond') END
 		 WHERE key = $1 AND fencing_token = $2`,
 		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds())
@@ -294,8 +290,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 	}
 	l.Steps++
 	l.Cursor = cursor
-	// The lease now lasts at least Lease/2 past this statement, which is after stepBegan
-	// (Begin skips its token check only within Lease/2 of confirmedAt). Should the
+	// The lease now runs from this statement's clock, which is after stepBegan. Should the
 	// commit fail, the caller abandons the attempt; a released lease may be claimed at once.
 	l.confirmedAt = l.stepBegan
 	if release {

@@ -14,8 +14,8 @@ ALTER TABLE stepwise_run ADD COLUMN released_at timestamptz;
 ALTER TABLE stepwise_run ADD COLUMN wake_at timestamptz;
 
 -- Maintenance's takeover scan starts from expired leases (a worker killed mid-run): few rows,
--- however many runs are pending or asleep. A step's commit changes lease_until only when
--- under half the lease is left, so steps stay HOT updates despite this index.
+-- however many runs are pending or asleep. (Every step's commit renews lease_until, so the
+-- step's UPDATE of its checkpoint row is no longer a HOT update: one more index entry a step.)
 CREATE INDEX stepwise_checkpoint_lease_idx ON stepwise_checkpoint (lease_until) WHERE lease_until IS NOT NULL;
 -- Its page of River's running jobs joins back to the run through the job id.
 CREATE INDEX stepwise_run_job_idx ON stepwise_run (river_job_id) WHERE status IN ('pending', 'running');

@@ -262,7 +262,12 @@ type AdvanceOpts struct {
 }
 
 // Advance is the fenced write at the end of a step: it stores cursor, counts the step and
-// renews (or releases) the lease, only if l's token is still the key's current one. The
+// renews (or releases) the lease, only if l's token is still the key's current one.
+//
+// The renewal is measured from the statement's clock (clock_timestamp), not from the
+// transaction's start (now()), and never moves lease_until backwards: a step whose statements
+// ran longer than the lease would otherwise commit a lease already in the past, and a healthy
+// worker would be taken over (guards: "a commit never shortens the lease"). The
 // caller commits tx afterwards; on ErrFenced it must roll back, so none of the step's
 // writes land. Under READ COMMITTED this UPDATE re-reads the newest row version, so either it
 // commits before a newer claim (and the claimer resumes from this cursor) or it sees the
@@ -273,7 +278,8 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 		UPDATE stepwise_checkpoint
 		   SET cursor = $3, steps = steps + 1, updated_at = now(),
 		       owner       = CASE WHEN $4 THEN NULL ELSE owner END,
-		       lease_until = CASE WHEN $4 THEN NULL ELSE now() + $5 * interval '1 millisecond' END
+		       lease_until = CASE WHEN $4 THEN NULL
+		                          ELSE greatest(lease_until, clock_timestamp() + $5 * interval '1 millisecond') END
 		 WHERE key = $1 AND fencing_token = $2`,
 		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds())
 	if err != nil {
@@ -284,7 +290,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 	}
 	l.Steps++
 	l.Cursor = cursor
-	// The lease now runs from this transaction's start, which is after stepBegan. Should the
+	// The lease now runs from this statement's clock, which is after stepBegan. Should the
 	// commit fail, the caller abandons the attempt; a released lease may be claimed at once.
 	l.confirmedAt = l.stepBegan
 	if release {
@@ -293,11 +299,13 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 	return nil
 }
 
-// Renew extends l's lease (protocol step 3), fenced by its token and owner. ErrFenced means
+// Renew extends l's lease (protocol step 3), fenced by its token and owner. Like Advance it
+// counts from clock_timestamp and never shortens the lease. ErrFenced means
 // the lease was lost: the caller must stop the step.
 func (s *Store) Renew(ctx context.Context, l *Lease) error {
 	tag, err := s.pool.Exec(ctx, `
-		UPDATE stepwise_checkpoint SET lease_until = now() + $4 * interval '1 millisecond'
+		UPDATE stepwise_checkpoint
+		   SET lease_until = greatest(lease_until, clock_timestamp() + $4 * interval '1 millisecond')
 		 WHERE key = $1 AND fencing_token = $2 AND owner = $3`,
 		l.Key, l.Token, l.Owner, s.cfg.Lease.Milliseconds())
 	if err != nil {

@@ -206,12 +206,14 @@ func TestRacingClaimsOneHolder(t *testing.T) {
 func TestHeartbeatKeepsLeaseAndReportsFence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, b := setup(t, &checkpoint.Config{Lease: 150 * time.Millisecond})
+	// A lease long enough that a renewal (budget: Lease - interval) survives a loaded machine;
+	// with 150ms it failed under a full parallel test run.
+	s, b := setup(t, &checkpoint.Config{Lease: 600 * time.Millisecond})
 	l, err := s.Claim(ctx, "k", "a", 1)
 	require.NoError(t, err)
 	lost := make(chan error, 1)
 	stop := s.Heartbeat(ctx, l, 0, func(err error) { lost <- err })
-	time.Sleep(400 * time.Millisecond) // well past the lease: the heartbeat kept it
+	time.Sleep(1500 * time.Millisecond) // well past the lease: the heartbeat kept it
 	_, err = s.Claim(ctx, "k", "b", 1)
 	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
 
@@ -226,4 +228,35 @@ func TestHeartbeatKeepsLeaseAndReportsFence(t *testing.T) {
 		t.Fatal("heartbeat did not report the lost lease")
 	}
 	stop()
+}
+
+// A step whose statements run longer than the lease must not commit a lease in the past: the
+// renewal counts from the commit's clock, not from the transaction's start (issue 12 item 3).
+// On the old code every such step left an expired lease on a healthy worker.
+func TestLongStatementNeverLeavesLeaseInPast(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	s, b := setup(t, &checkpoint.Config{Lease: lease})
+	ctx := context.Background()
+	l, err := s.Claim(ctx, "k", "w1", 1)
+	require.NoError(t, err)
+	for i := range 2 {
+		tx, err := s.Begin(ctx, l)
+		require.NoError(t, err)
+		// A statement longer than the lease; a heartbeat renews meanwhile, as a worker's would.
+		_, err = tx.Exec(ctx, `SELECT pg_sleep(1.3)`)
+		require.NoError(t, err)
+		require.NoError(t, s.Renew(ctx, l))
+		var renewed time.Time
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT lease_until FROM stepwise_checkpoint WHERE key = 'k'`).Scan(&renewed))
+		require.NoError(t, s.Advance(ctx, tx, l, json.RawMessage(`{}`), nil))
+		require.NoError(t, tx.Commit(ctx))
+		var committed time.Time
+		var left time.Duration
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT lease_until, (extract(epoch FROM lease_until - clock_timestamp()) * 1e9)::bigint
+			FROM stepwise_checkpoint WHERE key = 'k'`).Scan(&committed, &left))
+		t.Logf("step %d: lease left after commit %s; lease_until moved %s by the commit (lease %s)", i+1, left.Round(time.Millisecond), committed.Sub(renewed), lease)
+		require.Greater(t, left, time.Duration(0), "the commit left the lease in the past")
+		require.False(t, committed.Before(renewed), "the commit shortened the lease the heartbeat had just renewed")
+	}
 }

@@ -47,13 +47,19 @@
 //     write of cursor and lease (checkpoint.Advance); on Done also the run's status and
 //     river.JobCompleteTx, whose returned state is checked; commit.
 //  3. A heartbeat renews the lease and cancels the step's context if it cannot.
-//  4. After Config.Slice, release the lease in the last commit and JobSnooze(0).
+//  4. After Config.Slice, release the lease in the last commit, recorded as a release on
+//     purpose (runstate.go), and JobSnooze(0).
 //  5. Maintenance (Engine.Maintain: a leader-run periodic job added by Engine.Install, and
 //     Engine.RunMaintenance in every process) re-enqueues runs whose worker vanished:
 //     takeover after about Lease + MaintenanceInterval, not River's hour, and not River's
-//     leader failover either when every process runs RunMaintenance.
+//     leader failover either when every process runs RunMaintenance. A run released on
+//     purpose is left to River for one Lease past the release.
 //  6. Outcomes: Continue, Done, Sleep/Until, Fail; an error or panic rolls back and River
-//     retries with backoff; the last attempt's failure ends the run failed.
+//     retries with backoff. The run fails when its failures (crashes taken over plus step
+//     errors, never slices) reach its job's MaxAttempts; Resume continues it later.
+//
+// Every change of a run's state is one transition of runstate.go, conditional on the
+// state its caller saw.
 //
 // # Guarantees
 //

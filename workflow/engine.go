@@ -1,12 +1,15 @@
 package workflow
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -121,11 +124,31 @@ type Engine struct {
 	registered map[*river.Workers]bool
 	metrics    *engineMetrics
 
-	// disableFence is a test-only switch that removes fencing: the token check at begin,
-	// the fenced write and the heartbeat's reaction to a lost lease. It exists so the fault
-	// suite can prove it catches a broken build; only export_test.go sets it.
-	disableFence bool
+	// fence is the step protocol's fencing: the token check at begin, the fenced write and
+	// whether a lost lease stops the step. Always the checkpoint store, except that the fault
+	// suite injects a deliberately broken one (export_test.go) to prove it catches a build
+	// without the fence.
+	fence stepFence
+
+	// Where maintenance's paged scans resume: the sweep of unfinished runs for ended jobs
+	// (a run key), and the scan of River's running jobs without a lease (a job id).
+	sweepMu      sync.Mutex
+	sweepAfter   string
+	runningAfter int64
 }
+
+// stepFence is the seam for the step protocol's fencing.
+type stepFence interface {
+	Begin(ctx context.Context, l *checkpoint.Lease) (pgx.Tx, error)
+	Advance(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error
+	// Enforced is false only for the fault suite's broken build: a lost lease goes unnoticed.
+	Enforced() bool
+}
+
+// storeFence is the real fence: the checkpoint store's token check and fenced write.
+type storeFence struct{ *checkpoint.Store }
+
+func (storeFence) Enforced() bool { return true }
 
 // New returns an Engine for step functions whose checkpoints live in pool's database.
 func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
@@ -144,7 +167,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}}
+	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}, fence: storeFence{store}}
 	e.metrics = newEngineMetrics(e)
 	return e, nil
 }
@@ -193,6 +216,11 @@ func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {
 func (e *Engine) Install(rc *river.Config) error {
 	if rc == nil {
 		return errors.New("workflow: Install: river config is nil")
+	}
+	if rc.Schema != "" {
+		// Maintenance and Resume read river_job unqualified, through the pool's search_path;
+		// with River's tables in another schema they would silently read the wrong table.
+		return fmt.Errorf("workflow: Install: river.Config.Schema is %q, but Stepwise reads River's tables through the connection's search_path; leave Schema empty and put %q first in the pool's search_path (e.g. the connection string's search_path=%s) instead", rc.Schema, rc.Schema, rc.Schema)
 	}
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()

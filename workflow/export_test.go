@@ -1,10 +1,50 @@
 package workflow
 
-import "github.com/riverqueue/river"
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/checkpoint"
+)
 
 // DisableFenceForTest removes fencing (token check, fenced write, lost-lease reaction), so
 // the fault suite can prove that it catches a build without the fence. Test binaries only.
-func DisableFenceForTest(e *Engine) { e.disableFence = true }
+func DisableFenceForTest(e *Engine) { e.fence = noFence{e.store} }
+
+// noFence is a build that forgot the fence: no token check at begin, and a "fenced" write
+// that adopts whatever token is current, so a zombie's commit always lands. It goes through
+// the real checkpoint.Advance rather than a copy of its SQL.
+type noFence struct{ s *checkpoint.Store }
+
+func (n noFence) Begin(ctx context.Context, _ *checkpoint.Lease) (pgx.Tx, error) {
+	return n.s.Pool().Begin(ctx)
+}
+
+func (n noFence) Advance(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error {
+	st, err := n.s.Get(ctx, l.Key)
+	if err != nil {
+		return err
+	}
+	l.Token = st.Token
+	return n.s.Advance(ctx, tx, l, cursor, opts)
+}
+
+func (noFence) Enforced() bool { return false }
 
 // MaintenanceInsertOptsForTest are the options the periodic maintenance job is inserted with.
 func MaintenanceInsertOptsForTest(e *Engine) *river.InsertOpts { return e.maintenanceInsertOpts() }
+
+// MaintenanceScansForTest are the scans of a maintenance pass with their arguments for an
+// engine, for EXPLAIN; the page of running jobs is (afterJob, lastJob].
+func MaintenanceScansForTest(e *Engine, afterJob, lastJob int64) map[string][]any {
+	return map[string][]any{
+		"expired":  {expiredScanSQL, e.cfg.Lease.Milliseconds()},
+		"running":  {runningPageSQL, afterJob, sweepPage},
+		"unleased": {unleasedScanSQL, e.cfg.Lease.Milliseconds(), afterJob, lastJob},
+		"sweep":    {sweepScanSQL, "", sweepPage},
+		"cancel":   {cancelScanSQL},
+	}
+}

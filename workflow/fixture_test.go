@@ -43,6 +43,16 @@ type countWorker struct {
 	// hook, when set, runs after the step's writes and before it returns; an error or panic
 	// from it fails the step.
 	hook func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error
+	// next, when set and returning true, overrides what the step returns after its writes.
+	next  func(s *workflow.Step[countArgs, countCursor]) (workflow.Next, bool)
+	slice time.Duration
+}
+
+func (w *countWorker) StepOptions() *workflow.StepOptions {
+	if w.slice == 0 {
+		return nil
+	}
+	return &workflow.StepOptions{Slice: w.slice}
 }
 
 func (w *countWorker) Step(ctx context.Context, s *workflow.Step[countArgs, countCursor]) (workflow.Next, error) {
@@ -63,6 +73,11 @@ func (w *countWorker) Step(ctx context.Context, s *workflow.Step[countArgs, coun
 		}
 	}
 	s.Cursor.Next = end
+	if w.next != nil {
+		if n, ok := w.next(s); ok {
+			return n, nil
+		}
+	}
 	if end >= s.Args.Total {
 		return workflow.Done(), nil
 	}
@@ -146,7 +161,7 @@ func newEnv(t testing.TB, pool *pgxpool.Pool, cfg *workflow.Config, w workflow.S
 
 // waitRun waits until the run reaches one of the statuses, polling the database (the run's
 // state there is the evidence we assert on).
-func waitRun(t testing.TB, pool *pgxpool.Pool, key string, timeout time.Duration, statuses ...string) *workflow.Run {
+func waitRun(t testing.TB, pool *pgxpool.Pool, key string, timeout time.Duration, statuses ...workflow.RunStatus) *workflow.Run {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -220,6 +235,9 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	stopAt, _ := strconv.Atoi(envVars["STOP_AT_STEP"])
 	stepSleep, _ := time.ParseDuration(envVars["STEP_SLEEP"])
 	maintMS, _ := strconv.Atoi(envVars["MAINTENANCE_MS"])
+	sliceMS, _ := strconv.Atoi(envVars["SLICE_MS"])
+	sleepAt, _ := strconv.Atoi(envVars["SLEEP_AT_STEP"])
+	sleepFor, _ := time.ParseDuration(envVars["SLEEP_FOR"])
 	engine, err := workflow.New(pool, &workflow.Config{
 		Lease:               time.Duration(leaseMS) * time.Millisecond,
 		MaintenanceInterval: time.Duration(maintMS) * time.Millisecond,
@@ -249,6 +267,16 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 		}
 		return nil
 	}}
+	w.slice = time.Duration(sliceMS) * time.Millisecond
+	if sleepAt > 0 {
+		w.next = func(s *workflow.Step[countArgs, countCursor]) (workflow.Next, bool) {
+			if int(s.Number) != sleepAt {
+				return workflow.Next{}, false
+			}
+			fmt.Printf("sleeping run=%s step=%d for=%s pid=%d\n", s.RunKey, s.Number, sleepFor, os.Getpid())
+			return workflow.Sleep(sleepFor), true
+		}
+	}
 	workers := river.NewWorkers()
 	workflow.AddWorker(engine, workers, w)
 	rc := &river.Config{

@@ -35,9 +35,12 @@ func (w *maintenanceWorker) Work(ctx context.Context, job *river.Job[Maintenance
 type MaintenanceResult struct {
 	// TakenOver are runs whose worker vanished and that were re-enqueued under a new job.
 	TakenOver []string
-	// Failed are runs ended as failed because their attempts are used up or their River job
-	// ended without finishing them.
+	// Failed are runs ended as failed because their crashes used up their attempts or their
+	// River job ended without finishing them.
 	Failed []string
+	// Cancelled are runs CancelRun asked to stop that no worker was working (asleep, or
+	// waiting for a retry), ended as cancelled.
+	Cancelled []string
 }
 
 // rawArgs re-inserts a run's original args, byte for byte, under a new job.
@@ -58,112 +61,100 @@ func (r rawArgs) MarshalJSON() ([]byte, error) { return r.raw, nil }
 // two overlapping passes re-enqueue a run once; when River finally rescues the old job, it
 // finds itself superseded and exits. River periodic jobs run on the leader only; Maintain is
 // also safe to call by hand.
+//
+// A pass does four index-driven things, so its cost does not grow with the backlog of
+// pending or sleeping runs:
+//
+//   - takeover of expired leases (a worker killed or frozen mid-run, the common case):
+//     driven by the index on stepwise_checkpoint.lease_until, a few rows. Takeover after
+//     about Lease + MaintenanceInterval;
+//   - takeover of running jobs with no lease at all (a worker that died after River fetched
+//     its job and before it claimed, or after it released and before River recorded the
+//     snooze): a page of 100 of River's running jobs per pass, resuming where the last pass
+//     stopped, so a full round takes (running jobs / 100) passes. A run its worker released
+//     on purpose is left alone for one Lease past the release (the rule in runstate.go);
+//   - sweep: a page of unfinished runs by key, resuming where the last pass stopped, for
+//     runs whose River job ended or vanished without finishing them (rare: an operator
+//     cancelled or deleted the job). A full sweep takes (unfinished runs / 100) passes;
+//   - cancellation: runs CancelRun asked to stop that no worker is working (sleeping,
+//     waiting for a retry), ended 'cancelled' with their River job cancelled.
+//
+// Every change is one of runstate.go's transitions, conditional on what the pass saw: a run
+// whose worker renewed its lease, or that finished, meanwhile is left alone.
 func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*MaintenanceResult, error) {
 	if client == nil {
 		return nil, errors.New("workflow.Maintain: client is nil")
 	}
-	type stuck struct {
-		key         string
-		jobID       *int64
-		jobState    *string
-		attempts    int
-		kind        string
-		input       json.RawMessage
-		queue       *string
-		priority    *int
-		maxAttempts *int
-	}
-	// A run is stuck when it is unfinished and its job is running with no live lease (the
-	// worker died after River fetched the job, before or after claiming), or its job has
-	// ended or vanished without finishing it.
-	rows, err := e.pool.Query(ctx, `
-		SELECT r.key, r.river_job_id, j.state::text, r.attempts, r.workflow, r.input, j.queue, j.priority, j.max_attempts
-		  FROM stepwise_run r
-		  JOIN stepwise_checkpoint c ON c.key = r.key
-		  LEFT JOIN river_job j ON j.id = r.river_job_id
-		 WHERE r.status IN ('pending', 'running')
-		   AND (c.lease_until IS NULL OR c.lease_until < now())
-		   AND (
-		        (j.state = 'running' AND j.attempted_at < now() - $1 * interval '1 millisecond')
-		     OR j.id IS NULL
-		     OR j.state IN ('completed', 'discarded', 'cancelled')
-		   )
-		 ORDER BY r.updated_at
-		 LIMIT 100`, e.cfg.Lease.Milliseconds())
-	if err != nil {
-		return nil, fmt.Errorf("finding stuck runs: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stuck, error) {
-		var s stuck
-		err := row.Scan(&s.key, &s.jobID, &s.jobState, &s.attempts, &s.kind, &s.input, &s.queue, &s.priority, &s.maxAttempts)
-		return s, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("finding stuck runs: %w", err)
-	}
-
 	res := &MaintenanceResult{}
-	for _, s := range list {
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			maxAttempts := river.MaxAttemptsDefault
-			if s.maxAttempts != nil {
-				maxAttempts = *s.maxAttempts
-			}
-			// A run whose job River discarded or cancelled, or that has crashed as many
-			// times as its job may be attempted, ends failed and visible: re-enqueueing a
-			// crash loop forever would hide it.
-			reason := ""
-			switch {
-			case s.jobState != nil && (*s.jobState == "discarded" || *s.jobState == "cancelled"):
-				reason = fmt.Sprintf("its River job %d ended %s without finishing the run", *s.jobID, *s.jobState)
-			case s.attempts >= maxAttempts:
-				reason = fmt.Sprintf("its worker vanished on attempt %d of %d (crash or lost lease each time)", s.attempts, maxAttempts)
-			}
-			if reason != "" {
-				tag, err := tx.Exec(ctx, `UPDATE stepwise_run SET status = 'failed', last_error = $3, finished_at = now(), updated_at = now()
-					WHERE key = $1 AND river_job_id IS NOT DISTINCT FROM $2 AND status IN ('pending', 'running')`, s.key, s.jobID, reason)
-				if err != nil || tag.RowsAffected() == 0 {
-					return err
-				}
-				res.Failed = append(res.Failed, s.key)
-				_, err = tx.Exec(ctx, `INSERT INTO stepwise_event (subject, kind, to_state, actor, detail)
-					VALUES ($1, 'run.finish', 'failed', 'maintenance', jsonb_build_object('error', $2::text))`, s.key, reason)
-				return err
-			}
+	// Takeover of vanished workers: the job is still 'running' but nobody holds the lease.
+	rows, err := e.pool.Query(ctx, expiredScanSQL, e.cfg.Lease.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("finding runs whose worker vanished: %w", err)
+	}
+	crashed, err := pgx.CollectRows(rows, scanStuck)
+	if err != nil {
+		return nil, fmt.Errorf("finding runs whose worker vanished: %w", err)
+	}
+	e.sweepMu.Lock()
+	afterJob := e.runningAfter
+	e.sweepMu.Unlock()
+	var lastJob *int64
+	var pageLen int
+	if err := e.pool.QueryRow(ctx, runningPageSQL, afterJob, sweepPage).Scan(&lastJob, &pageLen); err != nil {
+		return nil, fmt.Errorf("paging River's running jobs: %w", err)
+	}
+	if pageLen > 0 {
+		rows, err = e.pool.Query(ctx, unleasedScanSQL, e.cfg.Lease.Milliseconds(), afterJob, *lastJob)
+		if err != nil {
+			return nil, fmt.Errorf("finding running jobs without a lease: %w", err)
+		}
+		unleased, err := pgx.CollectRows(rows, scanStuck)
+		if err != nil {
+			return nil, fmt.Errorf("finding running jobs without a lease: %w", err)
+		}
+		crashed = append(crashed, unleased...)
+	}
+	e.sweepMu.Lock()
+	e.runningAfter = 0
+	if pageLen == sweepPage {
+		e.runningAfter = *lastJob
+	}
+	e.sweepMu.Unlock()
 
-			opts := &river.InsertOpts{MaxAttempts: maxAttempts}
-			if s.queue != nil {
-				opts.Queue = *s.queue
-			}
-			if s.priority != nil {
-				opts.Priority = *s.priority
-			}
-			var err error
-			if opts.Metadata, err = withRunKey(nil, s.key); err != nil {
-				return err
-			}
-			ins, err := client.InsertTx(ctx, tx, rawArgs{kind: s.kind, raw: s.input}, opts)
-			if err != nil {
-				return fmt.Errorf("re-enqueueing run %q: %w", s.key, err)
-			}
-			tag, err := tx.Exec(ctx, `UPDATE stepwise_run SET river_job_id = $3, updated_at = now()
-				WHERE key = $1 AND river_job_id IS NOT DISTINCT FROM $2 AND status IN ('pending', 'running')`,
-				s.key, s.jobID, ins.Job.ID)
-			if err != nil {
-				return err
-			}
-			if tag.RowsAffected() == 0 {
-				return errSkip // another pass got there first; roll back our job
-			}
-			res.TakenOver = append(res.TakenOver, s.key)
-			_, err = tx.Exec(ctx, `INSERT INTO stepwise_event (subject, kind, actor, detail)
-				VALUES ($1, 'run.takeover', 'maintenance', jsonb_build_object('old_job', $2::bigint, 'new_job', $3::bigint))`,
-				s.key, s.jobID, ins.Job.ID)
-			return err
-		})
+	// The sweep: one page of unfinished runs, for jobs that ended or vanished.
+	e.sweepMu.Lock()
+	after := e.sweepAfter
+	e.sweepMu.Unlock()
+	rows, err = e.pool.Query(ctx, sweepScanSQL, after, sweepPage)
+	if err != nil {
+		return nil, fmt.Errorf("sweeping unfinished runs: %w", err)
+	}
+	page, err := pgx.CollectRows(rows, scanStuck)
+	if err != nil {
+		return nil, fmt.Errorf("sweeping unfinished runs: %w", err)
+	}
+	next := ""
+	if len(page) == sweepPage {
+		next = page[len(page)-1].key
+	}
+	e.sweepMu.Lock()
+	e.sweepAfter = next
+	e.sweepMu.Unlock()
+	for _, s := range page {
+		// The lease is rechecked under lock by rescue (lockLapsed).
+		if s.jobState == nil || *s.jobState == "completed" || *s.jobState == "discarded" || *s.jobState == "cancelled" {
+			crashed = append(crashed, s)
+		}
+	}
+
+	for _, s := range crashed {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.rescue(ctx, client, tx, s, res) })
 		if err != nil && !errors.Is(err, errSkip) {
 			return res, fmt.Errorf("taking over run %q: %w", s.key, err)
 		}
+	}
+	if err := e.cancelIdle(ctx, client, res); err != nil {
+		return res, err
 	}
 	e.metrics.takeovers.Add(float64(len(res.TakenOver)))
 	for _, k := range res.TakenOver {
@@ -172,7 +163,151 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 	for _, k := range res.Failed {
 		e.logger.WarnContext(ctx, "stepwise: run failed by maintenance", "run", k)
 	}
+	for _, k := range res.Cancelled {
+		e.logger.InfoContext(ctx, "stepwise: idle run cancelled by maintenance", "run", k)
+	}
 	return res, nil
+}
+
+// sweepPage is how many unfinished runs one pass sweeps for ended jobs.
+const sweepPage = 100
+
+type stuckRun struct {
+	seenRun
+	jobState    *string
+	kind        string
+	input       json.RawMessage
+	queue       *string
+	priority    *int
+	maxAttempts *int
+	wakeAt      *time.Time
+}
+
+func scanStuck(row pgx.CollectableRow) (stuckRun, error) {
+	var s stuckRun
+	err := row.Scan(&s.key, &s.jobID, &s.jobState, &s.failures, &s.token, &s.kind, &s.input, &s.queue, &s.priority, &s.maxAttempts, &s.wakeAt)
+	return s, err
+}
+
+// rescue takes a stuck run over, or fails it, in tx.
+func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, s stuckRun, res *MaintenanceResult) error {
+	maxAttempts := river.MaxAttemptsDefault
+	if s.maxAttempts != nil {
+		maxAttempts = *s.maxAttempts
+	}
+	// A run whose job River discarded or cancelled, or whose crashes and step errors reach
+	// the attempts its job allows, ends failed and visible: re-enqueueing a crash loop
+	// forever would hide it. Slices are not counted: an hour-long run is claimed once a slice.
+	reason := ""
+	switch {
+	case s.jobState != nil && (*s.jobState == "discarded" || *s.jobState == "cancelled"):
+		reason = fmt.Sprintf("its River job %d ended %s without finishing the run", *s.jobID, *s.jobState)
+	case s.failures+1 >= maxAttempts:
+		reason = fmt.Sprintf("its worker vanished and it has failed %d times, its job's max attempts (%d): a crash loop", s.failures+1, maxAttempts)
+	}
+	// Guards: a worker that renewed its lease (or a claim) after the scan. Failing also moves
+	// the token on, so that worker, should it wake, can neither renew nor commit.
+	ok, err := lockLapsed(ctx, tx, s.seenRun, reason != "")
+	if err != nil || !ok {
+		return errors.Join(err, errSkip)
+	}
+	if reason != "" {
+		ok, err := finishByMaintenance(ctx, tx, s.seenRun, StatusFailed, reason)
+		if err != nil || !ok {
+			return errors.Join(err, errSkip)
+		}
+		res.Failed = append(res.Failed, s.key)
+		return nil
+	}
+
+	opts := &river.InsertOpts{MaxAttempts: maxAttempts}
+	if s.queue != nil {
+		opts.Queue = *s.queue
+	}
+	if s.priority != nil {
+		opts.Priority = *s.priority
+	}
+	// A run that died asleep (released for a Sleep, River never recorded the snooze) keeps
+	// its wake time.
+	if s.wakeAt != nil && s.wakeAt.After(time.Now()) {
+		opts.ScheduledAt = *s.wakeAt
+	}
+	if opts.Metadata, err = withRunKey(nil, s.key); err != nil {
+		return err
+	}
+	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: s.kind, raw: s.input}, opts)
+	if err != nil {
+		return fmt.Errorf("re-enqueueing run %q: %w", s.key, err)
+	}
+	why := "worker vanished"
+	if s.jobState == nil {
+		why = "job vanished"
+	} else if *s.jobState != "running" {
+		why = "job " + *s.jobState + " without finishing the run"
+	}
+	ok, err = takeOver(ctx, tx, s.seenRun, ins.Job.ID, why, s.wakeAt)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errSkip // another pass got there first; roll back our job
+	}
+	res.TakenOver = append(res.TakenOver, s.key)
+	return nil
+}
+
+// cancelIdle ends runs whose cancellation was requested while no worker works them: a
+// sleeping run, or one waiting for River's retry, would otherwise stay until it woke.
+func (e *Engine) cancelIdle(ctx context.Context, client *river.Client[pgx.Tx], res *MaintenanceResult) error {
+	rows, err := e.pool.Query(ctx, cancelScanSQL)
+	if err != nil {
+		return fmt.Errorf("finding idle runs to cancel: %w", err)
+	}
+	idle, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (seenRun, error) {
+		var s seenRun
+		return s, row.Scan(&s.key, &s.jobID, &s.token, &s.failures)
+	})
+	if err != nil {
+		return fmt.Errorf("finding idle runs to cancel: %w", err)
+	}
+	for _, s := range idle {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			// Guards: a worker that claimed the run after the scan (it will cancel the run
+			// itself); fencing stops any worker that would claim it later from committing.
+			ok, err := lockLapsed(ctx, tx, s, true)
+			if err != nil || !ok {
+				return errors.Join(err, errSkip)
+			}
+			ok, err = finishByMaintenance(ctx, tx, s, StatusCancelled, "cancelled while idle: "+cancelReason(ctx, tx, s.key))
+			if err != nil || !ok {
+				return errors.Join(err, errSkip)
+			}
+			if s.jobID != nil {
+				if _, err := client.JobCancelTx(ctx, tx, *s.jobID); err != nil && !errors.Is(err, river.ErrNotFound) {
+					return fmt.Errorf("cancelling River job %d of run %q: %w", *s.jobID, s.key, err)
+				}
+			}
+			res.Cancelled = append(res.Cancelled, s.key)
+			return nil
+		})
+		if err != nil && !errors.Is(err, errSkip) {
+			return fmt.Errorf("cancelling idle run %q: %w", s.key, err)
+		}
+	}
+	return nil
+}
+
+func cancelReason(ctx context.Context, tx pgx.Tx, key string) string {
+	var reason *string
+	_ = tx.QueryRow(ctx, `SELECT last_error FROM stepwise_run WHERE key = $1`, key).Scan(&reason)
+	return deref(reason)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 var errSkip = errors.New("skip")
@@ -198,3 +333,57 @@ func (e *Engine) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 		}
 	}
 }
+
+// The scans of a maintenance pass. Each is driven by a small index range, so a pass costs the
+// same with a hundred thousand pending runs as with none (BenchmarkMaintainPass shows the
+// plans): expired leases by stepwise_checkpoint_lease_idx; running jobs by river_job's
+// (state, ...) index, a page at a time, then stepwise_run_job_idx; the sweep by
+// stepwise_run_active_key_idx from the last key; cancellations by stepwise_run_cancel_idx.
+const (
+	// Expired leases: a worker killed or frozen while it held the run.
+	expiredScanSQL = `
+		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
+		       j.queue, j.priority, j.max_attempts, r.wake_at
+		  FROM stepwise_checkpoint c
+		  JOIN stepwise_run r ON r.key = c.key AND r.status IN ('pending', 'running')
+		  JOIN river_job j ON j.id = r.river_job_id
+		 WHERE c.lease_until IS NOT NULL AND c.lease_until < now()
+		   AND j.state = 'running'
+		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
+		 LIMIT 100`
+	// A page of River's running jobs, by id. "id + 0" keeps the planner on the state index
+	// (a top-N sort of the running jobs) instead of walking the primary key past every
+	// finished and waiting job.
+	runningPageSQL = `
+		SELECT max(id), count(*)::int FROM (
+			SELECT id FROM river_job WHERE state = 'running' AND id > $1 ORDER BY id + 0 LIMIT $2
+		) p`
+	// The page's jobs whose run has no lease at all and was not released just now.
+	unleasedScanSQL = `
+		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
+		       j.queue, j.priority, j.max_attempts, r.wake_at
+		  FROM river_job j
+		  JOIN stepwise_run r ON r.river_job_id = j.id AND r.status IN ('pending', 'running')
+		  JOIN stepwise_checkpoint c ON c.key = r.key
+		 WHERE j.state = 'running' AND j.id > $2 AND j.id <= $3
+		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
+		   AND c.lease_until IS NULL
+		   AND (r.released_at IS NULL OR r.released_at < j.attempted_at
+		        OR r.released_at < now() - $1 * interval '1 millisecond')`
+	sweepScanSQL = `
+		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
+		       j.queue, j.priority, j.max_attempts, r.wake_at
+		  FROM (SELECT * FROM stepwise_run WHERE status IN ('pending', 'running') AND key > $1 ORDER BY key LIMIT $2) r
+		  JOIN stepwise_checkpoint c ON c.key = r.key
+		  LEFT JOIN river_job j ON j.id = r.river_job_id
+		 ORDER BY r.key`
+	cancelScanSQL = `
+		SELECT r.key, r.river_job_id, c.fencing_token, r.failures
+		  FROM stepwise_run r
+		  JOIN stepwise_checkpoint c ON c.key = r.key
+		  LEFT JOIN river_job j ON j.id = r.river_job_id
+		 WHERE r.cancel_requested_at IS NOT NULL AND r.status IN ('pending', 'running')
+		   AND (c.lease_until IS NULL OR c.lease_until < now())
+		   AND (j.id IS NULL OR j.state IN ('available', 'scheduled', 'retryable', 'pending'))
+		 LIMIT 100`
+)

@@ -18,15 +18,6 @@ import (
 // the key in metadata leaves the user's job args exactly as they wrote them.
 const metadataRunKey = "stepwise_run"
 
-// Run statuses, as stored in stepwise_run.status.
-const (
-	StatusPending   = "pending"
-	StatusRunning   = "running"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-	StatusCancelled = "cancelled"
-)
-
 // RunKeyer may be implemented by job args to give jobs inserted with plain River Insert
 // (without Start) a run key.
 type RunKeyer interface {
@@ -38,13 +29,19 @@ type Run struct {
 	Key        string
 	Workflow   string
 	Input      json.RawMessage
-	Status     string
+	Status     RunStatus
 	Schedule   *string
 	Slot       *time.Time
 	Shard      *int
 	RiverJobID *int64
-	Attempts   int
-	LastError  *string
+	// Attempts counts claims: one per attempt of the run's jobs, so one per slice.
+	Attempts int
+	// Failures counts what the crash-loop guard counts: takeovers of a worker that vanished,
+	// and step errors. The run fails when they reach its job's MaxAttempts.
+	Failures  int
+	LastError *string
+	// WakeAt is when a run that released its lease on purpose (Sleep, Until) is due again.
+	WakeAt     *time.Time
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
 	FinishedAt *time.Time
@@ -121,13 +118,11 @@ func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx],
 	if err := checkpoint.Ensure(ctx, tx, key); err != nil {
 		return nil, err
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard)
-		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING`,
-		key, kind, input, schedule, slot, opts.Shard)
+	created, err := insertRun(ctx, tx, key, kind, input, schedule, slot, opts.Shard)
 	if err != nil {
 		return nil, fmt.Errorf("workflow.Start: recording run %q: %w", key, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if !created {
 		run, err := GetRun(ctx, tx, key)
 		if err != nil {
 			return nil, err
@@ -154,11 +149,7 @@ func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx],
 	if err != nil {
 		return nil, fmt.Errorf("workflow.Start: inserting River job for run %q: %w", key, err)
 	}
-	if _, err := tx.Exec(ctx, `
-		WITH r AS (UPDATE stepwise_run SET river_job_id = $2 WHERE key = $1 RETURNING key)
-		INSERT INTO stepwise_event (subject, kind, to_state, detail)
-		SELECT key, 'run.start', 'pending', jsonb_build_object('river_job_id', $2::bigint) FROM r`,
-		key, res.Job.ID); err != nil {
+	if err := linkStartedRun(ctx, tx, key, res.Job.ID); err != nil {
 		return nil, fmt.Errorf("workflow.Start: linking run %q to its job: %w", key, err)
 	}
 	run, err := GetRun(ctx, tx, key)
@@ -204,11 +195,11 @@ func runKeyOf(metadata []byte, args any) (string, error) {
 // GetRun reads one run.
 func GetRun(ctx context.Context, q Querier, key string) (*Run, error) {
 	r := &Run{Key: key}
-	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts,
-			last_error, created_at, updated_at, finished_at, cancel_requested_at
+	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts, failures,
+			last_error, wake_at, created_at, updated_at, finished_at, cancel_requested_at
 		FROM stepwise_run WHERE key = $1`, key).
-		Scan(&r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts,
-			&r.LastError, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt)
+		Scan(&r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
+			&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrRunNotFound, key)
 	}
@@ -220,19 +211,14 @@ func GetRun(ctx context.Context, q Querier, key string) (*Run, error) {
 
 // CancelRun asks for a run to stop cooperatively: a run that has not started ends
 // 'cancelled' at its next claim; a running one has its step's context cancelled within about
-// Config.Heartbeat, its open step rolled back, and ends 'cancelled' with reason recorded.
+// Config.Heartbeat, its open step rolled back, and ends 'cancelled' with reason recorded; one
+// that is not being worked (sleeping, or waiting for River's retry) is ended 'cancelled' by
+// the next maintenance pass, within about MaintenanceInterval.
 // Committed steps stay committed. Cancelling a finished run does nothing and returns nil.
 func CancelRun(ctx context.Context, q interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }, key, reason string) error {
-	_, err := q.Exec(ctx, `
-		WITH r AS (
-			UPDATE stepwise_run SET cancel_requested_at = coalesce(cancel_requested_at, now()), last_error = $2, updated_at = now()
-			 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key
-		)
-		INSERT INTO stepwise_event (subject, kind, detail) SELECT key, 'run.cancel_requested', jsonb_build_object('reason', $2::text) FROM r`,
-		key, reason)
-	if err != nil {
+	if err := requestCancel(ctx, q, key, reason); err != nil {
 		return fmt.Errorf("requesting cancellation of run %q: %w", key, err)
 	}
 	return nil
@@ -244,4 +230,65 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = tx.Rollback(ctx)
+}
+
+// Resume continues a failed or cancelled run from its last committed cursor: the run goes
+// back to pending under a new River job (same queue, priority and max attempts as its last
+// job, when River still has it) with a fresh crash-loop budget, and the checkpoint is left
+// as committed, so no committed step is redone. actor (who) and reason (why, e.g. a ticket)
+// are required and recorded in the run's 'run.resume' event. A succeeded run is never redone;
+// a pending or running one is refused (it is not stopped).
+func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reason string) error {
+	switch {
+	case client == nil:
+		return errors.New("workflow.Resume: client is nil")
+	case actor == "":
+		return fmt.Errorf("workflow.Resume(%q): actor is empty; say who resumes the run, for the audit trail", key)
+	case reason == "":
+		return fmt.Errorf("workflow.Resume(%q): reason is empty; say why the run can go on now (e.g. the incident fixed)", key)
+	}
+	execTx, err := client.Driver().GetExecutor().Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("resuming run %q: %w", key, err)
+	}
+	tx := client.Driver().UnwrapTx(execTx)
+	defer rollback(ctx, tx)
+	run, err := GetRun(ctx, tx, key)
+	if err != nil {
+		return fmt.Errorf("workflow.Resume: %w", err)
+	}
+	if run.Status != StatusFailed && run.Status != StatusCancelled {
+		return fmt.Errorf("workflow.Resume(%q): the run is %s; only a failed or cancelled run can be resumed", key, run.Status)
+	}
+	opts := &river.InsertOpts{}
+	if run.RiverJobID != nil {
+		var queue string
+		var priority, maxAttempts int
+		err := tx.QueryRow(ctx, `SELECT queue, priority, max_attempts FROM river_job WHERE id = $1`, *run.RiverJobID).Scan(&queue, &priority, &maxAttempts)
+		switch {
+		case err == nil:
+			opts.Queue, opts.Priority, opts.MaxAttempts = queue, priority, maxAttempts
+		case !errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("resuming run %q: reading its last job: %w", key, err)
+		}
+	}
+	if opts.Metadata, err = withRunKey(nil, key); err != nil {
+		return err
+	}
+	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: run.Workflow, raw: run.Input}, opts)
+	if err != nil {
+		return fmt.Errorf("resuming run %q: inserting its River job: %w", key, err)
+	}
+	// Guards: two resumes at once, or a run that changed since it was read.
+	ok, err := resumeRun(ctx, tx, key, run.Status, ins.Job.ID, actor, reason)
+	if err != nil {
+		return fmt.Errorf("resuming run %q: %w", key, err)
+	}
+	if !ok {
+		return fmt.Errorf("resuming run %q: %w", key, errRunMoved)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("resuming run %q: committing: %w", key, err)
+	}
+	return nil
 }

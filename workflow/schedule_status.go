@@ -123,11 +123,11 @@ func DeriveBatchStatus(decision string, shards int, runs, operations map[string]
 		}
 	}
 	switch {
-	case runs[StatusFailed] > 0 || present < shards || runs[RunMissing] > 0:
+	case runs[string(StatusFailed)] > 0 || present < shards || runs[RunMissing] > 0:
 		return BatchFailed
-	case runs[StatusCancelled] > 0:
+	case runs[string(StatusCancelled)] > 0:
 		return BatchCancelled
-	case runs[StatusPending] > 0 || runs[StatusRunning] > 0:
+	case runs[string(StatusPending)] > 0 || runs[string(StatusRunning)] > 0:
 		return BatchRunning
 	case operations["MANUAL"] > 0:
 		return BatchNeedsAttention

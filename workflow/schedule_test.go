@@ -321,7 +321,7 @@ func counterValue(t testing.TB, c prometheus.Counter) float64 {
 
 // setRunStatus moves the runs of a slot as a worker would, for overlap tests that only need
 // the scheduler's view of "still running" or "finished".
-func setRunStatus(t testing.TB, pool *pgxpool.Pool, schedule string, slot time.Time, status string) {
+func setRunStatus(t testing.TB, pool *pgxpool.Pool, schedule string, slot time.Time, status workflow.RunStatus) {
 	t.Helper()
 	tag, err := pool.Exec(context.Background(), `UPDATE stepwise_run SET status = $3,
 		finished_at = CASE WHEN $3 IN ('succeeded', 'failed', 'cancelled') THEN now() END
@@ -738,7 +738,7 @@ func TestSlotStatusByEvidence(t *testing.T) {
 
 	rep := status()
 	require.Equal(t, workflow.BatchRunning, rep.Status)
-	require.Equal(t, map[string]int{workflow.StatusPending: 2}, rep.Runs)
+	require.Equal(t, map[string]int{string(workflow.StatusPending): 2}, rep.Runs)
 	require.Empty(t, rep.Operations, "no operations is not an error")
 
 	insertOperations(t, b.pool, k0, "SUCCEEDED", "UNKNOWN_EXTERNAL", "PENDING")

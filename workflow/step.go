@@ -14,7 +14,7 @@ import (
 type Step[A river.JobArgs, C any] struct {
 	// Tx is the step's transaction. Every business write and outbox.Enqueue of the step goes
 	// through it, so they commit together with the cursor or not at all. Do not commit or
-	// roll it back.
+	// roll it back: Commit and Rollback on it return an error and fail the step.
 	Tx pgx.Tx
 
 	// Args is the run's input (the River job's args).
@@ -78,7 +78,10 @@ func (sf *stepFunc[A, C]) Step(ctx context.Context, s *Step[A, C]) (Next, error)
 type nextKind int
 
 const (
-	nextContinue nextKind = iota
+	// nextUnset is the zero Next{}: refused, so a step that forgets to say what comes next
+	// fails loudly instead of looping forever.
+	nextUnset nextKind = iota
+	nextContinue
 	nextDone
 	nextSleep
 	nextFail

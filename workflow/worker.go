@@ -65,7 +65,7 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 		return err
 	}
 	switch {
-	case run.Status == StatusSucceeded || run.Status == StatusFailed || run.Status == StatusCancelled:
+	case run.Status.Finished():
 		// A duplicate or rescued job for a finished run: nothing to do, and nothing to redo.
 		return nil
 	case run.RiverJobID != nil && *run.RiverJobID != job.ID:
@@ -102,10 +102,17 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 	if err := a.decodeCursor(lease.Cursor); err != nil {
 		return a.failTerminal(ctx, err)
 	}
-	if _, err := e.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'running', attempts = attempts + 1, updated_at = now()
-		WHERE key = $1 AND status IN ('pending', 'running')`, key); err != nil {
+	// Guards: a takeover or a finish between our read of the run and the claim. Only the
+	// run's current job may work it; this one gives the lease straight back.
+	ok, err := markRunning(ctx, e.pool, key, job.ID)
+	if err != nil {
 		_ = e.store.Release(ctx, lease)
 		return fmt.Errorf("marking run %q running: %w", key, err)
+	}
+	if !ok {
+		_ = e.store.Release(ctx, lease)
+		e.logger.InfoContext(ctx, "stepwise: run moved on before this job could work it, exiting", "run", key, "job", job.ID)
+		return nil
 	}
 
 	if run.CancelRequestedAt != nil {
@@ -117,7 +124,7 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 	stopWatch := a.watchCancel(stepCtx, cancel)
 	defer stopWatch()
 	stopHeartbeat := e.store.Heartbeat(stepCtx, lease, e.cfg.Heartbeat, func(err error) {
-		if e.disableFence {
+		if !e.fence.Enforced() {
 			return // test-only broken build: a lost lease goes unnoticed
 		}
 		if errors.Is(err, checkpoint.ErrFenced) {
@@ -130,42 +137,69 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 
 	deadline := time.Now().Add(sw.slice)
 	for {
-		next, released, err := a.step(stepCtx, deadline)
+		res, err := a.step(stepCtx, deadline)
 		if err != nil {
 			if cause := context.Cause(stepCtx); cause != nil && stepCtx.Err() != nil && ctx.Err() == nil {
 				err = fmt.Errorf("%w (step interrupted: %w)", err, cause)
 			}
 			return a.stepFailed(ctx, err)
 		}
-		switch next.kind {
+		switch res.next.kind {
 		case nextContinue:
-			if released {
-				// The lease was released in the step's commit. Snooze(0) hands the run
-				// back to River: it is available again at once, for any worker.
+			if res.released {
+				// The lease was released in the step's commit (marked released, so
+				// maintenance leaves the run alone until River records the snooze).
+				// Snooze(0) hands the run back to River: available at once, for any worker.
 				return river.JobSnooze(0)
 			}
 		case nextDone:
 			return nil
 		case nextSleep:
-			return river.JobSnooze(next.sleepFor(time.Now()))
+			// The wake time was committed with the step; snooze until exactly then.
+			return river.JobSnooze(max(time.Until(res.wakeAt), 0))
 		case nextFail:
-			return river.JobCancel(next.err)
+			return river.JobCancel(res.next.err)
 		}
 	}
 }
 
+// stepResult is what a committed step leads to.
+type stepResult struct {
+	next     Next
+	released bool      // the lease was released in the step's commit
+	wakeAt   time.Time // for Sleep/Until: when the run is due again
+}
+
+// errZeroNext is returned for a step that returned Next{}: the zero value says nothing, and
+// taking it for Continue looped forever on a step that forgot to say it was done.
+var errZeroNext = errors.New("returned workflow.Next{} (the zero value); return workflow.Continue() to run the next step, workflow.Done() to finish the run, or Sleep/Until/Fail")
+
+// stepTx is the step's transaction as the step sees it. Commit and Rollback belong to the
+// protocol: a step's Commit would land its writes without the fenced cursor write, so a
+// zombie's writes could commit; a Rollback would leave the protocol committing nothing.
+// Both are refused, and the step fails with the reason.
+type stepTx struct {
+	pgx.Tx
+	misuse error
+}
+
+func (t *stepTx) Commit(context.Context) error {
+	t.misuse = errors.New("called Step.Tx.Commit; Stepwise commits the step's transaction itself, with the cursor and fenced by the run's token: return workflow.Continue() or Done() instead")
+	return t.misuse
+}
+
+func (t *stepTx) Rollback(context.Context) error {
+	t.misuse = errors.New("called Step.Tx.Rollback; return an error from Step to roll the step back (the run is retried from its last cursor), or workflow.Fail(err) to end it")
+	return t.misuse
+}
+
 // step runs one step of the protocol: begin (stall timeout armed, token checked), the user's
 // step in the tx, the fenced write, the run's outcome, commit.
-func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next, released bool, err error) {
+func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (stepResult, error) {
 	e := a.sw.e
-	var tx pgx.Tx
-	if e.disableFence {
-		tx, err = e.pool.Begin(ctx) // test-only broken build: no token check
-	} else {
-		tx, err = e.store.Begin(ctx, a.lease)
-	}
+	tx, err := e.fence.Begin(ctx, a.lease)
 	if err != nil {
-		return Next{}, false, err
+		return stepResult{}, err
 	}
 	defer rollback(ctx, tx)
 
@@ -173,10 +207,11 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next
 	// mutated a cursor holding maps or slices, and that must not leak into the retry.
 	var cursorIn C
 	if err := decodeCursorInto(a.lease.Cursor, &cursorIn); err != nil {
-		return Next{}, false, err
+		return stepResult{}, err
 	}
+	userTx := &stepTx{Tx: tx}
 	s := &Step[A, C]{
-		Tx:     tx,
+		Tx:     userTx,
 		Args:   a.job.Args,
 		Cursor: cursorIn,
 		RunKey: a.key,
@@ -184,13 +219,20 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next
 		Token:  a.lease.Token,
 		Job:    a.job,
 	}
-	next, err = callStep(ctx, a.sw.w, s)
+	next, err := callStep(ctx, a.sw.w, s)
+	if userTx.misuse != nil {
+		// Guards: a step that committed or rolled back the protocol's transaction itself.
+		return stepResult{}, fmt.Errorf("step %d of run %q %w", s.Number, a.key, userTx.misuse)
+	}
 	if err != nil {
-		return Next{}, false, err
+		return stepResult{}, err
+	}
+	if next.kind == nextUnset {
+		return stepResult{}, fmt.Errorf("step %d of run %q %w", s.Number, a.key, errZeroNext)
 	}
 	cursor, err := json.Marshal(s.Cursor)
 	if err != nil {
-		return Next{}, false, fmt.Errorf("encoding cursor %T of run %q: %w", s.Cursor, a.key, err)
+		return stepResult{}, fmt.Errorf("encoding cursor %T of run %q: %w", s.Cursor, a.key, err)
 	}
 
 	// Fence first: everything the step wrote commits only if this attempt still holds the
@@ -199,25 +241,31 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next
 	// past its slice must give the lease up in this very commit, or its successor would
 	// find it held and wait a whole lease.
 	release := next.kind != nextContinue || time.Now().After(deadline)
-	if e.disableFence {
-		// The same write as checkpoint.Advance without its fencing condition.
-		_, err = tx.Exec(ctx, `UPDATE stepwise_checkpoint SET cursor = $2, steps = steps + 1, updated_at = now(),
-			owner = CASE WHEN $3 THEN NULL ELSE owner END,
-			lease_until = CASE WHEN $3 THEN NULL ELSE lease_until END
-			WHERE key = $1`, a.key, cursor, release)
-		a.lease.Steps++
-		a.lease.Cursor = cursor
-	} else {
-		err = e.store.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release})
+	if err := e.fence.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release}); err != nil {
+		return stepResult{}, err
 	}
-	if err != nil {
-		return Next{}, false, err
-	}
+	res := stepResult{next: next, released: release}
 
 	switch next.kind {
+	case nextContinue, nextSleep:
+		if !release {
+			break
+		}
+		// A release on purpose is recorded with the commit that releases, so maintenance
+		// never mistakes the gap before River records the snooze for a dead worker; a Sleep's
+		// wake time is kept for a takeover should this process die inside that gap.
+		var wake *time.Time
+		reason := "slice"
+		if next.kind == nextSleep {
+			res.wakeAt = time.Now().Add(next.sleepFor(time.Now()))
+			wake, reason = &res.wakeAt, "sleep"
+		}
+		if err := markReleased(ctx, tx, a.key, a.actor(), reason, wake); err != nil {
+			return stepResult{}, err
+		}
 	case nextDone:
-		if err := a.finishRun(ctx, tx, StatusSucceeded, nil); err != nil {
-			return Next{}, false, err
+		if err := finishByWorker(ctx, tx, a.key, a.actor(), StatusSucceeded, nil, a.lease.Steps); err != nil {
+			return stepResult{}, err
 		}
 		// River's JobCompleteTx does not fence, and on a job that already left 'running'
 		// it returns the old row with a nil error. Our fenced write came first in this tx;
@@ -225,38 +273,43 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next
 		// our completion.
 		done, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, a.job)
 		if err != nil {
-			return Next{}, false, fmt.Errorf("completing River job %d of run %q: %w", a.job.ID, a.key, err)
+			return stepResult{}, fmt.Errorf("completing River job %d of run %q: %w", a.job.ID, a.key, err)
 		}
 		if done.State != rivertype.JobStateCompleted {
-			return Next{}, false, fmt.Errorf("completing River job %d of run %q: job is %s, not running; refusing to commit", a.job.ID, a.key, done.State)
+			return stepResult{}, fmt.Errorf("completing River job %d of run %q: job is %s, not running; refusing to commit", a.job.ID, a.key, done.State)
 		}
 	case nextFail:
 		msg := "step failed the run"
 		if next.err != nil {
 			msg = next.err.Error()
 		}
-		if err := a.finishRun(ctx, tx, StatusFailed, &msg); err != nil {
-			return Next{}, false, err
+		if err := finishByWorker(ctx, tx, a.key, a.actor(), StatusFailed, &msg, a.lease.Steps); err != nil {
+			return stepResult{}, err
 		}
 	}
 
 	if err := faultpoint.Hit(faultpoint.StepBeforeCommit); err != nil {
-		return Next{}, false, err
+		return stepResult{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return Next{}, false, fmt.Errorf("committing step %d of run %q: %w", s.Number, a.key, err)
+		return stepResult{}, fmt.Errorf("committing step %d of run %q: %w", s.Number, a.key, err)
 	}
 	e.metrics.steps.WithLabelValues(a.job.Kind).Inc()
 	switch next.kind {
 	case nextDone:
-		e.metrics.finished.WithLabelValues(a.job.Kind, StatusSucceeded).Inc()
+		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusSucceeded)).Inc()
 	case nextFail:
-		e.metrics.finished.WithLabelValues(a.job.Kind, StatusFailed).Inc()
+		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusFailed)).Inc()
 	}
 	if err := faultpoint.Hit(faultpoint.AfterStepCommit); err != nil {
-		return Next{}, false, err
+		return stepResult{}, err
 	}
-	return next, release, nil
+	return res, nil
+}
+
+// actor names this attempt in the audit trail and guards its run transitions by its job.
+func (a *attempt[A, C]) actor() stepActor {
+	return stepActor{owner: a.lease.Owner, token: a.lease.Token, attempt: a.job.Attempt, jobID: a.job.ID}
 }
 
 // callStep runs the user's step, turning a panic into an error so the transaction is rolled
@@ -270,21 +323,6 @@ func callStep[A river.JobArgs, C any](ctx context.Context, w Stepper[A, C], s *S
 	return w.Step(ctx, s)
 }
 
-func (a *attempt[A, C]) finishRun(ctx context.Context, tx pgx.Tx, status string, lastError *string) error {
-	_, err := tx.Exec(ctx, `
-		WITH r AS (
-			UPDATE stepwise_run SET status = $2, last_error = $3, finished_at = now(), updated_at = now()
-			 WHERE key = $1 RETURNING key
-		)
-		INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, token, attempt, detail)
-		SELECT key, 'run.finish', 'running', $2, $4, $5, $6, jsonb_build_object('steps', $7::bigint) FROM r`,
-		a.key, status, truncate(lastError), a.lease.Owner, a.lease.Token, a.job.Attempt, a.lease.Steps)
-	if err != nil {
-		return fmt.Errorf("finishing run %q as %s: %w", a.key, status, err)
-	}
-	return nil
-}
-
 // stepFailed handles a step that did not commit: everything it wrote is rolled back. A fenced
 // attempt stops quietly (someone else owns the run now); any other error is recorded on the
 // run, the lease released so the retry can claim at once, and returned for River's backoff.
@@ -293,7 +331,16 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	if errors.Is(stepErr, ErrRunCancelled) {
 		return a.finishCancelled(ctx)
 	}
-	if !errors.Is(stepErr, checkpoint.ErrFenced) && !e.disableFence && a.superseded(ctx) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if errors.Is(stepErr, errRunMoved) {
+		// Guards: a run finished or taken over by someone else while this step ran (e.g.
+		// maintenance failed it); the step rolled back and this job's work is over.
+		_ = e.store.Release(cctx, a.lease)
+		e.logger.WarnContext(ctx, "stepwise: run changed under the step, which was rolled back", "run", a.key, "job", a.job.ID, "error", stepErr)
+		return nil
+	}
+	if !errors.Is(stepErr, checkpoint.ErrFenced) && e.fence.Enforced() && a.superseded(ctx) {
 		// The step failed for another reason (context cancelled by a lost heartbeat, a
 		// connection killed by the stall timeout) but the token has moved on: to the
 		// operator this is the same event, a zombie's commit that did not land.
@@ -301,44 +348,41 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	}
 	if errors.Is(stepErr, checkpoint.ErrFenced) {
 		e.metrics.fenced.WithLabelValues(a.job.Kind).Inc()
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_, _ = e.pool.Exec(cctx, `INSERT INTO stepwise_event (subject, kind, actor, token, attempt, detail)
-			VALUES ($1, 'lease.fenced', $2, $3, $4, jsonb_build_object('error', $5::text))`,
-			a.key, a.lease.Owner, a.lease.Token, a.job.Attempt, stepErr.Error())
+		recordFenced(cctx, e.pool, a.key, a.actor(), stepErr)
 		e.logger.WarnContext(ctx, "stepwise: commit refused, another worker owns the run", "run", a.key, "token", a.lease.Token, "owner", a.lease.Owner)
 		run, err := GetRun(cctx, e.pool, a.key)
-		if err == nil && run.RiverJobID != nil && *run.RiverJobID != a.job.ID {
-			return nil // superseded by a takeover job; this job's work is over
+		if err == nil && (run.Status.Finished() || run.RiverJobID != nil && *run.RiverJobID != a.job.ID) {
+			return nil // superseded by a takeover job, or ended by maintenance; this job's work is over
 		}
 		return river.JobSnooze(e.cfg.Lease + jitter(e.cfg.Lease/10+time.Millisecond))
 	}
 
 	e.metrics.stepErrs.WithLabelValues(a.job.Kind).Inc()
-	// The last attempt's failure ends the run: River discards the job, and a run left
-	// 'running' with no job would look alive forever.
-	dead := a.job.Attempt >= a.job.MaxAttempts
+	step := a.lease.Steps + 1
+	e.logger.WarnContext(ctx, "stepwise: step failed and was rolled back; River retries it",
+		"run", a.key, "step", step, "attempt", a.job.Attempt, "workflow", a.job.Kind, "error", stepErr)
+	// The crash-loop guard counts this failure on the run (crashes and step errors, never
+	// slices). The last attempt's failure also ends the run: River discards the job, and a
+	// run left 'running' with no job would look alive forever.
+	last := a.job.Attempt >= a.job.MaxAttempts
 	msg := stepErr.Error()
-	if dead {
+	if last {
 		msg = fmt.Sprintf("failed on its last attempt (%d of %d): %s", a.job.Attempt, a.job.MaxAttempts, msg)
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := e.pool.Exec(cctx, `
-		WITH r AS (
-			UPDATE stepwise_run
-			   SET last_error = $2, updated_at = now(),
-			       status      = CASE WHEN $3 THEN 'failed' ELSE status END,
-			       finished_at = CASE WHEN $3 THEN now() ELSE finished_at END
-			 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key
-		)
-		INSERT INTO stepwise_event (subject, kind, to_state, actor, token, attempt, detail)
-		SELECT key, CASE WHEN $3 THEN 'run.finish' ELSE 'run.step_error' END, CASE WHEN $3 THEN 'failed' END,
-		       $4, $5, $6, jsonb_build_object('error', $2::text) FROM r`,
-		a.key, truncate(&msg), dead, a.lease.Owner, a.lease.Token, a.job.Attempt); err != nil {
-		e.logger.ErrorContext(ctx, "stepwise: recording step error", "run", a.key, "error", err)
-	}
+	status, err := markStepError(cctx, e.pool, a.key, a.actor(), *truncate(&msg), last, a.job.MaxAttempts)
 	_ = e.store.Release(cctx, a.lease)
+	switch {
+	case errors.Is(err, errRunMoved):
+		return nil // the run is someone else's now
+	case err != nil:
+		e.logger.ErrorContext(ctx, "stepwise: recording step error", "run", a.key, "error", err)
+	case status == StatusFailed:
+		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusFailed)).Inc()
+		e.logger.WarnContext(ctx, "stepwise: run failed: its failures reached the job's max attempts", "run", a.key, "max_attempts", a.job.MaxAttempts)
+		if !last {
+			return river.JobCancel(stepErr) // River must not retry a run that has ended
+		}
+	}
 	return stepErr
 }
 
@@ -379,16 +423,11 @@ func (a *attempt[A, C]) finishCancelled(ctx context.Context) error {
 		if err := e.store.Advance(cctx, tx, a.lease, a.lease.Cursor, &checkpoint.AdvanceOpts{Release: true}); err != nil {
 			return err
 		}
-		_, err := tx.Exec(cctx, `
-			WITH r AS (
-				UPDATE stepwise_run SET status = 'cancelled', finished_at = now(), updated_at = now()
-				 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key, last_error
-			)
-			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, token, attempt, detail)
-			SELECT key, 'run.finish', 'running', 'cancelled', $2, $3, $4, jsonb_build_object('reason', last_error) FROM r`,
-			a.key, a.lease.Owner, a.lease.Token, a.job.Attempt)
-		return err
+		return finishByWorker(cctx, tx, a.key, a.actor(), StatusCancelled, nil, a.lease.Steps)
 	})
+	if errors.Is(err, errRunMoved) || errors.Is(err, checkpoint.ErrFenced) {
+		return nil // finished or taken over meanwhile (e.g. maintenance cancelled it)
+	}
 	if err != nil {
 		return fmt.Errorf("finishing cancelled run %q: %w", a.key, err)
 	}
@@ -410,14 +449,7 @@ func (a *attempt[A, C]) failTerminal(ctx context.Context, cause error) error {
 	e.logger.ErrorContext(ctx, "stepwise: run failed terminally", "run", a.key, "error", msg)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := e.pool.Exec(cctx, `
-		WITH r AS (
-			UPDATE stepwise_run SET status = 'failed', last_error = $2, finished_at = now(), updated_at = now()
-			 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key
-		)
-		INSERT INTO stepwise_event (subject, kind, to_state, actor, token, attempt, detail)
-		SELECT key, 'run.finish', 'failed', $3, $4, $5, jsonb_build_object('error', $2::text) FROM r`,
-		a.key, truncate(&msg), a.lease.Owner, a.lease.Token, a.job.Attempt); err != nil {
+	if err := finishByWorker(cctx, e.pool, a.key, a.actor(), StatusFailed, &msg, a.lease.Steps); err != nil && !errors.Is(err, errRunMoved) {
 		return fmt.Errorf("recording terminal failure of run %q (%v): %w", a.key, cause, err)
 	}
 	_ = e.store.Release(cctx, a.lease)
@@ -447,9 +479,7 @@ func (e *Engine) runForJob(ctx context.Context, key string, job *rivertype.JobRo
 		if err := checkpoint.Ensure(ctx, tx, key); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, river_job_id) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (key) DO NOTHING`, key, job.Kind, job.EncodedArgs, job.ID)
-		return err
+		return insertRunForJob(ctx, tx, key, job.Kind, job.EncodedArgs, job.ID)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating run %q for job %d: %w", key, job.ID, err)

@@ -181,7 +181,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	waitCtx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	p, waitErr := settlement.WaitAtRest(waitCtx, pool, plan, date, 200*time.Millisecond, func(p *settlement.Progress) {
-		if runsDoneAt == 0 && p.Runs[workflow.StatusSucceeded]+p.Runs[workflow.StatusFailed] == plan.Shards {
+		if runsDoneAt == 0 && p.Runs[string(workflow.StatusSucceeded)]+p.Runs[string(workflow.StatusFailed)] == plan.Shards {
 			runsDoneAt = time.Since(start)
 		}
 		bar.update(p)

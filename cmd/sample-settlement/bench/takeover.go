@@ -135,7 +135,7 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 					return err
 				}
 			}
-			if key == "" || st.runStatus == workflow.StatusSucceeded || st.cursor > int64(perRun)*9/10 {
+			if key == "" || st.runStatus == string(workflow.StatusSucceeded) || st.cursor > int64(perRun)*9/10 {
 				keys, err := startDate(ctx, pool, inserter, plan, dates.take(), perRun)
 				if err != nil {
 					return err
@@ -143,7 +143,7 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 				key = keys[0]
 				continue
 			}
-			if st.owner != nil && st.leaseLive && st.runStatus == workflow.StatusRunning {
+			if st.owner != nil && st.leaseLive && st.runStatus == string(workflow.StatusRunning) {
 				if pid, ok := ownerPid(*st.owner); ok && procs[pid] != nil {
 					break
 				}
@@ -183,7 +183,7 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 				if claimStepsSeen < 0 {
 					s.claim, claimStepsSeen = now.Sub(killedAt), c.steps
 				}
-				if c.steps > claimStepsSeen || c.runStatus == workflow.StatusSucceeded {
+				if c.steps > claimStepsSeen || c.runStatus == string(workflow.StatusSucceeded) {
 					s.commit = now.Sub(killedAt)
 					break
 				}

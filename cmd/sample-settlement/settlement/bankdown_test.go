@@ -66,7 +66,7 @@ func TestBankDownForTheWholeRun(t *testing.T) {
 	waitFor(t, 30*time.Second, "every payout UNKNOWN_EXTERNAL while the bank is down", func() (bool, string) {
 		p, err := settlement.ReadProgress(ctx, pool, svc.Plan, testDate)
 		require.NoError(t, err)
-		return p.Runs[workflow.StatusSucceeded] == 2 && p.Operations["UNKNOWN_EXTERNAL"] == expected, fmtProgress(p)
+		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["UNKNOWN_EXTERNAL"] == expected, fmtProgress(p)
 	})
 	var sent, other int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'PAYOUT_SENT'), count(*) FILTER (WHERE status <> 'PAYOUT_SENT')
@@ -111,7 +111,7 @@ func TestBankRefusesConnections(t *testing.T) {
 	waitFor(t, 30*time.Second, "payouts refused and waiting to be resent", func() (bool, string) {
 		p, err := settlement.ReadProgress(ctx, pool, svc.Plan, testDate)
 		require.NoError(t, err)
-		return p.Runs[workflow.StatusSucceeded] == 2 && p.Operations["RETRYABLE"] == expected, fmtProgress(p)
+		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["RETRYABLE"] == expected, fmtProgress(p)
 	})
 	var unknown int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE kind = 'op.transition' AND to_state = 'UNKNOWN_EXTERNAL'`).Scan(&unknown))

@@ -25,7 +25,7 @@ type Progress struct {
 // AtRest reports whether nothing more will happen by itself: every run finished and every
 // payout is SUCCEEDED, FAILED_PERMANENT or MANUAL.
 func (p *Progress) AtRest(shards int) bool {
-	finished := p.Runs[workflow.StatusSucceeded] + p.Runs[workflow.StatusFailed] + p.Runs[workflow.StatusCancelled]
+	finished := p.Runs[string(workflow.StatusSucceeded)] + p.Runs[string(workflow.StatusFailed)] + p.Runs[string(workflow.StatusCancelled)]
 	if finished < shards {
 		return false
 	}

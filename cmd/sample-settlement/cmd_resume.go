@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+func init() {
+	register("resume", "continue a failed or cancelled settlement run from its last checkpoint, audited", runResume)
+}
+
+func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("resume", "resume [flags] RUN_KEY --reason TEXT", stderr)
+	var db dbFlags
+	db.register(fs)
+	reason := fs.String("reason", "", "why the run can go on now, e.g. the incident fixed (required, kept in the audit trail)")
+	actor := fs.String("actor", envOr("USER", ""), "who resumes the run, for the audit trail (default $USER)")
+	// The run key may come before or after the flags.
+	var key string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		key, args = args[0], args[1:]
+	}
+	if err := parseFlags(fs, args, true); err != nil {
+		return err
+	}
+	if key == "" && fs.NArg() > 0 {
+		key = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return usageError("unexpected argument %q after the run key", fs.Arg(0))
+	}
+	if key == "" {
+		return usageError("RUN_KEY is required: the run's key, as \"report --date D\" lists it")
+	}
+	if strings.TrimSpace(*reason) == "" {
+		return usageError("--reason is required: it is kept in the audit trail")
+	}
+	if strings.TrimSpace(*actor) == "" {
+		return usageError("--actor is required when $USER is not set")
+	}
+	pool, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// An insert-only client: the resumed run's job is worked by the running "serve" processes.
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	if err := workflow.Resume(ctx, client, key, *actor, *reason); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "run %s resumed from its last checkpoint by %s (%q); serve picks it up\n", key, *actor, *reason)
+	return nil
+}

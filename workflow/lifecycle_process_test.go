@@ -1,0 +1,156 @@
+package workflow_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest"
+)
+
+// Issue 12 item 1: the crash-loop guard counts crashes, not slices. A run of many slices
+// (every step its own slice) with River's default 25 attempts is killed with kill -9 three
+// times; it must finish with every item exactly once. The old guard counted claims, one per
+// slice, and failed the run at its first crash ("vanished on attempt N of 25").
+//
+// A slice costs about 150ms here (River records a snooze in its completer's 250ms batches),
+// so the default is 300 slices, twelve times the attempts; STEPWISE_TEST_SLICES=1000 runs the
+// issue's 1,000.
+func TestLongRunSurvivesCrashes(t *testing.T) {
+	t.Parallel()
+	url := testkit.DBURL(t)
+	const lease = time.Second
+	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
+	createItems(t, e.pool, "items", true)
+	maintainLoop(t, e, 200*time.Millisecond)
+
+	total := 300
+	if n, err := strconv.Atoi(os.Getenv("STEPWISE_TEST_SLICES")); err == nil && n > 0 {
+		total = n
+	}
+	_, err := workflow.Start(context.Background(), e.client, "long", countArgs{Total: total, Batch: 1, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: "wf"}}) // MaxAttempts: River's default, 25
+	require.NoError(t, err)
+	extra := []string{"SLICE_MS=1"} // every step ends its slice: 1,000 claims
+	active := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, lease, extra...)...)
+	started := time.Now()
+	for kill, at := range []int{total / 4, total / 2, total * 3 / 4} {
+		// Wait until the run has passed the cursor, then kill whoever works it.
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			st, err := e.engine.Checkpoints().Get(context.Background(), "long")
+			require.NoError(t, err)
+			if st.Steps >= int64(at) {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "run stuck at %d steps before kill %d", st.Steps, kill+1)
+			time.Sleep(20 * time.Millisecond)
+		}
+		active.Kill()
+		run, err := workflow.GetRun(context.Background(), e.pool, "long")
+		require.NoError(t, err)
+		t.Logf("kill %d at %d steps after %s: claims %d, failures %d, status %s", kill+1, at, time.Since(started).Round(time.Millisecond), run.Attempts, run.Failures, run.Status)
+		active = workflowtest.Start(t, "wf-worker", workerEnv(url, lease, lease, extra...)...)
+	}
+	run := waitRun(t, e.pool, "long", 120*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	active.Kill()
+	t.Logf("finished %s after %s: claims %d, failures %d", run.Status, time.Since(started).Round(time.Millisecond), run.Attempts, run.Failures)
+	require.Equal(t, workflow.StatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
+	require.Greater(t, run.Attempts, 25, "the run was claimed once per slice, more often than its max attempts")
+	perN, _ := itemCounts(t, e.pool, "items", "long")
+	requireExactlyOnce(t, perN, total)
+	requireStrictlyIncreasing(t, claimTokens(t, e, "long"))
+}
+
+// Issue 12 item 2: a worker that released its lease on purpose is not taken over while River
+// has yet to record the job's new state. Every step here ends its slice, and the worker
+// pauses 600ms after each commit before returning the snooze to River (a fault point), with
+// steps longer than the lease so the job's attempted_at is stale: exactly what a dead worker
+// looks like to the old scan. With maintenance every 50ms, the old code took the run over
+// again and again; the run must finish with no takeover at all.
+func TestReleasedRunIsNotTakenOver(t *testing.T) {
+	t.Parallel()
+	url := testkit.DBURL(t)
+	const lease = time.Second
+	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
+	createItems(t, e.pool, "items", true)
+	maintainLoop(t, e, 50*time.Millisecond)
+
+	w := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLICE_MS=1", "STEP_SLEEP=1200ms",
+		"STEPWISE_FAULTS=after-step-commit:pause=600ms")...)
+	startRun(t, e, "released", countArgs{Total: 4, Batch: 1, Table: "items"})
+	run := waitRun(t, e.pool, "released", 60*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	w.Kill()
+	takeovers := queryInt(t, e.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'released' AND kind = 'run.takeover'`)
+	releases := queryInt(t, e.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'released' AND kind = 'run.release'`)
+	t.Logf("run %s: %d releases, %d takeovers, %d claims", run.Status, releases, takeovers, run.Attempts)
+	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	require.Zero(t, takeovers, "a run released on purpose was taken over")
+	perN, _ := itemCounts(t, e.pool, "items", "released")
+	requireExactlyOnce(t, perN, 4)
+}
+
+// Issue 12 item 2: Sleep holds. A run that sleeps an hour is not woken by maintenance; and
+// when its worker dies right after committing the sleep, before River records the snooze,
+// the run is taken over after about a lease past the release, under a job scheduled at the
+// run's wake time, not at once.
+func TestSleepHoldsAcrossCrashInGap(t *testing.T) {
+	t.Parallel()
+	url := testkit.DBURL(t)
+	const lease = time.Second
+	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
+	createItems(t, e.pool, "items", true)
+	maintainLoop(t, e, 50*time.Millisecond)
+
+	// Worker A sleeps its runs and pauses 3s after each commit; we kill it inside that pause.
+	a := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLEEP_AT_STEP=1", "SLEEP_FOR=1h", "STEP_SLEEP=1200ms",
+		"STEPWISE_FAULTS=after-step-commit:pause=3s")...)
+	startRun(t, e, "dozer", countArgs{Total: 10, Batch: 1, Table: "items"})
+	_, err := a.WaitForLine(waitCtx(t, 30*time.Second), "sleeping run=dozer")
+	require.NoError(t, err)
+	// Wait for the sleep's commit, then kill inside the pause that follows it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		run, err := workflow.GetRun(context.Background(), e.pool, "dozer")
+		require.NoError(t, err)
+		if run.WakeAt != nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the sleep never committed")
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.Kill()
+	killedAt := time.Now()
+	// A spare worker that would resume the run at once if it were re-enqueued without its wake time.
+	b := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, lease)...)
+	defer b.Kill()
+
+	deadline = time.Now().Add(15 * time.Second)
+	for queryInt(t, e.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'dozer' AND kind = 'run.takeover'`) == 0 {
+		require.True(t, time.Now().Before(deadline), "a run whose worker died in the gap was never taken over")
+		time.Sleep(20 * time.Millisecond)
+	}
+	took := time.Since(killedAt)
+	run, err := workflow.GetRun(context.Background(), e.pool, "dozer")
+	require.NoError(t, err)
+	var state string
+	var scheduledIn time.Duration
+	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT state::text, (extract(epoch FROM scheduled_at - now()) * 1e9)::bigint
+		FROM river_job WHERE id = $1`, *run.RiverJobID).Scan(&state, &scheduledIn))
+	t.Logf("taken over %s after the kill; new job %d is %s, due in %s (wake_at %s)", took.Round(time.Millisecond), *run.RiverJobID, state,
+		scheduledIn.Round(time.Second), run.WakeAt.Format(time.RFC3339))
+	require.Equal(t, "scheduled", state)
+	require.Greater(t, scheduledIn, 55*time.Minute, "the takeover job must keep the sleep's wake time")
+	require.Less(t, took, 3*lease+5*time.Second, "takeover after a crash in the gap must be bounded")
+
+	time.Sleep(2 * time.Second)
+	perN, _ := itemCounts(t, e.pool, "items", "dozer")
+	require.Len(t, perN, 1, "only the step before the sleep ran: the run still sleeps")
+}

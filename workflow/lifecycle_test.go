@@ -1,0 +1,371 @@
+package workflow_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// waitForLockWaiter waits until some backend of this database waits on a row lock: the
+// maintenance pass has made its decision and is blocked on the row the test holds.
+func waitForLockWaiter(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// fakeAttempt makes a started run look like River fetched its job an hour ago and a worker
+// claimed it; the lease is then left to lapse, as a worker stalled past its heartbeat would.
+func fakeAttempt(t *testing.T, e *env, key string) {
+	t.Helper()
+	ctx := context.Background()
+	run, err := workflow.GetRun(ctx, e.pool, key)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 hour' WHERE id = $1`, *run.RiverJobID)
+	require.NoError(t, err)
+	_, err = e.engine.Checkpoints().Claim(ctx, key, "stalled-worker", 1)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'running', attempts = attempts + 1 WHERE key = $1`, key)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '1 second' WHERE key = $1`, key)
+	require.NoError(t, err)
+}
+
+// Issue 12 item 4, the renewing worker: maintenance decides from a scan that a run's worker
+// vanished, and before its transaction acts the worker renews its lease (held here, under the
+// rows' locks, until maintenance has decided and waits). The old pass rechecked only the job
+// id and failed the live run; every transition is now conditional on the lease it saw.
+func TestMaintenanceRaceRenewingWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, testkit.DB(t), &workflow.Config{Lease: time.Second}, nil, map[string]river.QueueConfig{})
+	// MaxAttempts 1: the first vanish is a crash loop, so the pass wants to fail the run.
+	_, err := workflow.Start(ctx, e.client, "live", countArgs{Total: 10, Batch: 1, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
+	require.NoError(t, err)
+	fakeAttempt(t, e, "live")
+
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer rollbackQuietly(tx)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM stepwise_run WHERE key = 'live' FOR UPDATE`)
+	require.NoError(t, err)
+	// The worker's heartbeat: renewed under the row lock, visible when the test commits.
+	_, err = tx.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() + interval '1 hour' WHERE key = 'live'`)
+	require.NoError(t, err)
+
+	type result struct {
+		res *workflow.MaintenanceResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := e.engine.Maintain(ctx, e.client)
+		done <- result{res, err}
+	}()
+	waitForLockWaiter(t, e.pool)
+	require.NoError(t, tx.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	run, err := workflow.GetRun(ctx, e.pool, "live")
+	require.NoError(t, err)
+	t.Logf("maintenance: failed %v, taken over %v; run %s", r.res.Failed, r.res.TakenOver, run.Status)
+	require.Empty(t, r.res.Failed, "a run whose worker renewed was failed")
+	require.Equal(t, workflow.StatusRunning, run.Status)
+}
+
+// Issue 12 item 4, the finishing worker: maintenance fails a run (its worker looked dead: the
+// lease lapsed while the step was stuck) and the worker then finishes its step with Done.
+// The old finish had no status guard and flipped 'failed' to 'succeeded'; now the step is
+// fenced and rolled back, and the run stays failed with one finish in its audit trail.
+func TestMaintenanceRaceFinishingWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	entered := make(chan struct{})
+	proceed := make(chan struct{})
+	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+		close(entered)
+		<-proceed
+		return nil
+	}}
+	// A heartbeat as long as allowed, so the lapse below is not renewed before the pass.
+	e := newEnv(t, pool, &workflow.Config{Lease: 2 * time.Second, Heartbeat: 1900 * time.Millisecond}, w, nil)
+	run, err := workflow.Start(ctx, e.client, "finisher", countArgs{Total: 5, Batch: 5, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
+	require.NoError(t, err)
+	<-entered
+	_, err = pool.Exec(ctx, `UPDATE river_job SET attempted_at = now() - interval '1 hour' WHERE id = $1`, *run.RiverJobID)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '1 second' WHERE key = 'finisher'`)
+	require.NoError(t, err)
+	res, err := e.engine.Maintain(ctx, e.client)
+	require.NoError(t, err)
+	require.Equal(t, []string{"finisher"}, res.Failed)
+
+	close(proceed) // the step returns Done and tries to commit
+	require.Eventually(t, func() bool {
+		job, err := e.client.JobGet(ctx, *run.RiverJobID)
+		return err == nil && job.State != "running"
+	}, 10*time.Second, 20*time.Millisecond)
+	run, err = workflow.GetRun(ctx, pool, "finisher")
+	require.NoError(t, err)
+	finishes := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'finisher' AND kind = 'run.finish'`)
+	perN, _ := itemCounts(t, pool, "items", "finisher")
+	t.Logf("run %s, %d finish events, %d items committed", run.Status, finishes, len(perN))
+	require.Equal(t, workflow.StatusFailed, run.Status, "a failed run flipped to %s", run.Status)
+	require.Equal(t, 1, finishes)
+	require.Empty(t, perN, "the step of a failed run committed its writes")
+}
+
+func rollbackQuietly(tx pgx.Tx) { _ = tx.Rollback(context.Background()) }
+
+// syncBuffer is a log sink the test can read while workers write to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type misuseArgs struct {
+	Mode string `json:"mode"`
+}
+
+func (misuseArgs) Kind() string { return "test_misuse" }
+
+// Issue 12 item 6: step misuse is refused loudly. The zero Next{} used to mean Continue and
+// looped forever; Commit on the step's Tx landed writes unfenced; a step error was logged
+// nowhere. Each now fails the step with an error naming the fix, logged at WARN with the run,
+// step and attempt, and counted.
+func TestStepMisuseIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	logs := &syncBuffer{}
+	engine, err := workflow.New(pool, &workflow.Config{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	require.NoError(t, err)
+	var steps atomic.Int32
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[misuseArgs, int]) (workflow.Next, error) {
+		steps.Add(1)
+		switch s.Args.Mode {
+		case "commit":
+			if _, err := s.Tx.Exec(ctx, `CREATE TABLE misuse_commit (x int)`); err != nil {
+				return workflow.Next{}, err
+			}
+			_ = s.Tx.Commit(ctx) // the error is ignored, as careless code would
+			return workflow.Continue(), nil
+		case "rollback":
+			err := s.Tx.Rollback(ctx)
+			return workflow.Done(), err
+		}
+		return workflow.Next{}, nil
+	}))
+	e := newEnvWith(t, pool, engine, workers)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(engine.Metrics()))
+
+	for _, tc := range []struct{ mode, want string }{
+		{"zero", "workflow.Continue()"},
+		{"commit", "Step.Tx.Commit"},
+		{"rollback", "Step.Tx.Rollback"},
+	} {
+		_, err := workflow.Start(ctx, e.client, tc.mode, misuseArgs{Mode: tc.mode}, &workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 2}})
+		require.NoError(t, err)
+		run := waitRun(t, pool, tc.mode, 15*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
+		t.Logf("%s: %s after %d steps: %s", tc.mode, run.Status, steps.Load(), deref(run.LastError))
+		require.Equal(t, workflow.StatusFailed, run.Status)
+		require.Contains(t, deref(run.LastError), tc.want)
+	}
+	var tables int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'misuse_commit'`).Scan(&tables))
+	require.Zero(t, tables, "a step's own Commit landed its writes")
+	require.Contains(t, logs.String(), "level=WARN msg=\"stepwise: step failed")
+	require.Contains(t, logs.String(), "run=zero step=1 attempt=1")
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var errs float64
+	for _, f := range families {
+		if f.GetName() == "stepwise_step_errors_total" {
+			for _, m := range f.GetMetric() {
+				errs += m.Counter.GetValue()
+			}
+		}
+	}
+	require.Equal(t, 6.0, errs, "three runs, two attempts each")
+}
+
+// Issue 12 item 7: CancelRun on a sleeping run takes effect at the next maintenance pass,
+// not when the run wakes an hour later.
+func TestCancelSleepingRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	w := &countWorker{next: func(s *workflow.Step[countArgs, countCursor]) (workflow.Next, bool) {
+		return workflow.Sleep(time.Hour), true
+	}}
+	e := newEnv(t, pool, &workflow.Config{Lease: time.Second}, w, nil)
+	run, err := workflow.Start(ctx, e.client, "dozer", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		job, err := e.client.JobGet(ctx, *run.RiverJobID)
+		return err == nil && job.State == "scheduled"
+	}, 10*time.Second, 20*time.Millisecond)
+
+	require.NoError(t, workflow.CancelRun(ctx, pool, "dozer", "merchant closed"))
+	res, err := e.engine.Maintain(ctx, e.client)
+	require.NoError(t, err)
+	run, err = workflow.GetRun(ctx, pool, "dozer")
+	require.NoError(t, err)
+	t.Logf("after one pass: run %s, cancelled %v", run.Status, res.Cancelled)
+	require.Equal(t, workflow.StatusCancelled, run.Status)
+	require.Contains(t, deref(run.LastError), "merchant closed")
+	job, err := e.client.JobGet(ctx, *run.RiverJobID)
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", string(job.State), "the sleeping job must not wake to find a cancelled run")
+}
+
+// Issue 12 item 8: maintenance reads River's tables unqualified, so a client configured with
+// another schema is refused at Install with the reason and the fix, never silently wrong.
+func TestInstallRefusesRiverSchema(t *testing.T) {
+	t.Parallel()
+	engine, err := workflow.New(testkit.DB(t), nil)
+	require.NoError(t, err)
+	err = engine.Install(&river.Config{Schema: "jobs"})
+	require.ErrorContains(t, err, `river.Config.Schema is "jobs"`)
+	require.NoError(t, engine.Install(&river.Config{}))
+}
+
+// Issue 12 item 5: a failed run is resumed from its last committed cursor, audited with the
+// actor and the reason, and finishes with every item exactly once.
+func TestResumeFailedRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	var broken atomic.Bool
+	broken.Store(true)
+	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+		if s.Cursor.Next == 30 && broken.Load() {
+			return errors.New("bank unreachable")
+		}
+		return nil
+	}}
+	e := newEnv(t, pool, nil, w, nil)
+	_, err := workflow.Start(ctx, e.client, "resumable", countArgs{Total: 50, Batch: 10, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 2}})
+	require.NoError(t, err)
+	run := waitRun(t, pool, "resumable", 10*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
+	require.Equal(t, workflow.StatusFailed, run.Status)
+
+	err = workflow.Resume(ctx, e.client, "resumable", "", "x")
+	require.ErrorContains(t, err, "actor")
+	broken.Store(false)
+	require.NoError(t, workflow.Resume(ctx, e.client, "resumable", "alice@ops", "bank is back (INC-42)"))
+	run = waitRun(t, pool, "resumable", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	perN, _ := itemCounts(t, pool, "items", "resumable")
+	requireExactlyOnce(t, perN, 50)
+	var actor, reason string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT actor, detail->>'reason' FROM stepwise_event WHERE subject = 'resumable' AND kind = 'run.resume'`).Scan(&actor, &reason))
+	require.Equal(t, "alice@ops", actor)
+	require.Equal(t, "bank is back (INC-42)", reason)
+	st, err := e.engine.Checkpoints().Get(ctx, "resumable")
+	require.NoError(t, err)
+	require.Equal(t, int64(5), st.Steps, "steps 1-3 were not redone: resumed from the committed cursor")
+
+	require.ErrorContains(t, workflow.Resume(ctx, e.client, "resumable", "alice@ops", "again"), "succeeded")
+	require.ErrorIs(t, workflow.Resume(ctx, e.client, "nope", "alice@ops", "x"), workflow.ErrRunNotFound)
+}
+
+// hourRetry schedules every retry an hour out, like River's backoff after a few attempts.
+type hourRetry struct{}
+
+func (hourRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(time.Hour) }
+
+// Issue 12 item 2, step errors: River's backoff is honoured. A step fails after running
+// longer than the lease; until River's completer records the retry (its batches flush every
+// 250ms) the job is 'running' with a stale attempted_at and no lease. The old maintenance
+// (here every 10ms) took it over into a job available at once, skipping the backoff; the run
+// must wait for River's retry instead.
+func TestStepErrorBackoffHonoured(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	var steps atomic.Int32
+	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+		steps.Add(1)
+		time.Sleep(1200 * time.Millisecond)
+		return errors.New("bank said 503")
+	}}
+	engine, err := workflow.New(pool, &workflow.Config{Lease: time.Second, StallTimeout: 10 * time.Second, Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, w)
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:      map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
+		Workers:     workers,
+		RetryPolicy: hourRetry{},
+		Logger:      quietLogger(),
+	})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	require.NoError(t, client.Start(runCtx))
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.Stop(stopCtx)
+		cancel()
+	})
+	e := &env{pool: pool, engine: engine, client: client, workers: workers}
+	maintainLoop(t, e, 10*time.Millisecond)
+
+	run, err := workflow.Start(ctx, client, "backoff", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return steps.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(3 * time.Second) // the step's 1.2s, River's completer, many maintenance passes
+	run, err = workflow.GetRun(ctx, pool, "backoff")
+	require.NoError(t, err)
+	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'backoff' AND kind = 'run.takeover'`)
+	job, err := client.JobGet(ctx, *run.RiverJobID)
+	require.NoError(t, err)
+	t.Logf("after 3s: %d step attempts, %d takeovers, job %d %s due in %s", steps.Load(), takeovers, job.ID, job.State, time.Until(job.ScheduledAt).Round(time.Second))
+	require.Zero(t, takeovers, "a run waiting for River's retry was taken over")
+	require.Equal(t, int32(1), steps.Load(), "the step ran again before River's backoff")
+	require.Equal(t, "retryable", string(job.State))
+}

@@ -1,0 +1,97 @@
+package workflow_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// BenchmarkMaintainPass measures one maintenance pass with a backlog of 100,000 pending runs
+// (their River jobs available) and 1,000 running runs (jobs running, leases live), and logs
+// each scan's plan. Issue 16's target: ≤ 5 ms a pass, with index-driven plans. Seeding takes
+// a few seconds, so the benchmark is skipped under -short.
+//
+//	go test ./workflow/ -run '^$' -bench BenchmarkMaintainPass -benchtime 200x
+func BenchmarkMaintainPass(b *testing.B) {
+	if testing.Short() {
+		b.Skip("seeds 101,000 runs; skipped under -short")
+	}
+	ctx := context.Background()
+	pool := testkit.DB(b)
+	e := newEnv(b, pool, &workflow.Config{Lease: 30 * time.Second}, nil, map[string]river.QueueConfig{})
+	seed := func(prefix string, n int, state string, running bool) {
+		_, err := pool.Exec(ctx, `INSERT INTO stepwise_checkpoint (key, owner, lease_until, fencing_token)
+			SELECT $1 || g, CASE WHEN $3 THEN 'worker' END, CASE WHEN $3 THEN now() + interval '1 hour' END, CASE WHEN $3 THEN 1 ELSE 0 END
+			  FROM generate_series(1, $2::int) g`, prefix, n, running)
+		require.NoError(b, err)
+		_, err = pool.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state, priority, metadata, attempt, attempted_at)
+			SELECT '{"total":1,"batch":1,"table":"items"}', 'test_count', 25, 'default', $3::river_job_state, 1,
+			       jsonb_build_object('stepwise_run', $1 || g), CASE WHEN $4 THEN 1 ELSE 0 END,
+			       CASE WHEN $4 THEN now() - interval '1 hour' END
+			  FROM generate_series(1, $2::int) g`, prefix, n, state, running)
+		require.NoError(b, err)
+		_, err = pool.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, river_job_id, status)
+			SELECT metadata->>'stepwise_run', kind, args, id, CASE WHEN $2 THEN 'running' ELSE 'pending' END
+			  FROM river_job WHERE metadata->>'stepwise_run' LIKE $1 || '%'`, prefix, running)
+		require.NoError(b, err)
+	}
+	started := time.Now()
+	seed("pending/", 100_000, "available", false)
+	seed("running/", 1_000, "running", true)
+	for _, table := range []string{"stepwise_checkpoint", "stepwise_run", "river_job"} {
+		_, err := pool.Exec(ctx, "ANALYZE "+table)
+		require.NoError(b, err)
+	}
+	b.Logf("seeded 100,000 pending and 1,000 running runs in %s", time.Since(started).Round(time.Millisecond))
+
+	var lastJob int64
+	require.NoError(b, pool.QueryRow(ctx, `SELECT max(id) FROM (SELECT id FROM river_job WHERE state = 'running' ORDER BY id LIMIT 100) p`).Scan(&lastJob))
+	for name, q := range workflow.MaintenanceScansForTest(e.engine, 0, lastJob) {
+		rows, err := pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+q[0].(string), q[1:]...)
+		require.NoError(b, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(b, err)
+		b.Logf("plan of the %s scan:\n%s", name, strings.Join(lines, "\n"))
+	}
+
+	// Baseline, same data, same run: the stuck-run scan as it was before (616d8b1), which
+	// walked every unfinished run.
+	var baseline time.Duration
+	for range 5 {
+		began := time.Now()
+		rows, err := pool.Query(ctx, `
+			SELECT r.key, r.river_job_id, j.state::text, r.attempts, r.workflow, r.input, j.queue, j.priority, j.max_attempts
+			  FROM stepwise_run r
+			  JOIN stepwise_checkpoint c ON c.key = r.key
+			  LEFT JOIN river_job j ON j.id = r.river_job_id
+			 WHERE r.status IN ('pending', 'running')
+			   AND (c.lease_until IS NULL OR c.lease_until < now())
+			   AND ((j.state = 'running' AND j.attempted_at < now() - $1 * interval '1 millisecond')
+			        OR j.id IS NULL OR j.state IN ('completed', 'discarded', 'cancelled'))
+			 ORDER BY r.updated_at LIMIT 100`, int64(30000))
+		require.NoError(b, err)
+		rows.Close()
+		baseline += time.Since(began)
+	}
+	b.Logf("baseline: the old stuck-run scan took %s on the same data", (baseline / 5).Round(10*time.Microsecond))
+
+	res, err := e.engine.Maintain(ctx, e.client)
+	require.NoError(b, err)
+	require.Empty(b, res.TakenOver, "live leases must not be taken over")
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := e.engine.Maintain(ctx, e.client); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/pass")
+	b.ReportMetric(float64(baseline.Microseconds())/5/1000, "ms/old-scan")
+}

@@ -1,0 +1,327 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// This file is the one place a stepwise_run row changes state. Every transition is a single
+// statement that updates the run only if it is still in the state the caller saw (its status,
+// the River job delivering it, and where it matters the checkpoint's token and lease), and
+// writes its stepwise_event in the same statement, so the audit trail and the row cannot
+// disagree. A transition whose guard no longer holds changes nothing and says so
+// (errRunMoved, or false), and the caller backs off: it never overwrites a decision someone
+// else made meanwhile.
+//
+//	pending ──claim──▶ running ──release (slice end, Sleep, step error)──▶ running (released)
+//	   │                  │  ╰──takeover (worker vanished: failures+1)──▶ running, new job
+//	   │                  ╰──finish──▶ succeeded | failed | cancelled ──resume──▶ pending
+//	   ╰──────────────────────finish (cancel, job ended, crash loop)──────▶ failed | cancelled
+//
+// The rule for released runs (issue: healthy runs taken over between slices). A worker that
+// gives its lease up on purpose records released_at (and wake_at, when it is due again) in
+// the same commit. River records the job's new state (snoozed, retryable) a little later, and
+// until it does the job is still 'running' with an old attempted_at and no lease, which is
+// what a vanished worker looks like too. Maintenance therefore leaves a run released by its
+// current attempt alone for one Lease past released_at. If the job is still 'running' after
+// that, the process died between releasing and River recording it, and the run is taken over
+// (bounded: released_at + Lease + MaintenanceInterval), under a new job scheduled at wake_at,
+// so a Sleep still holds to its wake time.
+
+// RunStatus is the status of a run as stored in stepwise_run.status.
+type RunStatus string
+
+// Run statuses.
+const (
+	StatusPending   RunStatus = "pending"
+	StatusRunning   RunStatus = "running"
+	StatusSucceeded RunStatus = "succeeded"
+	StatusFailed    RunStatus = "failed"
+	StatusCancelled RunStatus = "cancelled"
+)
+
+// Finished reports whether s is a final status (succeeded, failed or cancelled).
+func (s RunStatus) Finished() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled
+}
+
+// errRunMoved is returned by a transition whose guard no longer holds: the run finished, or
+// another job now delivers it, since the caller looked.
+var errRunMoved = errors.New("workflow: the run changed state meanwhile (finished, or taken over by another job)")
+
+// dbtx is a pool, connection or transaction.
+type dbtx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// changed runs a transition statement that ends in "SELECT count(*) FROM r" and reports
+// whether it moved the run.
+func changed(ctx context.Context, q dbtx, sql string, args ...any) (bool, error) {
+	var n int
+	if err := q.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		return false, err
+	}
+	return n > 0, nil
+}
+
+// linkStartedRun records the River job that delivers a run Start just created.
+// Guards: a second link of the same run (the run must still be pending with no job).
+func linkStartedRun(ctx context.Context, tx pgx.Tx, key string, jobID int64) error {
+	ok, err := changed(ctx, tx, `
+		WITH r AS (
+			UPDATE stepwise_run SET river_job_id = $2
+			 WHERE key = $1 AND status = 'pending' AND river_job_id IS NULL RETURNING key
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, to_state, detail)
+			SELECT key, 'run.start', 'pending', jsonb_build_object('river_job_id', $2::bigint) FROM r
+		)
+		SELECT count(*) FROM r`, key, jobID)
+	if err == nil && !ok {
+		err = errRunMoved
+	}
+	return err
+}
+
+// insertRun records a new pending run for Start; its job is linked by linkStartedRun.
+// Guards: a key started twice (ON CONFLICT: the existing run stands, created is false).
+func insertRun(ctx context.Context, tx pgx.Tx, key, kind string, input []byte, schedule *string, slot *time.Time, shard *int) (created bool, err error) {
+	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard)
+		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING`,
+		key, kind, input, schedule, slot, shard)
+	return err == nil && tag.RowsAffected() == 1, err
+}
+
+// recordFenced audits a commit the fence refused: the run does not change (another attempt
+// owns it), but the zombie's attempt is in the trail. Best effort: the refusal already holds.
+func recordFenced(ctx context.Context, q execer, key string, by stepActor, cause error) {
+	_, _ = q.Exec(ctx, `INSERT INTO stepwise_event (subject, kind, actor, token, attempt, detail)
+		VALUES ($1, 'lease.fenced', $2, $3, $4, jsonb_build_object('error', $5::text))`,
+		key, by.owner, by.token, by.attempt, cause.Error())
+}
+
+// insertRunForJob creates the run of a job inserted with plain River Insert (args with a
+// RunKey method), linked to that job. Guards: two workers creating the same run (ON
+// CONFLICT: the first one wins, the second reads it).
+func insertRunForJob(ctx context.Context, tx pgx.Tx, key, kind string, input []byte, jobID int64) error {
+	_, err := tx.Exec(ctx, `
+		WITH r AS (
+			INSERT INTO stepwise_run (key, workflow, input, river_job_id) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (key) DO NOTHING RETURNING key
+		)
+		INSERT INTO stepwise_event (subject, kind, to_state, detail)
+		SELECT key, 'run.start', 'pending', jsonb_build_object('river_job_id', $4::bigint) FROM r`,
+		key, kind, input, jobID)
+	return err
+}
+
+// markRunning records a claim by jobID: the run is running, one more claim counted, and any
+// release of an earlier attempt forgotten. Guards: a job that no longer delivers the run
+// (taken over meanwhile) or a run that finished; then it returns false and the attempt must
+// give its lease back and exit. The lease.claim event is written by the claim itself; this
+// writes run.running only when the run leaves pending.
+func markRunning(ctx context.Context, q dbtx, key string, jobID int64) (bool, error) {
+	return changed(ctx, q, `
+		WITH before AS (
+			SELECT status FROM stepwise_run WHERE key = $1
+		), r AS (
+			UPDATE stepwise_run SET status = 'running', attempts = attempts + 1, released_at = NULL, wake_at = NULL,
+			       river_job_id = $2, updated_at = now()
+			 WHERE key = $1 AND status IN ('pending', 'running') AND (river_job_id = $2 OR river_job_id IS NULL)
+			RETURNING key
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, from_state, to_state, detail)
+			SELECT r.key, 'run.running', 'pending', 'running', jsonb_build_object('river_job_id', $2::bigint)
+			  FROM r, before WHERE before.status = 'pending'
+		)
+		SELECT count(*) FROM r`, key, jobID)
+}
+
+// stepActor says who moves a run from inside a worker, for the audit trail.
+type stepActor struct {
+	owner   string
+	token   int64
+	attempt int
+	jobID   int64
+}
+
+// markReleased records, in the step's own transaction, that the worker gives the lease up
+// on purpose and when the run is due again (nil: at once). Guards: a run that was taken over
+// or finished meanwhile (errRunMoved rolls the step back). See the rule at the top.
+func markReleased(ctx context.Context, tx pgx.Tx, key string, by stepActor, reason string, wakeAt *time.Time) error {
+	ok, err := changed(ctx, tx, `
+		WITH r AS (
+			UPDATE stepwise_run SET released_at = clock_timestamp(), wake_at = $3, updated_at = now()
+			 WHERE key = $1 AND status = 'running' AND river_job_id = $2 RETURNING key
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, actor, token, attempt, detail)
+			SELECT key, 'run.release', $4, $5, $6, jsonb_strip_nulls(jsonb_build_object('reason', $7::text, 'wake_at', $3::timestamptz)) FROM r
+		)
+		SELECT count(*) FROM r`, key, by.jobID, wakeAt, by.owner, by.token, by.attempt, reason)
+	if err == nil && !ok {
+		err = errRunMoved
+	}
+	return err
+}
+
+// markStepError records a step that did not commit: one more failure for the crash-loop
+// guard, the error, and the release (River retries after its backoff). The run ends failed
+// when lastAttempt (River will not retry the job) or when its failures reach maxFailures.
+// Guards: a run taken over or finished meanwhile (then nothing is recorded). It returns the
+// run's status afterwards.
+func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg string, lastAttempt bool, maxFailures int) (RunStatus, error) {
+	var status RunStatus
+	err := q.QueryRow(ctx, `
+		WITH r AS (
+			UPDATE stepwise_run
+			   SET failures = failures + 1, last_error = $3, released_at = clock_timestamp(), wake_at = NULL, updated_at = now(),
+			       status      = CASE WHEN $4 OR failures + 1 >= $5 THEN 'failed' ELSE status END,
+			       finished_at = CASE WHEN $4 OR failures + 1 >= $5 THEN now() ELSE finished_at END
+			 WHERE key = $1 AND status IN ('pending', 'running') AND river_job_id = $2
+			RETURNING key, status, failures
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, token, attempt, detail)
+			SELECT key, CASE WHEN status = 'failed' THEN 'run.finish' ELSE 'run.step_error' END, 'running',
+			       CASE WHEN status = 'failed' THEN 'failed' END, $6, $7, $8,
+			       jsonb_build_object('error', $3::text, 'failures', failures) FROM r
+		)
+		SELECT status FROM r`, key, by.jobID, msg, lastAttempt, maxFailures, by.owner, by.token, by.attempt).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", errRunMoved
+	}
+	return status, err
+}
+
+// finishByWorker ends a run from its worker: succeeded or failed in the step's transaction,
+// cancelled or failed terminally on their own. Guards: a run that another actor finished
+// (maintenance failed it) or took over meanwhile; errRunMoved then rolls the step back, so a
+// failed run never flips to succeeded.
+func finishByWorker(ctx context.Context, q dbtx, key string, by stepActor, to RunStatus, lastError *string, steps int64) error {
+	ok, err := changed(ctx, q, `
+		WITH r AS (
+			UPDATE stepwise_run SET status = $3, last_error = coalesce($4, last_error), finished_at = now(), updated_at = now(),
+			       released_at = NULL, wake_at = NULL
+			 WHERE key = $1 AND status IN ('pending', 'running') AND river_job_id = $2 RETURNING key, last_error
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, token, attempt, detail)
+			SELECT key, 'run.finish', 'running', $3, $5, $6, $7,
+			       jsonb_strip_nulls(jsonb_build_object('steps', $8::bigint, 'error', last_error)) FROM r
+		)
+		SELECT count(*) FROM r`, key, by.jobID, string(to), truncate(lastError), by.owner, by.token, by.attempt, steps)
+	if err != nil {
+		return fmt.Errorf("finishing run %q as %s: %w", key, to, err)
+	}
+	if !ok {
+		return fmt.Errorf("finishing run %q as %s: %w", key, to, errRunMoved)
+	}
+	return nil
+}
+
+// execer is the write side of a pool, connection or transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// requestCancel records CancelRun. Guards: a finished run (nothing to cancel; no event).
+func requestCancel(ctx context.Context, q execer, key, reason string) error {
+	_, err := q.Exec(ctx, `
+		WITH r AS (
+			UPDATE stepwise_run SET cancel_requested_at = coalesce(cancel_requested_at, now()), last_error = $2, updated_at = now()
+			 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key
+		)
+		INSERT INTO stepwise_event (subject, kind, detail) SELECT key, 'run.cancel_requested', jsonb_build_object('reason', $2::text) FROM r`,
+		key, reason)
+	return err
+}
+
+// seenRun is what maintenance saw of a run when it decided to act on it; its transitions
+// hold only if all of it still holds.
+type seenRun struct {
+	key      string
+	jobID    *int64
+	token    int64
+	failures int
+}
+
+// lockLapsed locks the run's checkpoint row if its token is still the one seen and its lease
+// is still lapsed, so no claim or renewal can slip between maintenance's decision and its
+// commit. With fence it also moves the token on, so a worker that would renew or commit
+// later (a zombie of the run being failed or cancelled) is refused. Guards: maintenance
+// acting on a run whose worker renewed (or that someone claimed) after the scan.
+func lockLapsed(ctx context.Context, tx pgx.Tx, s seenRun, fence bool) (bool, error) {
+	if fence {
+		return changed(ctx, tx, `
+			WITH c AS (
+				UPDATE stepwise_checkpoint SET fencing_token = fencing_token + 1, owner = NULL, lease_until = NULL, updated_at = now()
+				 WHERE key = $1 AND fencing_token = $2 AND (lease_until IS NULL OR lease_until < clock_timestamp())
+				RETURNING key
+			)
+			SELECT count(*) FROM c`, s.key, s.token)
+	}
+	return changed(ctx, tx, `
+		WITH c AS (
+			SELECT key FROM stepwise_checkpoint
+			 WHERE key = $1 AND fencing_token = $2 AND (lease_until IS NULL OR lease_until < clock_timestamp())
+			   FOR UPDATE
+		)
+		SELECT count(*) FROM c`, s.key, s.token)
+}
+
+// takeOver moves a run to a new job after its worker vanished, counting the crash.
+// Guards: two maintenance passes re-enqueueing the same run (compare-and-set on the job id),
+// and a run that finished meanwhile.
+func takeOver(ctx context.Context, tx pgx.Tx, s seenRun, newJob int64, why string, wakeAt *time.Time) (bool, error) {
+	return changed(ctx, tx, `
+		WITH r AS (
+			UPDATE stepwise_run SET river_job_id = $3, failures = failures + 1, released_at = NULL, updated_at = now()
+			 WHERE key = $1 AND river_job_id IS NOT DISTINCT FROM $2 AND status IN ('pending', 'running') AND failures = $4
+			RETURNING key, failures
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, actor, detail)
+			SELECT key, 'run.takeover', 'maintenance', jsonb_strip_nulls(jsonb_build_object('old_job', $2::bigint, 'new_job', $3::bigint,
+			       'failures', failures, 'reason', $5::text, 'wake_at', $6::timestamptz)) FROM r
+		)
+		SELECT count(*) FROM r`, s.key, s.jobID, newJob, s.failures, why, wakeAt)
+}
+
+// finishByMaintenance ends a run nobody is working: failed (its job ended without finishing
+// it, or its crashes used up its attempts) or cancelled (CancelRun on a run that sleeps or
+// waits for a retry). Guards: a run taken over or finished meanwhile. The caller has fenced
+// the checkpoint with lockLapsed(fence=true) in the same transaction.
+func finishByMaintenance(ctx context.Context, tx pgx.Tx, s seenRun, to RunStatus, reason string) (bool, error) {
+	return changed(ctx, tx, `
+		WITH before AS (
+			SELECT status FROM stepwise_run WHERE key = $1
+		), r AS (
+			UPDATE stepwise_run SET status = $3, last_error = $4, finished_at = now(), updated_at = now(),
+			       failures = failures + CASE WHEN $3 = 'failed' THEN 1 ELSE 0 END
+			 WHERE key = $1 AND river_job_id IS NOT DISTINCT FROM $2 AND status IN ('pending', 'running')
+			RETURNING key
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
+			SELECT r.key, 'run.finish', before.status, $3, 'maintenance', jsonb_build_object('error', $4::text) FROM r, before
+		)
+		SELECT count(*) FROM r`, s.key, s.jobID, string(to), reason)
+}
+
+// resumeRun puts a failed or cancelled run back to pending under a new job, from its last
+// committed cursor (the checkpoint is untouched), with a fresh crash-loop budget. Guards: a
+// run that is not failed or cancelled (a succeeded run is never redone; a live one is not
+// doubled), and two resumes at once (the status moves on the first).
+func resumeRun(ctx context.Context, tx pgx.Tx, key string, from RunStatus, newJob int64, actor, reason string) (bool, error) {
+	return changed(ctx, tx, `
+		WITH r AS (
+			UPDATE stepwise_run SET status = 'pending', river_job_id = $3, failures = 0, last_error = NULL,
+			       finished_at = NULL, cancel_requested_at = NULL, released_at = NULL, wake_at = NULL, updated_at = now()
+			 WHERE key = $1 AND status = $2 RETURNING key
+		), ev AS (
+			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
+			SELECT key, 'run.resume', $2, 'pending', $4, jsonb_build_object('reason', $5::text, 'new_job', $3::bigint) FROM r
+		)
+		SELECT count(*) FROM r`, key, string(from), newJob, actor, reason)
+}

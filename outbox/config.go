@@ -287,6 +287,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s: want at least 1s; the dispatcher renews it several times per Lease, "+
 				"and a lease that lapses under a live dispatcher turns its operations UNKNOWN_EXTERNAL", name, k.Lease)
 		}
+		if k.Lease <= k.Timeout {
+			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s is not longer than Timeout %s; no Send starts unless its claim "+
+				"outlasts the send timeout, so make Lease at least twice Timeout (the default Lease is 1m for the default 30s Timeout)",
+				name, k.Lease, k.Timeout)
+		}
 		if k.MaxAttempts < -1 {
 			return fmt.Errorf("outbox: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)
 		}

@@ -61,6 +61,7 @@ type kindState struct {
 	name    string
 	cfg     *KindConfig
 	limiter *rate.Limiter
+	book    *claimBook
 
 	mu         sync.Mutex
 	lastExpiry time.Time
@@ -86,7 +87,7 @@ func New(db DB, config *Config) (*Outbox, error) {
 		metrics: newMetrics(),
 	}
 	for name, kc := range cfg.Kinds {
-		o.kinds[name] = &kindState{name: name, cfg: kc, limiter: newLimiter(kc.RatePerSecond)}
+		o.kinds[name] = &kindState{name: name, cfg: kc, limiter: newLimiter(kc.RatePerSecond), book: newClaimBook()}
 		o.kindNames = append(o.kindNames, name)
 	}
 	sort.Strings(o.kindNames)

@@ -122,12 +122,12 @@ func (b *bundle) callbacks(t testing.TB, id uuid.UUID) []string {
 	return out
 }
 
-// sentLongAgo moves an operation's last send an hour back, past any grace period, and makes
+// sentLongAgo moves an operation's last send (and the end of its time in flight) two hours back, past any grace period, and makes
 // it due for a check: what waiting would do, without the wait.
 func (b *bundle) sentLongAgo(t testing.TB, key string) {
 	t.Helper()
 	_, err := b.pool.Exec(context.Background(), `UPDATE stepwise_operation
-		SET last_sent_at = last_sent_at - interval '1 hour', next_check_at = now() WHERE operation_id = $1`,
+		SET last_sent_at = last_sent_at - interval '2 hours', in_flight_until = in_flight_until - interval '2 hours', next_check_at = now() WHERE operation_id = $1`,
 		outbox.OperationID("payout", key))
 	require.NoError(t, err)
 }

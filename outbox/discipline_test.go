@@ -1,0 +1,137 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflowtest"
+)
+
+// pausableKind is the delivery configuration of the paused-dispatcher test: one sender, so
+// the second claimed operation waits in the dispatcher while the first is being sent.
+func pausableKind(sender outbox.Sender) *outbox.KindConfig {
+	return &outbox.KindConfig{Sender: sender, BatchSize: 2, Concurrency: 1, Timeout: 3 * time.Second, Lease: 4 * time.Second}
+}
+
+func init() {
+	// A dispatcher that claims two operations and sends them one at a time. Every Send begun
+	// prints "send-begin <id>"; the first one takes a while, so that the parent can freeze the
+	// process (SIGSTOP) while the second waits for its turn.
+	workflowtest.RegisterRole("outbox-pausable", func(ctx context.Context, env map[string]string) error {
+		pool, err := pgxpool.New(ctx, env["DATABASE_URL"])
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		var calls atomic.Int32
+		sender := outbox.SendFunc(func(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+			fmt.Printf("send-begin %s\n", op.ID)
+			if calls.Add(1) == 1 {
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+					return outbox.Receipt{}, ctx.Err()
+				}
+			}
+			return outbox.Receipt{ExternalRef: "ref-" + op.ID.String()[:8]}, nil
+		})
+		ob, err := outbox.New(pool, &outbox.Config{ID: "pausable", Logger: slog.New(slog.DiscardHandler),
+			Kinds: map[string]*outbox.KindConfig{"payout": pausableKind(sender)}})
+		if err != nil {
+			return err
+		}
+		n, err := ob.DeliverBatch(ctx, "payout")
+		fmt.Printf("delivered claimed=%d err=%v\n", n, err)
+		return nil
+	})
+}
+
+// TestPausedDispatcherSendsNothingItNoLongerHolds: a dispatcher process is frozen (a real
+// SIGSTOP) while one claimed operation is being sent and another waits for a sender. While it
+// is frozen, its claims run out, crash recovery hands both to the reconciler, and the waiting
+// one is recorded FAILED_PERMANENT (the bank refused it, say). When the process wakes, it must
+// not begin a Send for that operation: its claim is gone. On 616d8b1 it did (issue 13, item 1).
+func TestPausedDispatcherSendsNothingItNoLongerHolds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testkit.DBURL(t)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	nop := outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+		return outbox.Receipt{}, errors.New("the parent never sends")
+	})
+	ob, err := outbox.New(pool, &outbox.Config{ID: "parent", Logger: slog.New(slog.DiscardHandler),
+		Kinds: map[string]*outbox.KindConfig{"payout": pausableKind(nop)}})
+	require.NoError(t, err)
+	registerKinds(t, pool, ob)
+	enqueue(t, pool, payout("paused/a", "acct-a", 100), payout("paused/b", "acct-b", 200))
+	ids := []uuid.UUID{outbox.OperationID("payout", "paused/a"), outbox.OperationID("payout", "paused/b")}
+
+	child := workflowtest.Start(t, "outbox-pausable", "DATABASE_URL="+dbURL)
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	line, err := child.WaitForLine(waitCtx, "send-begin ")
+	require.NoError(t, err)
+	require.NoError(t, child.Stop(), "freeze the dispatcher mid-send")
+	frozenAt := time.Now()
+	first, err := uuid.Parse(strings.TrimSpace(line[strings.Index(line, "send-begin ")+len("send-begin "):]))
+	require.NoError(t, err)
+	waiting := ids[0]
+	if waiting == first {
+		waiting = ids[1]
+	}
+
+	// While it is frozen: the claims expire, crash recovery moves both to UNKNOWN_EXTERNAL,
+	// and the waiting one is settled FAILED_PERMANENT.
+	require.Eventually(t, func() bool {
+		var expired bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT lease_until < now() FROM stepwise_operation WHERE operation_id = $1`, waiting).Scan(&expired))
+		return expired
+	}, 20*time.Second, 50*time.Millisecond)
+	n, err := ob.RecoverExpired(ctx, "payout")
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: waiting, From: outbox.StateUnknownExternal,
+			To: outbox.StateFailedPermanent, Actor: "test", Error: "the bank refused it"})
+		return err
+	})
+	require.NoError(t, err)
+	t.Logf("frozen for %s", time.Since(frozenAt).Round(time.Millisecond))
+
+	require.NoError(t, child.Cont())
+	require.NoError(t, child.Wait())
+	var sends []string
+	for _, l := range child.Lines() {
+		if strings.Contains(l, "send-begin ") {
+			sends = append(sends, l)
+		}
+	}
+	t.Logf("child lines: %q", child.Lines())
+	for _, l := range sends {
+		require.NotContains(t, l, waiting.String(), "a Send began for an operation the ledger says is FAILED_PERMANENT")
+	}
+	require.Len(t, sends, 1, "only the send begun before the freeze")
+	require.Equal(t, outbox.StateFailedPermanent, get(t, pool, waiting).State)
+}
+
+// registerKinds makes the kinds of ob known to Enqueue in the test's database.
+func registerKinds(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) {
+	t.Helper()
+	_ = pool
+	_ = ob
+}

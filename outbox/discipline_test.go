@@ -135,3 +135,56 @@ func registerKinds(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) {
 	_ = pool
 	_ = ob
 }
+
+// TestAttemptsCountRequestsNotClaims: an operation claimed twice but sent once shows one
+// attempt, and the ledger holds its one request with start, end and outcome, so an operator
+// can tell it from one sent twice. Here a shutdown stops the dispatcher after it claimed two
+// operations and sent one; the other goes back unsent and is sent by the next dispatcher. On
+// 616d8b1 attempts counted claims: 2 for the operation sent once (issue 13, item 5).
+func TestAttemptsCountRequestsNotClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	var stop context.CancelFunc
+	var sent atomic.Int32
+	sender := outbox.SendFunc(func(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+		if sent.Add(1) == 1 {
+			stop() // the process is shutting down while the second one waits for a sender
+		}
+		return outbox.Receipt{ExternalRef: "ref-" + op.ID.String()[:8]}, nil
+	})
+	ob := newOutbox(t, pool, sender, func(k *outbox.KindConfig) { k.Concurrency, k.BatchSize = 1, 2 })
+	registerKinds(t, pool, ob)
+	enqueue(t, pool, payout("req/a", "acct-a", 100), payout("req/b", "acct-b", 200))
+
+	dctx, cancel := context.WithCancel(ctx)
+	stop = cancel
+	n, err := ob.DeliverBatch(dctx, "payout")
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, map[outbox.State]int64{outbox.StateSucceeded: 1, outbox.StateRetryable: 1}, stateCounts(t, pool))
+	_, err = ob.Drain(ctx, "payout")
+	require.NoError(t, err)
+	require.Equal(t, int32(2), sent.Load(), "two requests in all")
+
+	keys := []string{"req/a", "req/b"}
+	for _, k := range keys {
+		op := get(t, pool, outbox.OperationID("payout", k))
+		require.Equal(t, outbox.StateSucceeded, op.State)
+		require.Equal(t, 1, op.Attempts, "%s was sent once: attempts count requests, not claims", k)
+	}
+	var claims []int
+	for _, k := range keys {
+		op := get(t, pool, outbox.OperationID("payout", k))
+		var c, started, ended int
+		var outcomes string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT claims FROM stepwise_operation WHERE operation_id = $1`, op.ID).Scan(&c))
+		claims = append(claims, c)
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(started_at), count(ended_at), string_agg(outcome, ',')
+			FROM stepwise_operation_request WHERE operation_id = $1`, op.ID).Scan(&started, &ended, &outcomes))
+		require.Equal(t, 1, started, "%s: one request started", k)
+		require.Equal(t, 1, ended, "%s: one request returned", k)
+		require.Equal(t, "SUCCEEDED", outcomes)
+	}
+	require.ElementsMatch(t, []int{1, 2}, claims, "one was claimed once, the other twice")
+}

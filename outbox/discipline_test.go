@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
@@ -133,7 +134,7 @@ func TestPausedDispatcherSendsNothingItNoLongerHolds(t *testing.T) {
 func registerKinds(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) {
 	t.Helper()
 	_ = pool
-	_ = ob
+	require.NoError(t, ob.Register(context.Background()))
 }
 
 // TestAttemptsCountRequestsNotClaims: an operation claimed twice but sent once shows one
@@ -187,4 +188,36 @@ func TestAttemptsCountRequestsNotClaims(t *testing.T) {
 		require.Equal(t, "SUCCEEDED", outcomes)
 	}
 	require.ElementsMatch(t, []int{1, 2}, claims, "one was claimed once, the other twice")
+}
+
+// TestEnqueueOfAnUnregisteredKindFails: an outbox delivers "ticket"; Enqueue of "tickets" (a
+// typo) must fail with ErrUnknownKind naming the kind and the registered ones, instead of
+// committing an operation nothing will ever send. On 616d8b1 it succeeded and the row stayed
+// PENDING silently (issue 13, item 4).
+func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	ob, err := outbox.New(pool, &outbox.Config{ID: "tickets", Logger: slog.New(slog.DiscardHandler),
+		Kinds: map[string]*outbox.KindConfig{"ticket": {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+			return outbox.Receipt{}, nil
+		})}}})
+	require.NoError(t, err)
+	require.NoError(t, ob.AddWorkersSafely(river.NewWorkers()), "installing the outbox registers its kinds")
+
+	enq := func(kind string) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Enqueue(ctx, tx, outbox.Operation{Kind: kind, BusinessKey: "t-1"})
+			return err
+		})
+	}
+	err = enq("tickets")
+	require.ErrorIs(t, err, outbox.ErrUnknownKind, "a kind no outbox registered")
+	require.Contains(t, err.Error(), `"tickets"`)
+	require.Contains(t, err.Error(), `"ticket"`, "names the registered kinds")
+	require.Equal(t, map[outbox.State]int64{}, stateCounts(t, pool), "nothing committed")
+
+	require.NoError(t, enq("ticket"))
+	require.NoError(t, enq("ticket"), "the registered kind, again (cached)")
+	require.Equal(t, map[outbox.State]int64{outbox.StatePending: 1}, stateCounts(t, pool))
 }

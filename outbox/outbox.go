@@ -116,8 +116,14 @@ func (o *Outbox) AddWorkers(workers *river.Workers) {
 	}
 }
 
-// AddWorkersSafely is AddWorkers returning an error instead of panicking.
+// AddWorkersSafely is AddWorkers returning an error instead of panicking. Both also register
+// the Outbox's kinds in the database (see Register), so that Enqueue accepts them.
 func (o *Outbox) AddWorkersSafely(workers *river.Workers) error {
+	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
+	defer cancel()
+	if err := o.Register(ctx); err != nil {
+		return err
+	}
 	if err := river.AddWorkerSafely[DispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
 		return fmt.Errorf("adding the outbox dispatcher: %w", err)
 	}

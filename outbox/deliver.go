@@ -597,7 +597,7 @@ func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.J
 	return true, nil
 }
 
-// heartbeat proves, every heartbeatEvery, that a dispatcher of kind is alive, until stop is
+// heartbeat proves, every heartbeatEvery(), that a dispatcher of kind is alive, until stop is
 // called. The poll reads it to tell a dispatcher that River still calls running but whose
 // process is gone from one that is merely busy.
 func (o *Outbox) heartbeat(ctx context.Context, kind string, jobID int64) (stop func()) {
@@ -616,7 +616,7 @@ func (o *Outbox) heartbeat(ctx context.Context, kind string, jobID int64) (stop 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(heartbeatEvery)
+		t := time.NewTicker(o.heartbeatEvery())
 		defer t.Stop()
 		for {
 			select {

@@ -29,14 +29,9 @@ type DB interface {
 // PollQueue is the River queue of the poll job.
 const PollQueue = "stepwise_outbox"
 
-// heartbeatEvery is how often a running dispatcher proves it is alive; takeoverAfter is how
-// stale that proof may get before the poll starts another dispatcher beside it. The gap
-// absorbs a slow database; a takeover beside a live dispatcher is safe anyway (claims skip
-// locked rows, outcomes are fenced by attempt), only wasteful.
-const (
-	heartbeatEvery = time.Second
-	takeoverAfter  = 15 * time.Second
-)
+// heartbeatEvery is how often a running dispatcher proves it is alive: four beats per
+// Config.DispatcherLease, so that one slow beat does not start a takeover.
+func (o *Outbox) heartbeatEvery() time.Duration { return o.config.DispatcherLease / 4 }
 
 // dispatchUniqueStates are the River states in which a dispatcher counts as already queued.
 // River requires available, pending, running and scheduled; retryable is added so that a
@@ -257,7 +252,7 @@ func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
 				WHERE kind = k AND state IN ('PENDING', 'RETRYABLE') AND next_attempt_at <= now())
 			OR EXISTS (SELECT 1 FROM stepwise_operation
 				WHERE kind = k AND state = 'PROCESSING' AND lease_until < now())`,
-		kinds, takeoverAfter)
+		kinds, o.config.DispatcherLease)
 	if err != nil {
 		return nil, fmt.Errorf("finding kinds with due operations: %w", err)
 	}

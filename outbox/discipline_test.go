@@ -173,6 +173,7 @@ func TestAttemptsCountRequestsNotClaims(t *testing.T) {
 		op := get(t, pool, outbox.OperationID("payout", k))
 		require.Equal(t, outbox.StateSucceeded, op.State)
 		require.Equal(t, 1, op.Attempts, "%s was sent once: attempts count requests, not claims", k)
+
 	}
 	var claims []int
 	for _, k := range keys {
@@ -188,6 +189,16 @@ func TestAttemptsCountRequestsNotClaims(t *testing.T) {
 		require.Equal(t, "SUCCEEDED", outcomes)
 	}
 	require.ElementsMatch(t, []int{1, 2}, claims, "one was claimed once, the other twice")
+	twice := keys[0]
+	if claims[1] == 2 {
+		twice = keys[1]
+	}
+	rqs, err := outbox.Requests(ctx, pool, outbox.OperationID("payout", twice))
+	require.NoError(t, err)
+	require.Len(t, rqs, 1)
+	require.Equal(t, 2, rqs[0].Claim, "sent under its second claim")
+	require.NotNil(t, rqs[0].StartedAt)
+	require.False(t, rqs[0].EndedAt.Before(*rqs[0].StartedAt))
 }
 
 // TestEnqueueOfAnUnregisteredKindFails: an outbox delivers "ticket"; Enqueue of "tickets" (a

@@ -246,7 +246,10 @@ func (r *runner) deliveryTakeovers(ctx context.Context, pool *pgxpool.Pool, bank
 	wo workerOpts, dates *dateSeq) ([]time.Duration, error) {
 	var out []time.Duration
 	for i := 0; i < r.opts.kills; i++ {
-		// A busy dispatcher: the bank holds the next answer back past the payout timeout.
+		// A busy dispatcher: the bank holds the next answer back past the payout timeout. The
+		// kill waits until that request reached the bank: killed before, the dispatcher would
+		// leave the held answer to the next payout, and the bench would time the bank.
+		held := bank.Stats().Faults[fakebank.DelayAfterApply]
 		bank.FailNext(1, fakebank.DelayAfterApply)
 		if _, err := pendingPayouts(ctx, pool, dates, 1); err != nil {
 			return nil, err
@@ -256,9 +259,10 @@ func (r *runner) deliveryTakeovers(ctx context.Context, pool *pgxpool.Pool, bank
 		for {
 			var owner string
 			err := pool.QueryRow(ctx, `SELECT d.owner FROM stepwise_outbox_dispatcher d
-				WHERE d.kind = $1 AND d.heartbeat_at > now() - interval '2 seconds'
-					AND EXISTS (SELECT 1 FROM stepwise_operation WHERE kind = $1 AND state = 'PROCESSING')`,
-				settlement.PayoutKind).Scan(&owner)
+				WHERE d.kind = $1 AND d.heartbeat_at > now() - interval '2 seconds'`, settlement.PayoutKind).Scan(&owner)
+			if bank.Stats().Faults[fakebank.DelayAfterApply] == held {
+				err = pgx.ErrNoRows // not in flight yet
+			}
 			if err == nil {
 				id, _, _ := strings.Cut(strings.TrimPrefix(owner, "outbox/"), "#")
 				if p, ok := ownerPid(id); ok && procs[p] != nil {
@@ -273,6 +277,8 @@ func (r *runner) deliveryTakeovers(ctx context.Context, pool *pgxpool.Pool, bank
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+		var leaderID string
+		_ = pool.QueryRow(ctx, `SELECT leader_id FROM river_leader LIMIT 1`).Scan(&leaderID)
 		killedAt := time.Now()
 		procs[pid].kill()
 		delete(procs, pid)
@@ -298,7 +304,7 @@ func (r *runner) deliveryTakeovers(ctx context.Context, pool *pgxpool.Pool, bank
 		}
 		took := time.Since(killedAt)
 		out = append(out, took)
-		r.log.Info("delivery takeover", "kill", i+1, "pid", pid, "took", took)
+		r.log.Info("delivery takeover", "kill", i+1, "pid", pid, "leader", leaderID == workerID(pid), "took", took)
 		p, err := startWorker(ctx, wo)
 		if err != nil {
 			return nil, err

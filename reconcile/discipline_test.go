@@ -3,11 +3,14 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/outbox"
@@ -127,4 +130,45 @@ func TestSlowBankNoResendWhileTheFirstRequestIsOnTheWire(t *testing.T) {
 	for _, k := range keys {
 		require.Equal(t, 1, bank.requests[outbox.OperationID("payout", k)], "sent once: %s", k)
 	}
+}
+
+// TestRunMaintenanceReconcilesWithoutTheLeadersJob: with no periodic pass installed (River's
+// leader runs none), RunMaintenance in this process settles an UNKNOWN_EXTERNAL operation the
+// bank never got: resent under the same id after the grace, its dispatcher woken by the pass.
+func TestRunMaintenanceReconcilesWithoutTheLeadersJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil, nil)
+	op := payout("maint/m-1", "acct", 300)
+	b.unknown(t, op)
+	b.sentLongAgo(t, op.BusinessKey)
+
+	quiet := slog.New(slog.DiscardHandler)
+	var err error
+	b.ob, err = outbox.New(b.pool, &outbox.Config{ID: "maint", Logger: quiet, PollInterval: time.Hour,
+		Kinds: map[string]*outbox.KindConfig{"payout": {Sender: bankSender{Client: b.client}, Timeout: time.Second}}})
+	require.NoError(t, err)
+	b.rec, err = reconcile.New(b.pool, &reconcile.Config{Outbox: b.ob, Logger: quiet, Interval: time.Second,
+		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{Client: b.client}, Grace: time.Hour}}})
+	require.NoError(t, err)
+	cfg := &river.Config{Logger: quiet, FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond, TestOnly: true}
+	require.NoError(t, b.ob.Install(cfg)) // the dispatcher; no reconciler job at all
+	client, err := river.NewClient(riverpgxv5.New(b.pool), cfg)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	mctx, stop := context.WithCancel(ctx)
+	t.Cleanup(func() {
+		stop()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, client.Stop(sctx))
+	})
+	require.Error(t, b.rec.RunMaintenance(mctx, nil), "a nil client is refused")
+	go func() { _ = b.rec.RunMaintenance(mctx, client) }()
+	b.waitQuiet(t, 30*time.Second)
+
+	got := b.get(t, op.BusinessKey)
+	require.Equal(t, outbox.StateSucceeded, got.State)
+	require.Equal(t, 2, got.Attempts, "sent twice: the first never reached the bank")
+	require.Equal(t, 1, b.bank.Effects(got.ID.String()))
 }

@@ -120,7 +120,11 @@ type KindConfig struct {
 	// Renewal stops after the longest a batch can legitimately take (every send timing out),
 	// so a Sender that ignores its context cannot hold an operation forever.
 	//
-	// Defaults to 1m.
+	// No Send starts unless the claim is certainly valid for at least Timeout (a claim that
+	// falls short is renewed once, or dropped unsent), so Lease must be longer than Timeout;
+	// twice Timeout or more keeps renewals off the sending path.
+	//
+	// Defaults to DefaultLease (1m).
 	Lease time.Duration
 
 	// RetryBackoff is the wait before the attempt-th resend of a RETRYABLE operation.

@@ -120,7 +120,11 @@ type KindConfig struct {
 	// Renewal stops after the longest a batch can legitimately take (every send timing out),
 	// so a Sender that ignores its context cannot hold an operation forever.
 	//
-	// Defaults to 1m.
+	// No Send starts unless the claim is certainly valid for at least Timeout (a claim that
+	// falls short is renewed once, or dropped unsent), so Lease must be longer than Timeout;
+	// twice Timeout or more keeps renewals off the sending path.
+	//
+	// Defaults to DefaultLease (1m).
 	Lease time.Duration
 
 	// RetryBackoff is the wait before the attempt-th resend of a RETRYABLE operation.
@@ -150,7 +154,8 @@ type Config struct {
 	// Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// PollInterval is how often the poll (a River periodic job, run on the leader) looks for
+	// PollInterval is how often the poll (a River periodic job, run on the leader, and by
+	// RunMaintenance in every process that calls it) looks for
 	// due operations that no dispatcher was woken for: operations enqueued outside a River
 	// worker, RETRYABLE ones whose backoff elapsed, and PROCESSING ones whose lease expired.
 	//
@@ -163,7 +168,29 @@ type Config struct {
 	//
 	// Defaults to 30s.
 	Slice time.Duration
+
+	// DispatcherLease is how long a kind's dispatcher may go without proving it is alive
+	// (it heartbeats every DispatcherLease/4) before the poll starts a takeover dispatcher
+	// beside it. River keeps the job of a killed process "running" for an hour, and that job
+	// swallows every wake of the kind meanwhile: delivery after a kill -9 resumes about
+	// DispatcherLease + PollInterval later (run RunMaintenance in every process, so that a
+	// dead River leader does not add its failover). Shorter recovers faster but risks a
+	// takeover beside a dispatcher stalled on a slow database; a takeover beside a live
+	// dispatcher is safe (claims skip locked rows, outcomes are fenced by claim), only
+	// wasteful.
+	//
+	// Defaults to DefaultDispatcherLease.
+	DispatcherLease time.Duration
 }
+
+// Defaults of Config and KindConfig.
+const (
+	DefaultDispatcherLease = 5 * time.Second
+	DefaultPollInterval    = time.Second
+	DefaultSlice           = 30 * time.Second
+	DefaultTimeout         = 30 * time.Second
+	DefaultLease           = time.Minute
+)
 
 // DefaultRetryBackoff waits 1s, 2s, 4s, ... up to 10 minutes before the attempt-th resend,
 // each with ±25% jitter, so that the operations refused in one burst do not return in one.
@@ -196,10 +223,13 @@ func (c *Config) WithDefaults() *Config {
 		out.Logger = slog.Default()
 	}
 	if out.PollInterval == 0 {
-		out.PollInterval = time.Second
+		out.PollInterval = DefaultPollInterval
 	}
 	if out.Slice == 0 {
-		out.Slice = 30 * time.Second
+		out.Slice = DefaultSlice
+	}
+	if out.DispatcherLease == 0 {
+		out.DispatcherLease = DefaultDispatcherLease
 	}
 	kinds := make(map[string]*KindConfig, len(out.Kinds))
 	for name, kc := range out.Kinds {
@@ -222,10 +252,10 @@ func (k KindConfig) withDefaults() KindConfig {
 		k.Concurrency = 16
 	}
 	if k.Timeout == 0 {
-		k.Timeout = 30 * time.Second
+		k.Timeout = DefaultTimeout
 	}
 	if k.Lease == 0 {
-		k.Lease = time.Minute
+		k.Lease = DefaultLease
 	}
 	if k.RetryBackoff == nil {
 		k.RetryBackoff = DefaultRetryBackoff
@@ -287,6 +317,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s: want at least 1s; the dispatcher renews it several times per Lease, "+
 				"and a lease that lapses under a live dispatcher turns its operations UNKNOWN_EXTERNAL", name, k.Lease)
 		}
+		if k.Lease <= k.Timeout {
+			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s is not longer than Timeout %s; no Send starts unless its claim "+
+				"outlasts the send timeout, so make Lease at least twice Timeout (the default Lease is 1m for the default 30s Timeout)",
+				name, k.Lease, k.Timeout)
+		}
 		if k.MaxAttempts < -1 {
 			return fmt.Errorf("outbox: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)
 		}
@@ -296,6 +331,11 @@ func (c *Config) validate() error {
 	}
 	if c.Slice < time.Second {
 		return fmt.Errorf("outbox: Config.Slice %s: want at least 1s", c.Slice)
+	}
+	if c.DispatcherLease < time.Second {
+		return fmt.Errorf("outbox: Config.DispatcherLease %s: want at least 1s (0 means the default, %s); the dispatcher "+
+			"heartbeats every DispatcherLease/4, and a shorter lease would start takeovers beside live dispatchers",
+			c.DispatcherLease, DefaultDispatcherLease)
 	}
 	return nil
 }

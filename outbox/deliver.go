@@ -77,7 +77,7 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 		var n int
 		err := pgx.BeginFunc(ctx, o.db, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, `
-				SELECT operation_id, attempts, coalesce(leased_by, ''), lease_until FROM stepwise_operation
+				SELECT operation_id, claims, coalesce(leased_by, ''), lease_until FROM stepwise_operation
 				WHERE kind = $1 AND state = 'PROCESSING' AND lease_until < now()
 				ORDER BY lease_until LIMIT $2
 				FOR UPDATE SKIP LOCKED`, ks.name, ks.cfg.BatchSize)
@@ -89,7 +89,7 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 				var t Transition
 				var by string
 				var until time.Time
-				if err := rows.Scan(&t.OperationID, &t.Attempts, &by, &until); err != nil {
+				if err := rows.Scan(&t.OperationID, &t.Claim, &by, &until); err != nil {
 					rows.Close()
 					return err
 				}
@@ -97,6 +97,10 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 				t.Error = fmt.Sprintf("lease of %s expired at %s while PROCESSING: the dispatcher died or stalled after claiming, so it may have been sent",
 					by, until.UTC().Format(time.RFC3339))
 				t.Detail = map[string]any{"cause": "lease_expired", "leased_by": by}
+				// The dispatcher died holding the claim: a request may have begun, so it counts
+				// as one (unconfirmed: no start time), and could have been in flight until the
+				// lease ran out (no Send starts with less than Timeout of its claim left).
+				t.request = &requestRecord{lost: true}
 				ts = append(ts, t)
 			}
 			if err := rows.Err(); err != nil {
@@ -246,6 +250,7 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 		select {
 		case d := <-results:
 			outstanding--
+			ks.book.release(d.op)
 			o.metrics.sent(ks.name, d.r)
 			if !d.r.abandoned { // an abandoned one stands for a crash: it stays PROCESSING
 				done = append(done, d)
@@ -273,11 +278,12 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 
 // renewLeases keeps the leases of the operations this Outbox holds of kind alive until stop
 // is called, so that an operation waiting for a sender, being sent or being recorded is never
-// mistaken for one whose dispatcher died. It looks every quarter lease and renews the leases
-// that are half gone, never past the kind's hold limit.
+// mistaken for one whose dispatcher died. It renews every lease not renewed in the last tick
+// (an eighth of the lease), never past the kind's hold limit, so that a claim waiting its turn
+// normally has well over the send timeout left when its sender takes it.
 func (o *Outbox) renewLeases(ctx context.Context, ks *kindState) (stop func()) {
 	lease := ks.cfg.Lease
-	every := min(max(lease/4, 100*time.Millisecond), 10*time.Second)
+	every := min(max(lease/8, 100*time.Millisecond), 10*time.Second)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {
@@ -291,12 +297,7 @@ func (o *Outbox) renewLeases(ctx context.Context, ks *kindState) (stop func()) {
 			case <-t.C:
 			}
 			qctx, c := context.WithTimeout(rctx, every)
-			_, err := o.db.Exec(qctx, `
-				UPDATE stepwise_operation SET lease_until = now() + $3::interval
-				WHERE kind = $1 AND state = 'PROCESSING' AND leased_by = $2
-					AND lease_until < now() + $4::interval
-					AND last_sent_at > now() - $5::interval`,
-				ks.name, o.actor, lease, lease/2, ks.cfg.holdLimit())
+			err := o.renew(qctx, ks, every, nil)
 			c()
 			if err != nil && rctx.Err() == nil {
 				o.config.Logger.WarnContext(rctx, "stepwise outbox: renewing leases failed; they lapse unless a later renewal succeeds",
@@ -309,7 +310,8 @@ func (o *Outbox) renewLeases(ctx context.Context, ks *kindState) (stop func()) {
 
 // claimSQL takes a batch of due operations in one short statement (its own transaction):
 // rows other dispatchers hold are skipped, not waited for, and every claimed row gets a lease,
-// one more attempt and an audit event. Nothing is held locked while sending.
+// one more claim (the fence its outcome is recorded under; attempts count requests, at
+// record time) and an audit event. Nothing is held locked while sending.
 const claimSQL = `
 WITH c AS (
 	SELECT operation_id, state FROM stepwise_operation
@@ -320,23 +322,26 @@ WITH c AS (
 ), u AS (
 	UPDATE stepwise_operation o SET
 		state        = 'PROCESSING',
-		attempts     = o.attempts + 1,
+		claims       = o.claims + 1,
+		claimed_at   = now(),
 		lease_until  = now() + $3::interval,
 		leased_by    = $4,
-		last_sent_at = now(),
 		updated_at   = now()
 	FROM c
 	WHERE o.operation_id = c.operation_id
 	RETURNING o.*, c.state AS from_state
 ), e AS (
 	INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, attempt)
-	SELECT 'op:' || u.operation_id, 'op.transition', u.from_state, 'PROCESSING', $4, u.attempts FROM u
+	SELECT 'op:' || u.operation_id, 'op.transition', u.from_state, 'PROCESSING', $4, u.claims FROM u
 )
 SELECT ` + "%s" + ` FROM u ORDER BY next_attempt_at`
 
 var claimQuery = fmt.Sprintf(claimSQL, Columns("u"))
 
 func (o *Outbox) claim(ctx context.Context, ks *kindState) ([]*Operation, error) {
+	// The claim's validity is measured from before the statement, on the monotonic clock:
+	// the database's lease starts later than this, never earlier.
+	before := time.Now()
 	rows, err := o.db.Query(ctx, claimQuery, ks.name, ks.cfg.BatchSize, ks.cfg.Lease, o.actor)
 	if err != nil {
 		return nil, fmt.Errorf("claiming operations of kind %q: %w", ks.name, err)
@@ -345,6 +350,7 @@ func (o *Outbox) claim(ctx context.Context, ks *kindState) ([]*Operation, error)
 	if err != nil {
 		return nil, fmt.Errorf("claiming operations of kind %q: %w", ks.name, err)
 	}
+	ks.book.take(ops, before, ks.cfg.Lease)
 	o.metrics.claimedN(ks.name, len(ops))
 	return ops, nil
 }
@@ -352,19 +358,30 @@ func (o *Outbox) claim(ctx context.Context, ks *kindState) ([]*Operation, error)
 type sendResult struct {
 	started   bool // Send was called (so it may have taken effect)
 	abandoned bool // a fault point stopped us from recording: it stays PROCESSING
+	dropped   bool // not sent: the claim could not be proven to outlast the send
 	receipt   Receipt
 	err       error
 	elapsed   time.Duration
+	start     time.Time // when Send was called (monotonic)
+	end       time.Time // when it returned (monotonic)
 }
 
-// sendIfRunning sends op, unless the dispatcher is stopping: an operation not yet handed to
-// the Sender is then definitely not sent, and goes back to RETRYABLE.
+// sendIfRunning sends op, unless the dispatcher is stopping or no longer certainly holds
+// op's claim for the send timeout: an operation not handed to the Sender is definitely not
+// sent, and goes back to RETRYABLE if the claim is still ours (the record is fenced by it).
 func (o *Outbox) sendIfRunning(ctx context.Context, ks *kindState, op *Operation) sendResult {
 	if ctx.Err() != nil {
 		return sendResult{}
 	}
 	if err := ks.limiter.Wait(ctx); err != nil {
 		return sendResult{}
+	}
+	// Checked last, right before Send: the wait for a sender and for the rate limiter may
+	// have outlasted the claim (a paused process, a lost database).
+	if !o.claimHolds(ctx, ks, op) {
+		o.config.Logger.WarnContext(ctx, "stepwise outbox: claim dropped before sending; the operation was not sent",
+			slog.String("kind", ks.name), slog.String("operation_id", op.ID.String()), slog.Int("claim", op.Claims))
+		return sendResult{dropped: true}
 	}
 	return o.sendOne(ctx, ks, op)
 }
@@ -383,6 +400,7 @@ func (o *Outbox) sendOne(ctx context.Context, ks *kindState, op *Operation) (r s
 	sctx, cancel := context.WithTimeout(ctx, ks.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
+	r.start = start
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -392,7 +410,8 @@ func (o *Outbox) sendOne(ctx context.Context, ks *kindState, op *Operation) (r s
 		sendOp := *op // the Sender gets its own copy; our record of the claim stays intact
 		r.receipt, r.err = ks.cfg.Sender.Send(sctx, &sendOp)
 	}()
-	r.elapsed = time.Since(start)
+	r.end = time.Now()
+	r.elapsed = r.end.Sub(start)
 	if pe, ok := r.err.(*panicError); ok {
 		o.config.Logger.ErrorContext(ctx, "stepwise outbox: sender panicked; the operation is UNKNOWN_EXTERNAL",
 			slog.String("kind", ks.name), slog.String("operation_id", op.ID.String()),
@@ -408,15 +427,23 @@ func (o *Outbox) sendOne(ctx context.Context, ks *kindState, op *Operation) (r s
 
 // outcomeOf turns a send's result into the transition it proves.
 func (o *Outbox) outcomeOf(ks *kindState, op *Operation, r sendResult) (Transition, bool) {
-	t := Transition{OperationID: op.ID, From: StateProcessing, Attempts: op.Attempts, Actor: o.actor}
+	t := Transition{OperationID: op.ID, From: StateProcessing, Claim: op.Claims, Actor: o.actor}
 	if r.abandoned {
 		return t, false
 	}
 	if !r.started {
-		// Never handed to the Sender: the dispatcher was stopping. Definitely not sent.
+		// Never handed to the Sender: the dispatcher was stopping, or its claim ran short.
+		// Definitely not sent; the claim fence drops this if somebody else moved it on.
 		t.To, t.Error = StateRetryable, "not sent: the dispatcher stopped before sending"
+		if r.dropped {
+			t.Error = errClaimLost.Error()
+		}
 		return t, true
 	}
+	// A request began: it is recorded with its start and end, in the outcome's statement.
+	now := time.Now()
+	t.request = &requestRecord{startAgo: now.Sub(r.start), endAgo: now.Sub(r.end), timeout: ks.cfg.Timeout}
+	attempts := op.Attempts + 1 // this request
 	t.To = Classify(r.err)
 	if r.err != nil {
 		t.Error = r.err.Error()
@@ -425,11 +452,11 @@ func (o *Outbox) outcomeOf(ks *kindState, op *Operation, r sendResult) (Transiti
 	case StateSucceeded:
 		t.ExternalRef = r.receipt.ExternalRef
 	case StateRetryable:
-		if ks.cfg.MaxAttempts > 0 && op.Attempts >= ks.cfg.MaxAttempts {
+		if ks.cfg.MaxAttempts > 0 && attempts >= ks.cfg.MaxAttempts {
 			t.To = StateManual
-			t.Reason = fmt.Sprintf("gave up: not sent after %d attempts; last error: %s", op.Attempts, truncateError(t.Error))
+			t.Reason = fmt.Sprintf("gave up: not sent after %d attempts; last error: %s", attempts, truncateError(t.Error))
 		} else {
-			t.NextAt = time.Now().Add(ks.cfg.RetryBackoff(op.Attempts))
+			t.NextAt = time.Now().Add(ks.cfg.RetryBackoff(attempts))
 		}
 	}
 	return t, true
@@ -478,8 +505,8 @@ func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) e
 		o.config.Logger.ErrorContext(ctx, "stepwise outbox: outcome callback failed; the operation stays PROCESSING until its lease expires",
 			slog.String("kind", ks.name), slog.String("operation_id", t.OperationID.String()),
 			slog.String("outcome", string(t.To)), slog.String("error", err.Error()))
-		if _, err := o.db.Exec(rctx, `UPDATE stepwise_operation SET last_error = $2 WHERE operation_id = $1 AND state = 'PROCESSING' AND attempts = $3`,
-			t.OperationID, truncateError("outcome "+string(t.To)+" not recorded: "+err.Error()), t.Attempts); err != nil {
+		if _, err := o.db.Exec(rctx, `UPDATE stepwise_operation SET last_error = $2 WHERE operation_id = $1 AND state = 'PROCESSING' AND claims = $3`,
+			t.OperationID, truncateError("outcome "+string(t.To)+" not recorded: "+err.Error()), t.Claim); err != nil {
 			dbErrs = append(dbErrs, err)
 		}
 	}
@@ -570,7 +597,7 @@ func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.J
 	return true, nil
 }
 
-// heartbeat proves, every heartbeatEvery, that a dispatcher of kind is alive, until stop is
+// heartbeat proves, every heartbeatEvery(), that a dispatcher of kind is alive, until stop is
 // called. The poll reads it to tell a dispatcher that River still calls running but whose
 // process is gone from one that is merely busy.
 func (o *Outbox) heartbeat(ctx context.Context, kind string, jobID int64) (stop func()) {
@@ -589,7 +616,7 @@ func (o *Outbox) heartbeat(ctx context.Context, kind string, jobID int64) (stop 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(heartbeatEvery)
+		t := time.NewTicker(o.heartbeatEvery())
 		defer t.Stop()
 		for {
 			select {

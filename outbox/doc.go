@@ -42,9 +42,31 @@ of code disagree about one external effect, and sending either could pay the wro
 	MANUAL            a person must decide                                 reconcile.Resolve
 
 Every change of state names the state it expects (UPDATE … WHERE state = $expected), and the
-outcome of a send also names the attempt that produced it, so a dispatcher that outlived its
-lease cannot overwrite a later decision. Each change writes an audit row to stepwise_event
+outcome of a send also names the claim that produced it (claims), so a dispatcher that outlived
+its lease cannot overwrite a later decision. Each change writes an audit row to stepwise_event
 (subject "op:<operation_id>", kind "op.transition").
+
+# Claims and requests
+
+A claim is not a request. attempts counts requests: Send calls begun, plus claims lost with a
+dispatcher that died holding them (a request may have begun). Each one has a row in
+stepwise_operation_request (claim number, actor, started_at, ended_at, the outcome it proved;
+started_at is NULL for a lost claim), written in the statement that records the outcome, so it
+costs no extra round trip. claims counts claims. An operation claimed twice but sent once shows
+attempts 1, claims 2.
+
+# Send discipline
+
+No Send starts unless the dispatcher can prove, on its own monotonic clock (read before the
+statement that took or last renewed the claim), that its claim lasts at least the send Timeout;
+a claim that falls short is renewed once, and dropped unsent if that fails. A dispatcher frozen
+(GC, SIGSTOP, a frozen VM) or cut off from the database past its lease therefore sends nothing
+that crash recovery, the reconciler or a person has meanwhile moved on, and every request of a
+dispatcher that died is over by its lease's expiry. KindConfig.Lease must exceed Timeout.
+
+The ledger keeps, per operation, the last moment a request could still be in flight
+(in_flight_until: the request's actual start plus Timeout, or the end of its claim, whichever
+is later); the reconciler's grace period runs from there.
 
 # Classifying a send
 
@@ -85,8 +107,12 @@ a dispatcher that found no more work completes its own job and then checks again
 operations, in one transaction, and so waits for that commit and sees the new rows. A wake is
 therefore never lost.
 
-Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll (a River
-periodic job, run by the leader every Config.PollInterval) wakes every kind with due work.
+Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll wakes every
+kind with due work every Config.PollInterval: a River periodic job run by the leader, and
+RunMaintenance in every process that calls it (so that a dead leader does not hold it up).
+
+Enqueue refuses, with ErrUnknownKind, a kind that no Outbox registered in the database
+(AddWorkers, Install and Register do): an operation nobody delivers would wait forever.
 
 # Crash recovery
 
@@ -94,7 +120,8 @@ A dispatcher killed between claiming and recording leaves its operations PROCESS
 lease expires (KindConfig.Lease after its last renewal), the poll or any dispatcher of the kind
 moves them to UNKNOWN_EXTERNAL. River keeps the killed dispatcher's job "running" until its own
 rescuer runs (an hour by default), and that job would swallow every wake of the kind; the poll
-notices the missing heartbeat and starts a takeover dispatcher beside it.
+notices the heartbeat is older than Config.DispatcherLease and starts a takeover dispatcher
+beside it, so delivery resumes about DispatcherLease + PollInterval after a kill -9.
 
 # Outcome callbacks
 
@@ -119,6 +146,8 @@ queues to its config:
 		return err
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+	// ... client.Start(ctx), then in every process, not only River's leader:
+	go ob.RunMaintenance(ctx, client) // crash recovery, retries and takeovers
 
 # Reading the ledger
 

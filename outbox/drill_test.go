@@ -79,6 +79,7 @@ func TestDrillKillAfterSend(t *testing.T) {
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	registerPayout(t, pool)
 	bank, client := startBank(t, nil, 5*time.Second, true)
 
 	op := payout("settle/drill-2/m-1", "acct-1", 4200)

@@ -33,6 +33,11 @@ type EnqueueResult struct {
 // operations vanish with the business writes they belong to: nothing is sent for a step
 // that did not commit.
 //
+// Every kind must have been registered in the database by an Outbox (AddWorkers, Install or
+// Register) or Enqueue fails with ErrUnknownKind naming the kind and the registered ones: a
+// mistyped kind would otherwise wait PENDING forever. The check reads the database once per
+// kind and process.
+//
 // An operation whose ID is zero gets OperationID(Kind, BusinessKey). Enqueueing an operation
 // that already exists with the same payload (and amount and currency) is a no-op; with
 // anything different, under the same id or the same kind and business key, it fails with a
@@ -62,6 +67,16 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, 
 	}
 	prepared, err := dedupe(prepared)
 	if err != nil {
+		return nil, err
+	}
+	// A kind no outbox delivers would be committed and wait forever: refuse it here.
+	kinds := make([]string, 0, 1)
+	for i := range prepared {
+		if !slices.Contains(kinds, prepared[i].Kind) {
+			kinds = append(kinds, prepared[i].Kind)
+		}
+	}
+	if err := checkKinds(ctx, tx, kinds); err != nil {
 		return nil, err
 	}
 	b := newOpArrays(prepared)
@@ -99,12 +114,6 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, 
 		res.Existing = existing
 	}
 
-	kinds := make([]string, 0, 1)
-	for i := range prepared {
-		if !slices.Contains(kinds, prepared[i].Kind) {
-			kinds = append(kinds, prepared[i].Kind)
-		}
-	}
 	woken, err := Wake(ctx, tx, kinds...)
 	if err != nil {
 		return nil, err

@@ -20,6 +20,7 @@ func TestEnqueueInsertsPendingRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
+	registerPayout(t, pool)
 
 	op := payout("settle/2026-03-01/m-1", "acct-1", 1250)
 	op.RunKey = "settle/2026-03-01/0"
@@ -52,6 +53,7 @@ func TestEnqueueSameOperationAgainIsNoop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
+	registerPayout(t, pool)
 
 	first := payout("k-1", "acct-1", 500)
 	enqueue(t, pool, first)
@@ -77,6 +79,7 @@ func TestEnqueueConflict(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
+	registerPayout(t, pool)
 
 	first := payout("settle/m-7", "acct-7", 1000)
 	enqueue(t, pool, first)
@@ -180,6 +183,7 @@ func TestStepThatFailsLeavesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
+	registerPayout(t, pool)
 	_, err := pool.Exec(ctx, `CREATE TABLE settlement (merchant text PRIMARY KEY, amount bigint NOT NULL, status text NOT NULL)`)
 	require.NoError(t, err)
 
@@ -211,6 +215,7 @@ func TestEnqueueManyIsOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
+	registerPayout(t, pool)
 
 	ops := make([]outbox.Operation, 5000)
 	for i := range ops {

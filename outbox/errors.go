@@ -33,7 +33,10 @@ var ErrStateChanged = errors.New("operation state changed")
 // allow, such as SUCCEEDED to RETRYABLE.
 var ErrInvalidTransition = errors.New("invalid operation state transition")
 
-// ErrUnknownKind is returned when an operation's kind has no KindConfig.
+// ErrUnknownKind is returned when an operation's kind has no KindConfig: by Enqueue when no
+// Outbox has registered the kind in the database (a typo, or no process delivers it), and by
+// the Outbox's methods for a kind it is not configured for. The message names the kind and
+// the known ones.
 var ErrUnknownKind = errors.New("operation kind not configured")
 
 // ConflictError is the error of ErrOperationConflict: it names the operation being enqueued

@@ -106,5 +106,15 @@ func newOutbox(t testing.TB, pool *pgxpool.Pool, sender outbox.Sender, mod func(
 	ob, err := outbox.New(pool, &outbox.Config{ID: "test", Logger: slog.New(slog.DiscardHandler),
 		Kinds: map[string]*outbox.KindConfig{"payout": kc}})
 	require.NoError(t, err)
+	require.NoError(t, ob.Register(context.Background()))
 	return ob
+}
+
+// registerPayout registers kind "payout" in the test's database, as a delivering process
+// would, so that Enqueue accepts it.
+func registerPayout(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	newOutbox(t, pool, outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+		return outbox.Receipt{}, outbox.NotSent(nil)
+	}), nil)
 }

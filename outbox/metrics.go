@@ -28,11 +28,11 @@ func newMetrics() *metrics {
 	return &metrics{
 		claimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepwise_outbox_claimed_total",
-			Help: "Operations claimed for sending (each claim is one attempt).",
+			Help: "Operations claimed for sending. A claim is not a request: see stepwise_outbox_sends_total.",
 		}, []string{"kind"}),
 		sends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stepwise_outbox_sends_total",
-			Help: "Send calls by classified result: succeeded, failed_permanent, retryable, unknown_external; not_started when a stopping dispatcher never called Send.",
+			Help: "Send calls by classified result: succeeded, failed_permanent, retryable, unknown_external; not_started when a stopping dispatcher never called Send; claim_dropped when the claim could not be proven to outlast the send timeout.",
 		}, []string{"kind", "result"}),
 		sendSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stepwise_outbox_send_seconds",
@@ -114,6 +114,9 @@ func (m *metrics) claimedN(kind string, n int) {
 
 func (m *metrics) sent(kind string, r sendResult) {
 	result := "not_started"
+	if r.dropped {
+		result = "claim_dropped"
+	}
 	if r.started {
 		result = strings.ToLower(string(Classify(r.err)))
 		m.sendSeconds.WithLabelValues(kind).Observe(r.elapsed.Seconds())

@@ -124,14 +124,26 @@ type Operation struct {
 	// complete only when the operations of its runs are. Optional.
 	RunKey string
 
-	State         State
+	State State
+	// Attempts counts requests: Send calls begun, plus claims lost with a dispatcher that
+	// died holding them (a request may have begun). Claims counts claims. Attempts below
+	// Claims means some claims never reached the external system; the requests themselves
+	// are in stepwise_operation_request (see Requests).
 	Attempts      int
+	Claims        int
 	Checks        int
 	LeaseUntil    *time.Time
 	LeasedBy      string
 	NextAttemptAt time.Time
 	NextCheckAt   *time.Time
-	LastSentAt    *time.Time
+	// LastSentAt is when the last request actually began (not when it was claimed).
+	LastSentAt *time.Time
+	// ClaimedAt is when the current or last claim was taken.
+	ClaimedAt *time.Time
+	// InFlightUntil is the latest moment the last request could still have been in flight:
+	// its start plus the send Timeout, or the end of its claim, whichever is later. The
+	// reconciler's grace period runs from here.
+	InFlightUntil *time.Time
 	UnknownSince  *time.Time
 	ExternalRef   string
 	LastError     string
@@ -198,7 +210,7 @@ const columnsTmpl = `{a}.operation_id, {a}.kind, {a}.business_key, {a}.payload, 
 	{a}.checks, {a}.lease_until, coalesce({a}.leased_by, ''), {a}.next_attempt_at, {a}.next_check_at,
 	{a}.last_sent_at, {a}.unknown_since, coalesce({a}.external_ref, ''), coalesce({a}.last_error, ''),
 	coalesce({a}.last_lookup, ''), coalesce({a}.manual_reason, ''), {a}.created_at, {a}.updated_at,
-	{a}.finished_at`
+	{a}.finished_at, {a}.claims, {a}.claimed_at, {a}.in_flight_until`
 
 // Columns returns the select list that ScanOperation reads, with every column qualified by
 // alias (as "o"). Package reconcile uses it to read ledger rows in its own statements.
@@ -217,7 +229,8 @@ func scanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	dest := []any{&op.ID, &op.Kind, &op.BusinessKey, &payload, &op.PayloadHash, &op.Amount, &op.Currency,
 		&op.RunKey, &op.State, &op.Attempts, &op.Checks, &op.LeaseUntil, &op.LeasedBy, &op.NextAttemptAt,
 		&op.NextCheckAt, &op.LastSentAt, &op.UnknownSince, &op.ExternalRef, &op.LastError,
-		&op.LastLookup, &op.ManualReason, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt}
+		&op.LastLookup, &op.ManualReason, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt,
+		&op.Claims, &op.ClaimedAt, &op.InFlightUntil}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}

@@ -29,14 +29,9 @@ type DB interface {
 // PollQueue is the River queue of the poll job.
 const PollQueue = "stepwise_outbox"
 
-// heartbeatEvery is how often a running dispatcher proves it is alive; takeoverAfter is how
-// stale that proof may get before the poll starts another dispatcher beside it. The gap
-// absorbs a slow database; a takeover beside a live dispatcher is safe anyway (claims skip
-// locked rows, outcomes are fenced by attempt), only wasteful.
-const (
-	heartbeatEvery = time.Second
-	takeoverAfter  = 15 * time.Second
-)
+// heartbeatEvery is how often a running dispatcher proves it is alive: four beats per
+// Config.DispatcherLease, so that one slow beat does not start a takeover.
+func (o *Outbox) heartbeatEvery() time.Duration { return o.config.DispatcherLease / 4 }
 
 // dispatchUniqueStates are the River states in which a dispatcher counts as already queued.
 // River requires available, pending, running and scheduled; retryable is added so that a
@@ -61,6 +56,7 @@ type kindState struct {
 	name    string
 	cfg     *KindConfig
 	limiter *rate.Limiter
+	book    *claimBook
 
 	mu         sync.Mutex
 	lastExpiry time.Time
@@ -86,7 +82,7 @@ func New(db DB, config *Config) (*Outbox, error) {
 		metrics: newMetrics(),
 	}
 	for name, kc := range cfg.Kinds {
-		o.kinds[name] = &kindState{name: name, cfg: kc, limiter: newLimiter(kc.RatePerSecond)}
+		o.kinds[name] = &kindState{name: name, cfg: kc, limiter: newLimiter(kc.RatePerSecond), book: newClaimBook()}
 		o.kindNames = append(o.kindNames, name)
 	}
 	sort.Strings(o.kindNames)
@@ -115,8 +111,14 @@ func (o *Outbox) AddWorkers(workers *river.Workers) {
 	}
 }
 
-// AddWorkersSafely is AddWorkers returning an error instead of panicking.
+// AddWorkersSafely is AddWorkers returning an error instead of panicking. Both also register
+// the Outbox's kinds in the database (see Register), so that Enqueue accepts them.
 func (o *Outbox) AddWorkersSafely(workers *river.Workers) error {
+	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
+	defer cancel()
+	if err := o.Register(ctx); err != nil {
+		return err
+	}
 	if err := river.AddWorkerSafely[DispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
 		return fmt.Errorf("adding the outbox dispatcher: %w", err)
 	}
@@ -250,7 +252,7 @@ func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
 				WHERE kind = k AND state IN ('PENDING', 'RETRYABLE') AND next_attempt_at <= now())
 			OR EXISTS (SELECT 1 FROM stepwise_operation
 				WHERE kind = k AND state = 'PROCESSING' AND lease_until < now())`,
-		kinds, takeoverAfter)
+		kinds, o.config.DispatcherLease)
 	if err != nil {
 		return nil, fmt.Errorf("finding kinds with due operations: %w", err)
 	}

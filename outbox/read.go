@@ -146,3 +146,35 @@ func UnfinishedForRuns(ctx context.Context, q Querier, runKeys ...string) (int64
 	}
 	return n, nil
 }
+
+// Request is one request of an operation: a Send call begun under a claim, or a claim lost
+// with a dispatcher that died holding it (StartedAt nil: a request may or may not have begun).
+type Request struct {
+	Claim     int
+	Actor     string
+	StartedAt *time.Time
+	EndedAt   *time.Time
+	// Outcome is the state the request's result moved the operation to.
+	Outcome State
+	Error   string
+}
+
+// Requests returns the requests recorded for the operation id, oldest claim first. With
+// Operation.Claims it tells an operation sent twice (two requests with StartedAt) from one
+// merely claimed twice (one request, two claims).
+func Requests(ctx context.Context, q Querier, id uuid.UUID) ([]Request, error) {
+	rows, err := q.Query(ctx, `SELECT claim, actor, started_at, ended_at, outcome, coalesce(error, '')
+		FROM stepwise_operation_request WHERE operation_id = $1 ORDER BY claim`, id)
+	if err != nil {
+		return nil, fmt.Errorf("reading the requests of operation %s: %w", id, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Request, error) {
+		var rq Request
+		err := r.Scan(&rq.Claim, &rq.Actor, &rq.StartedAt, &rq.EndedAt, &rq.Outcome, &rq.Error)
+		return rq, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the requests of operation %s: %w", id, err)
+	}
+	return out, nil
+}

@@ -16,9 +16,9 @@ type Transition struct {
 	// From is the state the mover saw. The move happens only if the operation is still in it.
 	From State
 	To   State
-	// Attempts, when not zero, must equal the operation's attempts: a dispatcher records the
+	// Claim, when not zero, must equal the operation's claims: a dispatcher records the
 	// outcome of its own claim only, never over a later one.
-	Attempts int
+	Claim int
 	// Checks, when not zero, must equal the operation's checks: a reconciler records the
 	// result of its own lookup only, never over an overlapping pass's.
 	Checks int
@@ -37,16 +37,35 @@ type Transition struct {
 	NextAt time.Time
 	// Detail is extra audit detail for the event.
 	Detail map[string]any
+
+	// request is what the dispatcher knows about the request of the claim it records (set
+	// only by package outbox, for moves out of PROCESSING).
+	request *requestRecord
+}
+
+// requestRecord describes the request made under one claim, for stepwise_operation_request.
+// Times are durations before the recording statement, so that every stamp in the ledger comes
+// from the database's clock while the durations come from the dispatcher's monotonic clock.
+type requestRecord struct {
+	// lost: the dispatcher died holding the claim; a request may have begun. Otherwise a
+	// Send call began startAgo before the statement and returned endAgo before it.
+	lost     bool
+	startAgo time.Duration
+	endAgo   time.Duration
+	// timeout is the kind's send Timeout: the request cannot be in flight longer (from our
+	// side) than its start plus this.
+	timeout time.Duration
 }
 
 // transitionSQL applies a batch of transitions with one UPDATE and one INSERT of audit events:
 // set-based, never one round trip per operation. The WHERE clause is the state machine's
-// guard: the state the mover saw and, when given, its attempt or check.
+// guard: the state the mover saw and, when given, its claim or check.
 var transitionSQL = `
 WITH n AS (
 	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[], $7::text[],
-		$8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::jsonb[])
-		AS n(id, from_state, to_state, attempts, checks, external_ref, err, reason, lookup, next_at, actor, detail)
+		$8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::jsonb[], $13::text[], $14::bigint[], $15::bigint[], $16::bigint[])
+		AS n(id, from_state, to_state, claim, checks, external_ref, err, reason, lookup, next_at, actor, detail,
+			req, start_ago_us, end_ago_us, timeout_us)
 ), u AS (
 	UPDATE stepwise_operation o SET
 		state           = n.to_state,
@@ -61,18 +80,40 @@ WITH n AS (
 		unknown_since   = CASE WHEN n.to_state = 'UNKNOWN_EXTERNAL' THEN now() END,
 		checks          = CASE WHEN n.to_state = 'UNKNOWN_EXTERNAL' THEN 0 ELSE o.checks END,
 		updated_at      = now(),
-		finished_at     = CASE WHEN n.to_state IN ('SUCCEEDED', 'FAILED_PERMANENT') THEN now() END
+		finished_at     = CASE WHEN n.to_state IN ('SUCCEEDED', 'FAILED_PERMANENT') THEN now() END,
+		-- attempts counts requests: one begun, or one that may have begun under a claim lost
+		-- with its dispatcher. A claim dropped before Send is not a request.
+		attempts        = o.attempts + CASE WHEN n.req IS NOT NULL THEN 1 ELSE 0 END,
+		last_sent_at    = CASE WHEN n.req = 'sent'
+			THEN statement_timestamp() - n.start_ago_us * interval '1 microsecond' ELSE o.last_sent_at END,
+		-- Until when a request may still be on the wire, for the reconciler's grace: the
+		-- request's start plus the send timeout, or the end of the claim (now, as the dispatcher
+		-- records it; its lease expiry when the dispatcher died), whichever is later.
+		in_flight_until = CASE WHEN n.from_state = 'PROCESSING' THEN greatest(o.in_flight_until,
+			CASE WHEN n.req = 'sent' THEN statement_timestamp() - (n.start_ago_us - n.timeout_us) * interval '1 microsecond' END,
+			CASE WHEN n.req = 'lost' THEN o.lease_until ELSE statement_timestamp() END)
+			ELSE o.in_flight_until END
 	FROM n
 	WHERE o.operation_id = n.id
 		AND o.state = n.from_state
-		AND (n.attempts = 0 OR o.attempts = n.attempts)
+		AND (n.claim = 0 OR o.claims = n.claim)
 		AND (n.checks = 0 OR o.checks = n.checks)
 	RETURNING o.*, n.from_state AS from_state, n.actor AS actor, n.err AS err, n.reason AS reason,
 		jsonb_strip_nulls(jsonb_build_object('error', n.err, 'external_ref', n.external_ref,
-			'reason', n.reason, 'lookup', n.lookup)) || coalesce(n.detail, '{}') AS detail
+			'reason', n.reason, 'lookup', n.lookup)) || coalesce(n.detail, '{}') AS detail,
+		n.req AS req, n.end_ago_us AS end_ago_us
 ), e AS (
 	INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, attempt, detail)
-	SELECT 'op:' || u.operation_id, 'op.transition', u.from_state, u.state, u.actor, u.attempts, u.detail FROM u
+	SELECT 'op:' || u.operation_id, 'op.transition', u.from_state, u.state, u.actor, u.claims, u.detail FROM u
+), r AS (
+	-- The request of the claim, in the same statement as the outcome: no extra round trip.
+	INSERT INTO stepwise_operation_request (operation_id, claim, actor, started_at, ended_at, outcome, error)
+	SELECT u.operation_id, u.claims, u.actor,
+		CASE WHEN u.req = 'sent' THEN u.last_sent_at END,
+		CASE WHEN u.req = 'sent' THEN statement_timestamp() - u.end_ago_us * interval '1 microsecond' END,
+		u.state, u.err
+	FROM u WHERE u.req IS NOT NULL
+	ON CONFLICT (operation_id, claim) DO NOTHING
 )
 SELECT ` + columnsOfU + `, from_state, actor, coalesce(err, ''), coalesce(reason, '') FROM u`
 
@@ -94,8 +135,12 @@ func (o *Outbox) TransitionTx(ctx context.Context, tx pgx.Tx, ts []Transition) (
 		ids      = make([]uuid.UUID, n)
 		froms    = make([]string, n)
 		tos      = make([]string, n)
-		attempts = make([]int32, n)
+		claims   = make([]int32, n)
 		checks   = make([]int32, n)
+		reqs     = make([]*string, n)
+		startAgo = make([]int64, n)
+		endAgo   = make([]int64, n)
+		timeouts = make([]int64, n)
 		refs     = make([]*string, n)
 		errs     = make([]*string, n)
 		reasons  = make([]*string, n)
@@ -118,7 +163,15 @@ func (o *Outbox) TransitionTx(ctx context.Context, tx pgx.Tx, ts []Transition) (
 		}
 		seenIDs[t.OperationID] = true
 		ids[i], froms[i], tos[i], actors[i] = t.OperationID, string(t.From), string(t.To), t.Actor
-		attempts[i], checks[i] = int32(t.Attempts), int32(t.Checks)
+		claims[i], checks[i] = int32(t.Claim), int32(t.Checks)
+		if rq := t.request; rq != nil {
+			kind := "sent"
+			if rq.lost {
+				kind = "lost"
+			}
+			reqs[i] = &kind
+			startAgo[i], endAgo[i], timeouts[i] = rq.startAgo.Microseconds(), rq.endAgo.Microseconds(), rq.timeout.Microseconds()
+		}
 		refs[i], reasons[i], lookups[i] = nonEmpty(t.ExternalRef), nonEmpty(t.Reason), nonEmpty(t.Lookup)
 		errs[i] = nonEmpty(truncateError(t.Error))
 		if !t.NextAt.IsZero() {
@@ -134,7 +187,8 @@ func (o *Outbox) TransitionTx(ctx context.Context, tx pgx.Tx, ts []Transition) (
 			details[i] = &s
 		}
 	}
-	rows, err := tx.Query(ctx, transitionSQL, ids, froms, tos, attempts, checks, refs, errs, reasons, lookups, nextAts, actors, details)
+	rows, err := tx.Query(ctx, transitionSQL, ids, froms, tos, claims, checks, refs, errs, reasons, lookups, nextAts, actors, details,
+		reqs, startAgo, endAgo, timeouts)
 	if err != nil {
 		return nil, fmt.Errorf("recording %d operation transitions: %w", n, err)
 	}

@@ -164,6 +164,7 @@ func TestDrillKillAfterSendThenReconcile(t *testing.T) {
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	registerPayout(t, pool)
 	_, err = pool.Exec(ctx, `CREATE TABLE outcome_log (operation_id uuid NOT NULL, from_state text NOT NULL, to_state text NOT NULL, actor text NOT NULL)`)
 	require.NoError(t, err)
 	bank := fakebank.New(nil)

@@ -128,7 +128,8 @@ type Config struct {
 	// Defaults to "reconcile".
 	Actor string
 
-	// Interval is how often River's leader runs a reconciliation pass (a periodic job).
+	// Interval is how often River's leader runs a reconciliation pass (a periodic job), and
+	// how often RunMaintenance runs one in every process that calls it.
 	//
 	// Defaults to 10s.
 	Interval time.Duration

@@ -27,8 +27,9 @@ type decision struct {
 //     MANUAL "mismatch";
 //   - found-failed: FAILED_PERMANENT;
 //   - pending, or the lookup failed: stays, next check after a backoff;
-//   - not-found within the grace period after the last send: stays until the grace ends (an
-//     in-flight request may still land); after it: RETRYABLE, resent under the same id;
+//   - not-found within the grace period: stays until the grace ends (an in-flight request may
+//     still land); after it: RETRYABLE, resent under the same id. The grace runs from
+//     graceFrom, the last moment a request could still have been in flight;
 //   - not definitive and past the give-up age, the check limit or the outbox's attempt limit:
 //     MANUAL, with the reason. A definitive answer is applied however old the operation.
 //
@@ -58,11 +59,7 @@ func decide(op *outbox.Operation, res LookupResult, lookupErr error, now time.Ti
 		d = decision{stay: true, next: backoff(), result: "pending", lookup: "pending at the external system"}
 	case res.Status == NotFound:
 		d = decision{result: "not_found", lookup: "not found"}
-		sent := op.CreatedAt
-		if op.LastSentAt != nil {
-			sent = *op.LastSentAt
-		}
-		if graceEnd := sent.Add(k.Grace); now.Before(graceEnd) {
+		if graceEnd := graceFrom(op).Add(k.Grace); now.Before(graceEnd) {
 			// The request may still be in flight: resending now could apply it twice.
 			d.stay = true
 			d.next = graceEnd.Add(time.Duration(rand.Int64N(int64(time.Second))))
@@ -92,4 +89,21 @@ func decide(op *outbox.Operation, res LookupResult, lookupErr error, now time.Ti
 			reason: fmt.Sprintf("gave up: not found after %d attempts (the outbox's MaxAttempts); last lookup: %s", op.Attempts, d.lookup)}
 	}
 	return d
+}
+
+// graceFrom is when the grace period of a not-found answer starts: the last moment a request
+// for op could still have been in flight (Operation.InFlightUntil: the last request's actual
+// start plus the send timeout, or the end of the claim it was sent under, whichever is later).
+// Counting from the claim instead would let an operation that waited its turn in the
+// dispatcher, then timed out, be resent while its first request was still on the wire. Rows
+// written before InFlightUntil existed fall back to the last send, then to creation.
+func graceFrom(op *outbox.Operation) time.Time {
+	switch {
+	case op.InFlightUntil != nil:
+		return *op.InFlightUntil
+	case op.LastSentAt != nil:
+		return *op.LastSentAt
+	default:
+		return op.CreatedAt
+	}
 }

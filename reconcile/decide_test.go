@@ -23,7 +23,7 @@ func TestDecide(t *testing.T) {
 	ago := func(d time.Duration) *time.Time { t := now.Add(-d); return &t }
 	op := func(mod func(*outbox.Operation)) *outbox.Operation {
 		o := &outbox.Operation{Amount: 1000, Currency: "EUR", Checks: 1, Attempts: 1,
-			CreatedAt: now.Add(-time.Hour), LastSentAt: ago(time.Hour), UnknownSince: ago(time.Hour)}
+			CreatedAt: now.Add(-time.Hour), LastSentAt: ago(time.Hour), InFlightUntil: ago(time.Hour), UnknownSince: ago(time.Hour)}
 		if mod != nil {
 			mod(o)
 		}
@@ -54,7 +54,7 @@ func TestDecide(t *testing.T) {
 		{name: "lookup error", op: op(func(o *outbox.Operation) { o.Checks = 3 }), err: errors.New("timeout"),
 			wantStay: true, wantNext: now.Add(3 * time.Minute)},
 		{name: "unknown status is an error", op: op(nil), res: LookupResult{Status: "maybe"}, wantStay: true, wantNext: now.Add(time.Minute)},
-		{name: "not found inside grace", op: op(func(o *outbox.Operation) { o.LastSentAt = ago(time.Minute) }),
+		{name: "not found inside grace", op: op(func(o *outbox.Operation) { o.LastSentAt, o.InFlightUntil = ago(time.Minute), ago(time.Minute) }),
 			res: LookupResult{Status: NotFound}, wantStay: true, wantNext: now.Add(4 * time.Minute)},
 		{name: "not found after grace", op: op(nil), res: LookupResult{Status: NotFound}, wantTo: outbox.StateRetryable},
 		{name: "not found after grace, out of attempts", op: op(func(o *outbox.Operation) { o.Attempts = 5 }),

@@ -16,12 +16,24 @@ per second, Timeout each), and records what each answer proves:
 	found, succeeded, other amount or currency  MANUAL, reason "mismatch: …"
 	found, failed                               FAILED_PERMANENT
 	pending, or the lookup failed               stays; next check after a backoff with jitter
-	not found, within Grace of the last send    stays until the grace ends: the request may
+	not found, within Grace (see below)         stays until the grace ends: the request may
 	                                            still be in flight and land later
 	not found, after Grace                      RETRYABLE: resent by the outbox under the same
 	                                            id, so it cannot be applied twice
 	not definitive, past GiveUpAfter, MaxChecks MANUAL, reason "gave up: …"
 	or the outbox's MaxAttempts
+
+# Grace
+
+The grace period runs from the last moment a request could still have been in flight, never
+from the claim: the later of the last request's actual start plus the outbox's send Timeout,
+and the end of the claim it was sent under (the moment the dispatcher recorded its outcome, or
+the claim's lease expiry when the dispatcher died holding it). The outbox keeps that moment in
+the ledger (in_flight_until, Operation.InFlightUntil); the outbox starts no Send unless its
+claim is valid for at least the send Timeout, so a request of a dead dispatcher is over by its
+lease expiry. A not-found answer is believed, and the operation resent under the same id, only
+Grace after that moment: an operation that waited its turn in the dispatcher and then timed
+out is never resent while its first request can still land.
 
 The rules are one pure function, table tested; the SQL only guards it. Each transition goes
 through outbox.Outbox.TransitionTx: the kind's outcome callback and an audit event in the same

@@ -69,6 +69,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// ob.Install registers the outbox's kinds in a service; delivering on demand, register them
+	// here, or Enqueue refuses the kind as one nothing would ever send.
+	if err := ob.Register(ctx); err != nil {
+		log.Fatal(err)
+	}
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: quiet, Kinds: map[string]*reconcile.KindConfig{
 		"payout": {Querier: bank},
 	}})

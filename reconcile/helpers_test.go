@@ -80,6 +80,7 @@ func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, 
 	discard := slog.New(slog.DiscardHandler)
 	ob, err := outbox.New(pool, &outbox.Config{ID: "test", Logger: discard, Kinds: map[string]*outbox.KindConfig{"payout": okc}})
 	require.NoError(t, err)
+	require.NoError(t, ob.Register(ctx))
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{"payout": rkc}})
 	require.NoError(t, err)
 	return &bundle{pool: pool, bank: bank, client: client, ob: ob, rec: rec}
@@ -122,12 +123,12 @@ func (b *bundle) callbacks(t testing.TB, id uuid.UUID) []string {
 	return out
 }
 
-// sentLongAgo moves an operation's last send an hour back, past any grace period, and makes
+// sentLongAgo moves an operation's last send (and the end of its time in flight) two hours back, past any grace period, and makes
 // it due for a check: what waiting would do, without the wait.
 func (b *bundle) sentLongAgo(t testing.TB, key string) {
 	t.Helper()
 	_, err := b.pool.Exec(context.Background(), `UPDATE stepwise_operation
-		SET last_sent_at = last_sent_at - interval '1 hour', next_check_at = now() WHERE operation_id = $1`,
+		SET last_sent_at = last_sent_at - interval '2 hours', in_flight_until = in_flight_until - interval '2 hours', next_check_at = now() WHERE operation_id = $1`,
 		outbox.OperationID("payout", key))
 	require.NoError(t, err)
 }
@@ -144,3 +145,15 @@ func (b *bundle) counts(t testing.TB) map[outbox.State]int64 {
 }
 
 func key(i int) string { return fmt.Sprintf("settle/m-%05d", i) }
+
+// registerPayout registers kind "payout" in the test's database, as a delivering process
+// would, so that Enqueue accepts it.
+func registerPayout(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	ob, err := outbox.New(pool, &outbox.Config{ID: "register", Logger: slog.New(slog.DiscardHandler),
+		Kinds: map[string]*outbox.KindConfig{"payout": {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+			return outbox.Receipt{}, outbox.NotSent(nil)
+		})}}})
+	require.NoError(t, err)
+	require.NoError(t, ob.Register(context.Background()))
+}

@@ -95,7 +95,7 @@ func TestEachLookupResult(t *testing.T) {
 			require.Contains(t, op.LastLookup, "503 from the lookup API")
 		}},
 		{"not-found", outbox.StateUnknownExternal, []string{"PROCESSING>UNKNOWN_EXTERNAL"}, func(t *testing.T, op *outbox.Operation) {
-			require.WithinDuration(t, op.LastSentAt.Add(time.Hour), *op.NextCheckAt, 2*time.Second, "waits for the end of the grace period")
+			require.WithinDuration(t, op.InFlightUntil.Add(time.Hour), *op.NextCheckAt, 2*time.Second, "waits for the end of the grace period")
 			require.Contains(t, op.LastLookup, "grace")
 		}},
 		{"not-found-after-grace", outbox.StateRetryable, []string{"PROCESSING>UNKNOWN_EXTERNAL", "UNKNOWN_EXTERNAL>RETRYABLE"}, nil},

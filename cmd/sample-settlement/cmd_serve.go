@@ -128,9 +128,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_ = srv.Close()
 		return err
 	}
-	// Takeover from every process, not only River's leader: when the process that dies is
-	// the leader, the leader-run job would wait for a new election (measured: ~17s).
+	// Takeover, delivery retries and reconciliation from every process, not only River's
+	// leader: when the process that dies is the leader, the leader-run jobs would wait for a
+	// new election (measured: ~17s).
 	go func() { _ = svc.Engine.RunMaintenance(runCtx, svc.Client) }()
+	go func() { _ = svc.Outbox.RunMaintenance(runCtx, svc.Client) }()
+	go func() { _ = svc.Reconciler.RunMaintenance(runCtx, svc.Client) }()
 	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /riverui/; %d shards, schedule %q in %s (on: %t), bank %s\n",
 		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, f.bank.url)
 

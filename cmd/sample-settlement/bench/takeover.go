@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -14,6 +15,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -121,8 +124,13 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 		procs[p.pid] = p
 	}
 
-	perRun := r.templateMerchants()
 	dates := newDateSeq()
+	deliveries, err := r.deliveryTakeovers(ctx, pool, bank, procs, wo, dates)
+	if err != nil {
+		return err
+	}
+
+	perRun := r.templateMerchants()
 	var key string
 	var samples []takeoverSample
 	for i := 0; i < o.kills; i++ {
@@ -220,7 +228,90 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 		claims = append(claims, s.claim)
 	}
 	r.printf("claim by the successor (token moved): median %s, max %s\n", fmtDur(medianOf(claims)), fmtDur(slices.Max(claims)))
+
+	dtarget := outbox.DefaultDispatcherLease + 2*time.Second
+	r.printf("delivery takeover after kill -9 of the process running the payout dispatcher, until a payout enqueued after the kill is SUCCEEDED: "+
+		"%d kills, outbox lease %s: median %s, max %s (target <= outbox lease + 2s = %s: %s)\n",
+		len(deliveries), outbox.DefaultDispatcherLease, fmtDur(medianOf(deliveries)), fmtDur(slices.Max(deliveries)), dtarget, verdict(slices.Max(deliveries) <= dtarget))
+	r.check(slices.Max(deliveries) <= dtarget, "delivery takeover <= outbox lease + 2s = %s: max %s of %d kills", dtarget, fmtDur(slices.Max(deliveries)), len(deliveries))
 	return nil
+}
+
+// deliveryTakeovers kill -9s, o.kills times, the worker process running the payout dispatcher
+// while it is busy (one payout's answer held back by the bank), and measures how long after
+// the kill a payout enqueued after it is SUCCEEDED: River keeps the dead dispatcher's job
+// "running" and swallows the wakes, so delivery resumes only when a surviving process's
+// outbox maintenance sees the heartbeat older than the outbox lease and starts a takeover.
+func (r *runner) deliveryTakeovers(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Bank, procs map[int]*workerProc,
+	wo workerOpts, dates *dateSeq) ([]time.Duration, error) {
+	var out []time.Duration
+	for i := 0; i < r.opts.kills; i++ {
+		// A busy dispatcher: the bank holds the next answer back past the payout timeout. The
+		// kill waits until that request reached the bank: killed before, the dispatcher would
+		// leave the held answer to the next payout, and the bench would time the bank.
+		held := bank.Stats().Faults[fakebank.DelayAfterApply]
+		bank.FailNext(1, fakebank.DelayAfterApply)
+		if _, err := pendingPayouts(ctx, pool, dates, 1); err != nil {
+			return nil, err
+		}
+		var pid int
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var owner string
+			err := pool.QueryRow(ctx, `SELECT d.owner FROM stepwise_outbox_dispatcher d
+				WHERE d.kind = $1 AND d.heartbeat_at > now() - interval '2 seconds'`, settlement.PayoutKind).Scan(&owner)
+			if bank.Stats().Faults[fakebank.DelayAfterApply] == held {
+				err = pgx.ErrNoRows // not in flight yet
+			}
+			if err == nil {
+				id, _, _ := strings.Cut(strings.TrimPrefix(owner, "outbox/"), "#")
+				if p, ok := ownerPid(id); ok && procs[p] != nil {
+					pid = p
+					break
+				}
+			} else if !errors.Is(err, pgx.ErrNoRows) {
+				return nil, fmt.Errorf("finding the payout dispatcher: %w", err)
+			}
+			if time.Now().After(deadline) {
+				return nil, errors.New("no worker process ran a busy payout dispatcher within 30s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		var leaderID string
+		_ = pool.QueryRow(ctx, `SELECT leader_id FROM river_leader LIMIT 1`).Scan(&leaderID)
+		killedAt := time.Now()
+		procs[pid].kill()
+		delete(procs, pid)
+
+		date, err := pendingPayouts(ctx, pool, dates, 1)
+		if err != nil {
+			return nil, err
+		}
+		for {
+			var done bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM stepwise_operation
+				WHERE kind = $1 AND state = 'SUCCEEDED' AND split_part(business_key, '/', 2) = $2)`,
+				settlement.PayoutKind, date.Format(time.DateOnly)).Scan(&done); err != nil {
+				return nil, fmt.Errorf("reading the payout of %s: %w", date.Format(time.DateOnly), err)
+			}
+			if done {
+				break
+			}
+			if time.Since(killedAt) > 2*time.Minute {
+				return nil, fmt.Errorf("payout of %s not delivered 2 minutes after the dispatcher's process (pid %d) was killed", date.Format(time.DateOnly), pid)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		took := time.Since(killedAt)
+		out = append(out, took)
+		r.log.Info("delivery takeover", "kill", i+1, "pid", pid, "leader", leaderID == workerID(pid), "took", took)
+		p, err := startWorker(ctx, wo)
+		if err != nil {
+			return nil, err
+		}
+		procs[p.pid] = p
+	}
+	return out, nil
 }
 
 func medianOf(ds []time.Duration) time.Duration {

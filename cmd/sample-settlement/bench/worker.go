@@ -85,6 +85,8 @@ func runRole(ctx context.Context, role string, stdout, _ io.Writer) error {
 	}
 	if os.Getenv(workerMaintEnv) == "every" {
 		go func() { _ = svc.Engine.RunMaintenance(ctx, svc.Client) }()
+		go func() { _ = svc.Outbox.RunMaintenance(ctx, svc.Client) }()
+		go func() { _ = svc.Reconciler.RunMaintenance(ctx, svc.Client) }()
 	}
 	fmt.Fprintf(stdout, "ready pid=%d\n", os.Getpid())
 	<-ctx.Done()

@@ -381,8 +381,11 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
-	// The killer hits River's leader too; takeover must not wait for a new election.
+	// The killer hits River's leader too; takeover, delivery and reconciliation must not
+	// wait for a new election.
 	go func() { _ = svc.Engine.RunMaintenance(ctx, svc.Client) }()
+	go func() { _ = svc.Outbox.RunMaintenance(ctx, svc.Client) }()
+	go func() { _ = svc.Reconciler.RunMaintenance(ctx, svc.Client) }()
 	fmt.Println("ready")
 	<-ctx.Done()
 	return svc.Stop(context.WithoutCancel(ctx), 5*time.Second)

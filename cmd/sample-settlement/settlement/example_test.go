@@ -21,6 +21,10 @@ func ExampleSettleBatch() {
 	if err := settlement.ApplySchema(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
+	// The settle step enqueues payouts; the Service registers their kind when it starts.
+	if err := settlement.RegisterPayoutKind(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
 	date := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	seeded, err := settlement.Seed(ctx, pool, &settlement.SeedConfig{Date: date, Merchants: 100, Transactions: 1000, Seed: 42})
 	if err != nil {

@@ -26,7 +26,11 @@ func schemaTag(prefix string) string { return prefix + settlement.SchemaID() }
 // schemaDB is a fresh database with Stepwise's and the sample's schema and no data.
 func schemaDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	return testkit.TemplateDB(t, schemaTag("sch_"), settlement.ApplySchema)
+	pool := testkit.TemplateDB(t, schemaTag("sch_"), settlement.ApplySchema)
+	if err := settlement.RegisterPayoutKind(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }
 
 // seededDBURL is a fresh database holding testSeed, cloned from a template seeded once.
@@ -48,5 +52,8 @@ func seededDB(t *testing.T) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	if err := settlement.RegisterPayoutKind(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
 	return pool
 }

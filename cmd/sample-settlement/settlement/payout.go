@@ -148,3 +148,14 @@ func (q *BankQuerier) Lookup(ctx context.Context, op *outbox.Operation) (reconci
 		return reconcile.LookupResult{Status: reconcile.Pending}, nil
 	}
 }
+
+// RegisterPayoutKind records the payout kind in the database, as the Service does when it
+// starts, for code that settles (and so enqueues payouts) where no Service has run yet:
+// outbox.Enqueue refuses a kind no outbox registered, since nothing would ever send it.
+func RegisterPayoutKind(ctx context.Context, db outbox.DB) error {
+	ob, err := outbox.New(db, &outbox.Config{ID: "settlement", Kinds: map[string]*outbox.KindConfig{PayoutKind: {Sender: &BankSender{}}}})
+	if err != nil {
+		return err
+	}
+	return ob.Register(ctx)
+}

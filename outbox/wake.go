@@ -26,18 +26,19 @@ import (
 //   - NOTIFY in the step's transaction: PostgreSQL serializes the commits of all
 //     transactions that notified, database-wide, on the notification queue's lock, and it
 //     needs a listening connection in some process; a process that only enqueues has none.
-//   - Skipping the insert when a live dispatcher is known: the dispatcher may be completing
-//     at that very moment (completeIfIdle checked for work before our commit), and the
-//     skipped wake would be lost until the next poll.
+//   - Skipping the insert when a live dispatcher is known: a running dispatcher may be
+//     completing at that very moment (completeIfIdle checked for work before our commit),
+//     and the skipped wake would be lost until the next poll. Skipping is only safe when the
+//     kind's job is known to be queued and not yet started; the waker does that (below).
 //   - A non-unique insert per step: no lock shared between runs, but one River job per step
 //     for a loop that needs one per kind, and still a statement in every step.
 //   - Waking after the commit (chosen): Enqueue notes the transaction's id, which its INSERT
 //     returns in the same round trip, and a per-process waker (one goroutine per River
 //     client, alive only while it has something to wake) asks PostgreSQL every wakeTick
 //     which of the noted transactions have committed, and queues the dispatcher of their
-//     kinds in a short transaction of its own. Nothing is locked on behalf of the step, the
-//     step pays no extra statement, and all the steps committed within one tick share one
-//     wake.
+//     kinds in a short transaction of its own, unless the job it queued last for that kind
+//     is still waiting to start. Nothing is locked on behalf of the step, the step pays no
+//     extra statement, and all the steps committed within one tick share one wake.
 //
 // Why no wake is lost: the wake is queued only after the operations are committed. If the
 // kind's dispatcher is running, River swallows the insert; a dispatcher that then completes
@@ -51,10 +52,10 @@ const (
 	// wakeTick is how long the waker waits between two looks at the noted transactions: the
 	// wake's added latency, and the rate at which an enqueueing process queries for it.
 	wakeTick = 20 * time.Millisecond
-	// wakeGiveUp is how long the waker retries a failing database before dropping what it
-	// holds: the poll delivers those operations, and a process shutting down (its pool
-	// closed) must not keep a goroutine retrying.
-	wakeGiveUp = 3 * time.Second
+	// wakeAttempts is how many times in a row the waker tries a failing database before it
+	// drops what it holds (about 150ms): the poll delivers those operations, and a process
+	// shutting down (its pool closed) must not keep a goroutine retrying.
+	wakeAttempts = 3
 )
 
 // pendingWake is a transaction that enqueued operations of kinds. xid is empty when there is
@@ -68,6 +69,9 @@ type pendingWake struct {
 type waker struct {
 	client  *river.Client[pgx.Tx]
 	pending []pendingWake // guarded by wakers.mu
+	// queued is, per kind, the dispatcher job this waker's last insert queued or found;
+	// used by the loop goroutine only.
+	queued map[string]int64
 }
 
 var wakers = struct {
@@ -86,7 +90,7 @@ func wakeAfterCommit(client *river.Client[pgx.Tx], xid string, kinds []string) b
 	defer wakers.mu.Unlock()
 	w, ok := wakers.m[client]
 	if !ok {
-		w = &waker{client: client}
+		w = &waker{client: client, queued: map[string]int64{}}
 		wakers.m[client] = w
 		go w.loop()
 	}
@@ -97,7 +101,7 @@ func wakeAfterCommit(client *river.Client[pgx.Tx], xid string, kinds []string) b
 // loop runs until nothing is pending, then removes the waker (the next Enqueue starts a new
 // one), so that an idle process, or a test that is over, has no goroutine left behind.
 func (w *waker) loop() {
-	var failingSince time.Time
+	failures := 0
 	delay := wakeTick
 	for {
 		time.Sleep(delay)
@@ -114,16 +118,15 @@ func (w *waker) loop() {
 		keep, err := w.wake(batch)
 		switch {
 		case err == nil:
-			failingSince, delay = time.Time{}, wakeTick
-		case failingSince.IsZero():
-			failingSince, delay = time.Now(), 2*wakeTick
-		case time.Since(failingSince) > wakeGiveUp:
+			failures, delay = 0, wakeTick
+		case failures+1 < wakeAttempts:
+			failures++
+			delay = time.Duration(1<<failures) * wakeTick
+		default:
 			// The poll will find these operations; a dead pool must not pin this goroutine.
 			slog.Default().Warn("stepwise outbox: giving up waking dispatchers after the commit; the poll will find the operations",
 				slog.Int("transactions", len(keep)), slog.String("error", err.Error()))
-			keep, failingSince, delay = nil, time.Time{}, wakeTick
-		default:
-			delay = min(2*delay, time.Second)
+			keep, failures, delay = nil, 0, wakeTick
 		}
 		if len(keep) > 0 {
 			wakers.mu.Lock()
@@ -144,35 +147,46 @@ func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
 			xids = append(xids, p.xid)
 		}
 	}
-	// pg_xact_status is 'committed', 'aborted' or 'in progress'; NULL for a transaction so
-	// old its status was truncated away, which can only have ended: treat it as committed (a
-	// wake too many is harmless, one too few is not).
-	inProgress := map[string]bool{}
-	aborted := map[string]bool{}
-	if len(xids) > 0 {
-		var running, rolledBack []string
-		if err := w.client.Driver().GetExecutor().QueryRow(ctx, `
-			SELECT coalesce(array_agg(x) FILTER (WHERE s = 'in progress'), '{}'),
-				coalesce(array_agg(x) FILTER (WHERE s = 'aborted'), '{}')
-			FROM unnest($1::text[]) AS x, pg_xact_status(x::xid8) AS s`, xids).Scan(&running, &rolledBack); err != nil {
-			return batch, fmt.Errorf("reading the status of %d enqueueing transactions: %w", len(xids), err)
-		}
-		for _, x := range running {
-			inProgress[x] = true
-		}
-		for _, x := range rolledBack {
-			aborted[x] = true
-		}
+	known := make([]int64, 0, len(w.queued))
+	for _, id := range w.queued {
+		known = append(known, id)
+	}
+	// One round trip answers three questions:
+	//  - Which noted transactions are still running? "Visible in our snapshot" rather than
+	//    pg_xact_status alone: the commit log says committed a moment before other
+	//    snapshots see the rows, and a dispatcher must see them once we call them committed.
+	//  - Which of the finished ones rolled back? Their operations vanished with them.
+	//  - Which dispatcher jobs this waker queued earlier are still waiting to start
+	//    (available, scheduled or retryable)? Such a job starts after these commits and
+	//    delivers what they wrote: waking again would only rewrite its row (and flush WAL)
+	//    to no effect. A running job is not enough: it may be completing right now with a
+	//    check for work that came before our commit, so it gets the insert.
+	var running, rolledBack []string
+	var waiting []int64
+	if err := w.client.Driver().GetExecutor().QueryRow(ctx, `
+		WITH x AS (
+			SELECT x, pg_visible_in_snapshot(x::xid8, pg_current_snapshot()) AS ended FROM unnest($1::text[]) AS x
+		)
+		SELECT coalesce((SELECT array_agg(x) FROM x WHERE NOT ended), '{}'),
+			coalesce((SELECT array_agg(x) FROM x WHERE ended AND pg_xact_status(x::xid8) = 'aborted'), '{}'),
+			coalesce((SELECT array_agg(id) FROM river_job WHERE id = ANY($2::bigint[])
+				AND state IN ('available', 'scheduled', 'retryable')), '{}')`, xids, known).Scan(&running, &rolledBack, &waiting); err != nil {
+		return batch, fmt.Errorf("reading the status of %d enqueueing transactions: %w", len(xids), err)
 	}
 	var kinds []string
 	for _, p := range batch {
 		switch {
-		case inProgress[p.xid]:
+		case p.xid != "" && slices.Contains(running, p.xid):
 			keep = append(keep, p)
-		case aborted[p.xid]:
+		case p.xid != "" && slices.Contains(rolledBack, p.xid):
 			// Rolled back: its operations vanished with it, nothing to deliver.
 		default:
-			kinds = append(kinds, p.kinds...)
+			for _, k := range p.kinds {
+				if id, ok := w.queued[k]; ok && slices.Contains(waiting, id) {
+					continue // that kind's dispatcher has yet to start: it will see these rows
+				}
+				kinds = append(kinds, k)
+			}
 		}
 	}
 	if len(kinds) == 0 {
@@ -186,8 +200,14 @@ func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
 	for i, k := range kinds {
 		params[i] = river.InsertManyParams{Args: DispatchArgs{OperationKind: k}}
 	}
-	if _, err := w.client.InsertMany(ctx, params); err != nil {
+	res, err := w.client.InsertMany(ctx, params)
+	if err != nil {
 		return batch, fmt.Errorf("queueing the dispatcher for %v: %w", kinds, err)
+	}
+	for i, r := range res {
+		if r != nil && r.Job != nil && i < len(kinds) {
+			w.queued[kinds[i]] = r.Job.ID
+		}
 	}
 	return keep, nil
 }

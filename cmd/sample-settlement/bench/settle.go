@@ -100,10 +100,10 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 	workers := river.NewWorkers()
 	r.worker = &cappedSettle{}
 	workflow.AddWorker(r.engine, workers, r.worker)
-	// The settle step wakes the payout dispatcher in its transaction (a unique River insert,
-	// part of what a step costs), so the client must know the dispatcher's kind. Its queue is
-	// left out: delivery would compete for the same two cores, and is measured on its own in
-	// the delivery section.
+	// The settle step's Enqueue has the payout dispatcher woken after each commit (by this
+	// process's waker, part of what Stepwise costs), so the client must know the dispatcher's
+	// kind. Its queue is left out: delivery would compete for the same two cores, and is
+	// measured on its own in the delivery section.
 	ob, err := outbox.New(pool, &outbox.Config{Logger: quietLogger(), Kinds: map[string]*outbox.KindConfig{
 		settlement.PayoutKind: {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
 			return outbox.Receipt{}, outbox.NotSent(errors.New("the settle section delivers nothing"))

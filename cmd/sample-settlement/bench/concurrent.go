@@ -127,17 +127,23 @@ func (r *settleRig) stepwiseShards(ctx context.Context, date time.Time, shards, 
 	r.worker.batch.Store(int64(batch))
 	r.worker.cap.Store(int64(items))
 	keys := make([]string, shards)
+	jobs := make([]int64, 0, shards)
 	t0 := time.Now()
 	// The shards of a date start together, in one transaction, as the sample's service
 	// starts them: River fetches them together instead of one fetch cooldown apart.
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		for shard := range shards {
 			keys[shard] = fmt.Sprintf("settle/%s/%s/%d-of-%d", date.Format(time.DateOnly), tag, shard, shards)
-			if _, err := workflow.StartTx(ctx, r.stepwise, tx, keys[shard],
+			run, err := workflow.StartTx(ctx, r.stepwise, tx, keys[shard],
 				settlement.SettleArgs{Date: date.Format(time.DateOnly), Shard: shard, Shards: shards},
-				&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: queueStepwise}}); err != nil {
+				&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: queueStepwise}})
+			if err != nil {
 				return err
 			}
+			if run.RiverJobID == nil {
+				return fmt.Errorf("run %s was started without a River job", keys[shard])
+			}
+			jobs = append(jobs, *run.RiverJobID)
 		}
 		return nil
 	})
@@ -162,15 +168,32 @@ func (r *settleRig) stepwiseShards(ctx context.Context, date time.Time, shards, 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	// The runs' last commits happened inside Work: the latest Work return of this batch of
-	// runs is when the date was durably settled (polling adds no time to it).
-	firstStart, lastStart, firstEnd, last := r.timing.spansSince(t0)
-	if last.IsZero() {
-		return measurement{}, fmt.Errorf("no Work of the runs of %s was timed", date.Format(time.DateOnly))
+	// The runs' last commits happened inside Work: the latest return of the Work that ended
+	// each run is when the date was durably settled (polling adds no time to it). A run is
+	// "succeeded" a moment before its Work returns and is timed: wait for those returns (a
+	// Work that ended a run returned nil; one that ended a time slice returned a snooze).
+	for wait := time.Now().Add(10 * time.Second); !r.timing.allEnded(jobs, t0); time.Sleep(time.Millisecond) {
+		if time.Now().After(wait) {
+			return measurement{}, fmt.Errorf("the Works of the runs of %s were not all timed", date.Format(time.DateOnly))
+		}
 	}
+	firstStart, lastStart, firstEnd, last := r.timing.spansSince(t0)
 	r.log.Info("concurrent runs", "runs", shards, "first_pickup", firstStart.Sub(t0), "last_pickup", lastStart.Sub(t0),
 		"first_done", firstEnd.Sub(t0), "last_done", last.Sub(t0))
 	return measurement{items: items, elapsed: last.Sub(t0), pickup: firstStart.Sub(t0)}, nil
+}
+
+// allEnded reports whether each of jobs has a Work that started after t0 and returned nil.
+func (t *workTiming) allEnded(jobs []int64, t0 time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range jobs {
+		s := t.byJob[id]
+		if s == nil || !s.start.After(t0) || s.err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // spansSince reports, of the Works that started after t0, the first and last start and the

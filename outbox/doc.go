@@ -100,12 +100,15 @@ heartbeats in stepwise_outbox_dispatcher.
 
 # Waking the dispatcher
 
-Enqueue inside a River worker (or with ContextWithClient) inserts, in the same transaction, a
-dispatch job unique per kind. When that kind's dispatcher is already running, River swallows
-the insert, but holds a lock on the running job's row until the enqueuing transaction commits;
-a dispatcher that found no more work completes its own job and then checks again for due
-operations, in one transaction, and so waits for that commit and sees the new rows. A wake is
-therefore never lost.
+Enqueue inside a River worker (or with ContextWithClient) notes its transaction's id (returned
+by its own INSERT, no extra statement), and a per-process waker queues a dispatch job unique per
+kind within tens of milliseconds after that transaction commits. Nothing the wake touches is
+locked on behalf of the step, so concurrent runs enqueueing the same kind do not wait for each
+other. When that kind's dispatcher is already running, River swallows the insert; a dispatcher
+that found no more work completes its own job and then checks again for due operations, in one
+transaction: either that check sees the committed rows, or the wake that follows the commit
+finds the job completed and queues a new one. A wake is therefore never lost. (Wake, used by
+the reconciler, still queues the job inside the caller's transaction.)
 
 Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll wakes every
 kind with due work every Config.PollInterval: a River periodic job run by the leader, and

@@ -22,9 +22,10 @@ type EnqueueResult struct {
 	// business key, payload, amount and currency: a step that runs again after a crash
 	// enqueues them again, and that is a no-op.
 	Existing []*Operation
-	// Woken reports whether a dispatcher wake was queued in the transaction. It is false
-	// outside a River worker unless the context carries a client (ContextWithClient); the
-	// operations are then picked up by the next poll (Config.PollInterval).
+	// Woken reports whether a dispatcher wake will be queued once the transaction commits
+	// (see wake.go). It is false outside a River worker unless the context carries a client
+	// (ContextWithClient); the operations are then picked up by the next poll
+	// (Config.PollInterval).
 	Woken bool
 }
 
@@ -44,9 +45,11 @@ type EnqueueResult struct {
 // *ConflictError (errors.Is ErrOperationConflict) and the first row stays as it was. On any
 // error no row of this call remains in tx; roll tx back anyway, as with any failed statement.
 //
-// Inside a River worker (or with ContextWithClient) Enqueue inserts, in tx, one dispatch job
-// per kind, unique per kind, so delivery starts as soon as tx commits. Rows are inserted with
-// one set-based statement whatever their number.
+// Inside a River worker (or with ContextWithClient) Enqueue arranges for one dispatch job per
+// kind, unique per kind, to be queued by this process as soon as tx commits (within tens of
+// milliseconds), so delivery starts at once. It locks nothing that a concurrent run's
+// transaction could wait for: the wake is not part of tx. Rows are inserted with one
+// set-based statement whatever their number.
 func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, error) {
 	if tx == nil {
 		return nil, errors.New("outbox.Enqueue: tx is nil; pass the transaction of the step that writes the operations")
@@ -88,12 +91,18 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, 
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::bigint[], $6::text[], $7::text[])
 			AS n(id, kind, bk, payload, amount, currency, run_key)
 		ON CONFLICT DO NOTHING
-		RETURNING operation_id`,
+		RETURNING operation_id, pg_current_xact_id()::text`,
 		b.ids, b.kinds, b.keys, b.payloads, b.amounts, b.currencies, b.runKeys)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d operations: %w", len(prepared), err)
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	// The transaction's id comes back with the rows, in the same round trip: the waker
+	// (wake.go) waits for that transaction to commit before it wakes the dispatcher.
+	var xid string
+	inserted, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (uuid.UUID, error) {
+		var id uuid.UUID
+		return id, r.Scan(&id, &xid)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d operations: %w", len(prepared), err)
 	}
@@ -114,12 +123,28 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, 
 		res.Existing = existing
 	}
 
-	woken, err := Wake(ctx, tx, kinds...)
+	res.Woken, err = wakeOnCommit(ctx, tx, xid, kinds)
 	if err != nil {
 		return nil, err
 	}
-	res.Woken = woken
 	return res, nil
+}
+
+// wakeOnCommit makes sure the dispatchers of kinds run once tx (whose id is xid, or "" when
+// tx inserted nothing) commits. It takes no lock that another run's transaction could wait
+// on: see wake.go for why the wake comes after the commit. Without a River client in ctx it
+// does nothing and reports false (the poll finds the operations).
+func wakeOnCommit(ctx context.Context, tx pgx.Tx, xid string, kinds []string) (bool, error) {
+	client := clientFrom(ctx)
+	if client == nil || len(kinds) == 0 {
+		return false, nil
+	}
+	// Without a pool of its own (a River driver built on a transaction only) the client
+	// cannot wake anything after the commit: wake in the transaction, as before.
+	if !wakeAfterCommit(client, xid, kinds) {
+		return Wake(ctx, tx, kinds...)
+	}
+	return true, nil
 }
 
 // dedupe drops repeats of an operation within one call, and refuses two different
@@ -293,9 +318,9 @@ func QueueName(kind string) string { return "stepwise_outbox_" + kind }
 
 type clientKey struct{}
 
-// ContextWithClient returns a context with which Enqueue (and Wake) outside a River worker
-// can still queue a dispatcher wake in the caller's transaction. Inside a worker, River's own
-// context already carries the client.
+// ContextWithClient returns a context with which Enqueue outside a River worker can still
+// have the dispatcher woken once the caller's transaction commits (and Wake queue it in the
+// transaction). Inside a worker, River's own context already carries the client.
 func ContextWithClient(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
 	return context.WithValue(ctx, clientKey{}, client)
 }

@@ -120,18 +120,22 @@ func TestBenchQuick(t *testing.T) {
 		"--scale-procs", "1,2", "--scale-merchants", "1600", "--rounds", "2"}, &out, &errw)
 	require.NoError(t, err, "report:\n%s\nstderr:\n%s", out.String(), errw.String())
 	report := out.String()
-	for _, section := range []string{"== settle:", "== delivery:", "== reconcile:", "== takeover:", "== scale:", "== size:", "== targets (issue 8)"} {
+	for _, section := range []string{"== settle:", "== settle, concurrent:", "== delivery:", "== reconcile:", "== takeover:", "== scale:", "== size:", "== targets (issues 8 and 16)"} {
 		require.Contains(t, report, section)
 	}
+	// The settle section says how far it got while it runs, not only at its end.
+	require.Contains(t, errw.String(), "bench: settle: round 1/2 B=100: floor ")
+	require.Contains(t, errw.String(), "bench: settle: concurrent round 2/2: 8 loops ")
 	require.Regexp(t, `Index (Only )?Scan using merchant_pkey on merchant`, report, "the settle statement's plan must reach merchants by their primary key")
 	lines := strings.Split(strings.TrimSpace(report), "\n")
-	require.GreaterOrEqual(t, len(lines), 3)
+	require.GreaterOrEqual(t, len(lines), 4)
 	last := regexp.MustCompile(`^stepwise/floor B=(\d+): \d+\.\d\d$`)
 	for i, b := range []string{"1", "100", "1000"} {
-		m := last.FindStringSubmatch(lines[len(lines)-3+i])
-		require.NotNil(t, m, "line %q", lines[len(lines)-3+i])
+		m := last.FindStringSubmatch(lines[len(lines)-4+i])
+		require.NotNil(t, m, "line %q", lines[len(lines)-4+i])
 		require.Equal(t, b, m[1])
 	}
+	require.Regexp(t, `^stepwise/floor concurrent=8: \d+\.\d\d$`, lines[len(lines)-1])
 }
 
 func TestCheckFailsOnMissedTarget(t *testing.T) {

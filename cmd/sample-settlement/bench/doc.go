@@ -12,9 +12,13 @@
 //   - floor (a): plain pgx, one transaction per batch holding SettleBatch and a fenced cursor
 //     UPDATE, after one claim;
 //   - stepwise (b): settlement.SettleWorker as a Stepwise run worked by a River client (claim,
-//     fenced steps, cursor, run status, dispatcher wake, job completion in the last step);
+//     fenced steps, cursor, run status, dispatcher wake after each commit, job completion in
+//     the last step);
 //   - river (c): one River job per merchant, settled and completed in one transaction
 //     (JobCompleteTx), at River's default fetch settings and with a 5ms FetchCooldown.
+//
+// The concurrent part settles one date in 8 shards three ways: 8 Stepwise runs at once in
+// this process, 8 hand-written loops at once, and one Stepwise run for the whole date.
 //
 // Then: payout delivery to the zero-latency fake bank (ops/s), reconciler lookups (lookups/s),
 // takeover after kill -9 of the worker process holding a run (median and max), settle
@@ -43,5 +47,6 @@
 //	sample-settlement bench                         # the full table: several minutes
 //	sample-settlement bench --only floor,stepwise --batches 100 --trace
 //
-// The last lines are "stepwise/floor B=<n>: <ratio>", one per batch size, for scripts.
+// The last lines are "stepwise/floor B=<n>: <ratio>", one per batch size, then
+// "stepwise/floor concurrent=8: <ratio>", for scripts.
 package bench

@@ -12,7 +12,7 @@ import (
 )
 
 // Sections are the parts of the bench, in the order they run. --only picks some of them.
-var Sections = []string{"floor", "stepwise", "river", "delivery", "reconcile", "takeover", "scale", "size"}
+var Sections = []string{"floor", "stepwise", "river", "concurrent", "delivery", "reconcile", "takeover", "scale", "size"}
 
 // options are the bench's flags after defaults (and --quick) were applied.
 type options struct {
@@ -58,6 +58,8 @@ ledger. It runs three ways on identical data:
   floor (a)     plain pgx: BEGIN; SettleBatch; fenced cursor UPDATE; COMMIT, in a loop.
   stepwise (b)  settlement.SettleWorker as a Stepwise workflow in a River client: claim,
                 fenced steps, cursor, run status, dispatcher wake, River job completion.
+  concurrent    one date in 8 shards: 8 Stepwise runs at once vs 8 floor loops at once vs
+                1 Stepwise run (B=100), in this process.
   river (c)     one River job per merchant (SettleBatch of 1 + JobCompleteTx): what a River
                 user writes without Stepwise. Shown at River's default fetch settings and
                 with a 5ms FetchCooldown.
@@ -69,7 +71,8 @@ about the same load from the rest of the machine), with their range: 1.00 means 
 costs nothing over the hand-written loop; the target is >= 0.90 at B=100 and B=1000; a wide
 range means a busy machine. b/c compares a Stepwise step of B
 merchants with one River job per merchant (target >= 10 at B=100). The last lines are
-"stepwise/floor B=<n>: <ratio>", one per batch size, for scripts.
+"stepwise/floor B=<n>: <ratio>", one per batch size, and "stepwise/floor concurrent=8:
+<ratio>", for scripts. Each round prints a progress line on stderr.
 
 Flags:
 `

@@ -100,10 +100,10 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 	workers := river.NewWorkers()
 	r.worker = &cappedSettle{}
 	workflow.AddWorker(r.engine, workers, r.worker)
-	// The settle step wakes the payout dispatcher in its transaction (a unique River insert,
-	// part of what a step costs), so the client must know the dispatcher's kind. Its queue is
-	// left out: delivery would compete for the same two cores, and is measured on its own in
-	// the delivery section.
+	// The settle step's Enqueue has the payout dispatcher woken after each commit (by this
+	// process's waker, part of what Stepwise costs), so the client must know the dispatcher's
+	// kind. Its queue is left out: delivery would compete for the same two cores, and is
+	// measured on its own in the delivery section.
 	ob, err := outbox.New(pool, &outbox.Config{Logger: quietLogger(), Kinds: map[string]*outbox.KindConfig{
 		settlement.PayoutKind: {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
 			return outbox.Receipt{}, outbox.NotSent(errors.New("the settle section delivers nothing"))
@@ -114,8 +114,9 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 	}
 	ob.AddWorkers(workers)
 	rc := &river.Config{
-		ID:         fmt.Sprintf("bench-stepwise-%d", time.Now().UnixNano()),
-		Queues:     map[string]river.QueueConfig{queueStepwise: {MaxWorkers: 4}},
+		ID: fmt.Sprintf("bench-stepwise-%d", time.Now().UnixNano()),
+		// One worker per run of the concurrent part (one run at a time elsewhere).
+		Queues:     map[string]river.QueueConfig{queueStepwise: {MaxWorkers: concurrentRuns}},
 		Workers:    workers,
 		Middleware: []rivertype.Middleware{r.timing},
 		Logger:     quietLogger(),
@@ -195,7 +196,13 @@ func (r *settleRig) floor(ctx context.Context, date time.Time, batch, items int)
 // they are PENDING for whoever delivers them (the delivery and reconcile sections use it to
 // make payouts).
 func floorRun(ctx context.Context, pool *pgxpool.Pool, date time.Time, batch, items int) (measurement, error) {
-	key := "floor/" + date.Format(time.DateOnly)
+	return floorShard(ctx, pool, date, 0, 1, batch, items)
+}
+
+// floorShard is the floor's loop over one shard of the date's merchants (the concurrent
+// part runs one per shard at once).
+func floorShard(ctx context.Context, pool *pgxpool.Pool, date time.Time, shard, shards, batch, items int) (measurement, error) {
+	key := floorShardKey(date, shard, shards)
 	start := time.Now()
 	var token int64
 	if err := pool.QueryRow(ctx, `
@@ -210,7 +217,7 @@ func floorRun(ctx context.Context, pool *pgxpool.Pool, date time.Time, batch, it
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
 			res, err = settlement.SettleBatch(ctx, tx, settlement.Batch{
-				Date: date, Shard: 0, Shards: 1, AfterMerchant: after, Size: batch, RunKey: key,
+				Date: date, Shard: shard, Shards: shards, AfterMerchant: after, Size: batch, RunKey: key,
 			})
 			if err != nil {
 				return err

@@ -1,0 +1,230 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// The concurrent part of the settle section: one business date split into concurrentRuns
+// shards, settled by that many Stepwise runs at once in this process, next to as many
+// hand-written loops at once on identical data, and next to one Stepwise run settling the
+// whole date. It shows whether concurrent runs scale or queue on something they share (issue
+// 16: they used to queue on the payout dispatcher's wake row).
+const (
+	concurrentRuns  = 8
+	concurrentBatch = 100
+)
+
+// concurrentVariants are the variants of one round, in the order of even rounds.
+var concurrentVariants = []string{"floor8", "stepwise8", "stepwise1"}
+
+// concurrentResult is what the concurrent rounds measured.
+type concurrentResult struct {
+	best         map[string]float64 // best items/s of each variant
+	vsFloor      []float64          // per round: stepwise8 / floor8
+	vsSingle     []float64          // per round: stepwise8 / stepwise1
+	items, round int
+}
+
+// concurrentRounds runs o.rounds rounds of the three variants, the order rotating from round
+// to round so that each meets the machine's load drift in every position.
+func (r *runner) concurrentRounds(ctx context.Context, rig *settleRig) (*concurrentResult, error) {
+	o := r.opts
+	items := o.merchants
+	res := &concurrentResult{best: map[string]float64{}, items: items}
+	// Warm-up: one of each, not counted.
+	for _, v := range concurrentVariants {
+		if _, err := r.concurrentRun(ctx, rig, v, items, "warmup"); err != nil {
+			return nil, err
+		}
+	}
+	for round := range o.rounds {
+		order := slices.Clone(concurrentVariants)
+		for range round % len(order) {
+			order = append(order[1:], order[0])
+		}
+		got := map[string]float64{}
+		for _, v := range order {
+			m, err := r.concurrentRun(ctx, rig, v, items, fmt.Sprintf("r%d", round))
+			if err != nil {
+				return nil, err
+			}
+			got[v] = m.rate()
+			res.best[v] = max(res.best[v], m.rate())
+		}
+		res.vsFloor = append(res.vsFloor, got["stepwise8"]/got["floor8"])
+		res.vsSingle = append(res.vsSingle, got["stepwise8"]/got["stepwise1"])
+		res.round = round + 1
+		r.progress("settle: concurrent round %d/%d: %d loops %s/s, %d runs %s/s, 1 run %s/s (8 runs/8 loops %.2f, 8 runs/1 run %.2f)",
+			round+1, o.rounds, concurrentRuns, fmtRate(got["floor8"]), concurrentRuns, fmtRate(got["stepwise8"]), fmtRate(got["stepwise1"]),
+			got["stepwise8"]/got["floor8"], got["stepwise8"]/got["stepwise1"])
+	}
+	return res, nil
+}
+
+// concurrentRun settles a fresh date of items merchants with variant v and verifies it.
+func (r *runner) concurrentRun(ctx context.Context, rig *settleRig, v string, items int, tag string) (measurement, error) {
+	date, err := rig.newDate(ctx, items)
+	if err != nil {
+		return measurement{}, err
+	}
+	var m measurement
+	switch v {
+	case "floor8":
+		m, err = floorConcurrent(ctx, rig, date, concurrentBatch, items)
+	case "stepwise8":
+		m, err = rig.stepwiseShards(ctx, date, concurrentRuns, concurrentBatch, items, "c8-"+tag)
+	case "stepwise1":
+		m, err = rig.stepwiseShards(ctx, date, 1, concurrentBatch, items, "c1-"+tag)
+	}
+	if err != nil {
+		return measurement{}, fmt.Errorf("concurrent %s: %w", v, err)
+	}
+	if err := rig.verify(ctx, date, items); err != nil {
+		return measurement{}, fmt.Errorf("concurrent %s: %w", v, err)
+	}
+	r.log.Info("concurrent", "variant", v, "items", m.items, "per_s", int(m.rate()))
+	return m, nil
+}
+
+// floorConcurrent runs concurrentRuns hand-written loops at once, one per shard of the date,
+// each on its own connection of the pool, timed from before the first claim to the last
+// commit.
+func floorConcurrent(ctx context.Context, rig *settleRig, date time.Time, batch, items int) (measurement, error) {
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, concurrentRuns)
+	for shard := range concurrentRuns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[shard] = floorShard(ctx, rig.pool, date, shard, concurrentRuns, batch, items)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return measurement{}, err
+		}
+	}
+	return measurement{items: items, elapsed: elapsed}, nil
+}
+
+// stepwiseShards starts shards Stepwise runs of the date at once (one per shard) and times
+// them from before the first workflow.Start to the return of the last Work that committed a
+// run's last step.
+func (r *settleRig) stepwiseShards(ctx context.Context, date time.Time, shards, batch, items int, tag string) (measurement, error) {
+	r.worker.batch.Store(int64(batch))
+	r.worker.cap.Store(int64(items))
+	keys := make([]string, shards)
+	jobs := make([]int64, 0, shards)
+	t0 := time.Now()
+	// The shards of a date start together, in one transaction, as the sample's service
+	// starts them: River fetches them together instead of one fetch cooldown apart.
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		for shard := range shards {
+			keys[shard] = fmt.Sprintf("settle/%s/%s/%d-of-%d", date.Format(time.DateOnly), tag, shard, shards)
+			run, err := workflow.StartTx(ctx, r.stepwise, tx, keys[shard],
+				settlement.SettleArgs{Date: date.Format(time.DateOnly), Shard: shard, Shards: shards},
+				&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: queueStepwise}})
+			if err != nil {
+				return err
+			}
+			if run.RiverJobID == nil {
+				return fmt.Errorf("run %s was started without a River job", keys[shard])
+			}
+			jobs = append(jobs, *run.RiverJobID)
+		}
+		return nil
+	})
+	if err != nil {
+		return measurement{}, err
+	}
+	deadline := time.Now().Add(runTimeout(items))
+	for {
+		var done, failed int
+		if err := r.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = $2), count(*) FILTER (WHERE status IN ($3, $4))
+			FROM stepwise_run WHERE key = ANY($1)`, keys, workflow.StatusSucceeded, workflow.StatusFailed, workflow.StatusCancelled).Scan(&done, &failed); err != nil {
+			return measurement{}, err
+		}
+		if failed > 0 {
+			return measurement{}, fmt.Errorf("%d of the %d runs of %s failed", failed, shards, date.Format(time.DateOnly))
+		}
+		if done == shards {
+			break
+		}
+		if time.Now().After(deadline) {
+			return measurement{}, fmt.Errorf("%d of %d runs of %s finished after %s", done, shards, date.Format(time.DateOnly), runTimeout(items))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The runs' last commits happened inside Work: the latest return of the Work that ended
+	// each run is when the date was durably settled (polling adds no time to it). A run is
+	// "succeeded" a moment before its Work returns and is timed: wait for those returns (a
+	// Work that ended a run returned nil; one that ended a time slice returned a snooze).
+	for wait := time.Now().Add(10 * time.Second); !r.timing.allEnded(jobs, t0); time.Sleep(time.Millisecond) {
+		if time.Now().After(wait) {
+			return measurement{}, fmt.Errorf("the Works of the runs of %s were not all timed", date.Format(time.DateOnly))
+		}
+	}
+	firstStart, lastStart, firstEnd, last := r.timing.spansSince(t0)
+	r.log.Info("concurrent runs", "runs", shards, "first_pickup", firstStart.Sub(t0), "last_pickup", lastStart.Sub(t0),
+		"first_done", firstEnd.Sub(t0), "last_done", last.Sub(t0))
+	return measurement{items: items, elapsed: last.Sub(t0), pickup: firstStart.Sub(t0)}, nil
+}
+
+// allEnded reports whether each of jobs has a Work that started after t0 and returned nil.
+func (t *workTiming) allEnded(jobs []int64, t0 time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range jobs {
+		s := t.byJob[id]
+		if s == nil || !s.start.After(t0) || s.err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// spansSince reports, of the Works that started after t0, the first and last start and the
+// first and last end.
+func (t *workTiming) spansSince(t0 time.Time) (firstStart, lastStart, firstEnd, lastEnd time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.byJob {
+		if !s.start.After(t0) {
+			continue
+		}
+		if firstStart.IsZero() || s.start.Before(firstStart) {
+			firstStart = s.start
+		}
+		if s.start.After(lastStart) {
+			lastStart = s.start
+		}
+		if firstEnd.IsZero() || s.end.Before(firstEnd) {
+			firstEnd = s.end
+		}
+		if s.end.After(lastEnd) {
+			lastEnd = s.end
+		}
+	}
+	return firstStart, lastStart, firstEnd, lastEnd
+}
+
+// floorShardKey is the floor's cursor row of a shard of a date.
+func floorShardKey(date time.Time, shard, shards int) string {
+	if shards == 1 {
+		return "floor/" + date.Format(time.DateOnly)
+	}
+	return fmt.Sprintf("floor/%s/%d-of-%d", date.Format(time.DateOnly), shard, shards)
+}

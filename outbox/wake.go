@@ -1,0 +1,213 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+)
+
+// Waking a dispatcher after the enqueuing transaction commits.
+//
+// Enqueue used to queue the dispatcher wake inside the step's transaction: a unique River
+// insert, ON CONFLICT … DO UPDATE on the one river_job row of the kind's queued or running
+// dispatcher. That row stayed locked from Enqueue until the step committed, so every run
+// enqueueing the same kind waited for every other run's open step (issue 16: run B's step
+// blocked 2.27 s on run A's open transaction), and a frozen worker blocked them all for up
+// to its stall timeout. It also cost a round trip and a row update per step.
+//
+// The options weighed:
+//
+//   - NOTIFY in the step's transaction: PostgreSQL serializes the commits of all
+//     transactions that notified, database-wide, on the notification queue's lock, and it
+//     needs a listening connection in some process; a process that only enqueues has none.
+//   - Skipping the insert when a live dispatcher is known: a running dispatcher may be
+//     completing at that very moment (completeIfIdle checked for work before our commit),
+//     and the skipped wake would be lost until the next poll. Skipping is only safe when the
+//     kind's job is known to be queued and not yet started; the waker does that (below).
+//   - A non-unique insert per step: no lock shared between runs, but one River job per step
+//     for a loop that needs one per kind, and still a statement in every step.
+//   - Waking after the commit (chosen): Enqueue notes the transaction's id, which its INSERT
+//     returns in the same round trip, and a per-process waker (one goroutine per River
+//     client, alive only while it has something to wake) asks PostgreSQL every wakeTick
+//     which of the noted transactions have committed, and queues the dispatcher of their
+//     kinds in a short transaction of its own, unless the job it queued last for that kind
+//     is still waiting to start. Nothing is locked on behalf of the step, the step pays no
+//     extra statement, and all the steps committed within one tick share one wake.
+//
+// Why no wake is lost: the wake is queued only after the operations are committed. If the
+// kind's dispatcher is running, River swallows the insert; a dispatcher that then completes
+// does so in completeIfIdle, whose check for due work runs after it marked its job completed:
+// if the check's snapshot came after our commit it sees the operations and does not complete;
+// if it came before, our insert finds the completed job (or waits on its row until that
+// completion commits) and, the job no longer being in a unique state, queues a new one. If the
+// process dies between the commit and the wake, the poll (Config.PollInterval, on River's
+// leader) finds the PENDING operations, as it always did.
+const (
+	// wakeTick is how long the waker waits between two looks at the noted transactions: the
+	// wake's added latency, and the rate at which an enqueueing process queries for it.
+	wakeTick = 20 * time.Millisecond
+	// wakeAttempts is how many times in a row the waker tries a failing database before it
+	// drops what it holds (about 150ms): the poll delivers those operations, and a process
+	// shutting down (its pool closed) must not keep a goroutine retrying.
+	wakeAttempts = 3
+)
+
+// pendingWake is a transaction that enqueued operations of kinds. xid is empty when there is
+// nothing to wait for (the operations were already committed).
+type pendingWake struct {
+	xid   string
+	kinds []string
+}
+
+// waker wakes the dispatchers of one River client's database once transactions commit.
+type waker struct {
+	client  *river.Client[pgx.Tx]
+	pending []pendingWake // guarded by wakers.mu
+	// queued is, per kind, the dispatcher job this waker's last insert queued or found;
+	// used by the loop goroutine only.
+	queued map[string]int64
+}
+
+var wakers = struct {
+	mu sync.Mutex
+	m  map[*river.Client[pgx.Tx]]*waker
+}{m: map[*river.Client[pgx.Tx]]*waker{}}
+
+// wakeAfterCommit arranges for the dispatchers of kinds to be woken once the transaction xid
+// commits (at once when xid is empty). It reports false when client cannot run statements of
+// its own (a River driver without a pool): the caller must then wake in its transaction.
+func wakeAfterCommit(client *river.Client[pgx.Tx], xid string, kinds []string) bool {
+	if !client.Driver().PoolIsSet() {
+		return false
+	}
+	wakers.mu.Lock()
+	defer wakers.mu.Unlock()
+	w, ok := wakers.m[client]
+	if !ok {
+		w = &waker{client: client, queued: map[string]int64{}}
+		wakers.m[client] = w
+		go w.loop()
+	}
+	w.pending = append(w.pending, pendingWake{xid: xid, kinds: kinds})
+	return true
+}
+
+// loop runs until nothing is pending, then removes the waker (the next Enqueue starts a new
+// one), so that an idle process, or a test that is over, has no goroutine left behind.
+func (w *waker) loop() {
+	failures := 0
+	delay := wakeTick
+	for {
+		time.Sleep(delay)
+		wakers.mu.Lock()
+		batch := w.pending
+		w.pending = nil
+		if len(batch) == 0 {
+			delete(wakers.m, w.client)
+			wakers.mu.Unlock()
+			return
+		}
+		wakers.mu.Unlock()
+
+		keep, err := w.wake(batch)
+		switch {
+		case err == nil:
+			failures, delay = 0, wakeTick
+		case failures+1 < wakeAttempts:
+			failures++
+			delay = time.Duration(1<<failures) * wakeTick
+		default:
+			// The poll will find these operations; a dead pool must not pin this goroutine.
+			slog.Default().Warn("stepwise outbox: giving up waking dispatchers after the commit; the poll will find the operations",
+				slog.Int("transactions", len(keep)), slog.String("error", err.Error()))
+			keep, failures, delay = nil, 0, wakeTick
+		}
+		if len(keep) > 0 {
+			wakers.mu.Lock()
+			w.pending = append(keep, w.pending...)
+			wakers.mu.Unlock()
+		}
+	}
+}
+
+// wake queues the dispatchers of the kinds whose transactions committed and returns the
+// entries still to wait for (or all of them, with an error).
+func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	xids := make([]string, 0, len(batch))
+	for _, p := range batch {
+		if p.xid != "" && !slices.Contains(xids, p.xid) {
+			xids = append(xids, p.xid)
+		}
+	}
+	known := make([]int64, 0, len(w.queued))
+	for _, id := range w.queued {
+		known = append(known, id)
+	}
+	// One round trip answers three questions:
+	//  - Which noted transactions are still running? "Visible in our snapshot" rather than
+	//    pg_xact_status alone: the commit log says committed a moment before other
+	//    snapshots see the rows, and a dispatcher must see them once we call them committed.
+	//  - Which of the finished ones rolled back? Their operations vanished with them.
+	//  - Which dispatcher jobs this waker queued earlier are still waiting to start
+	//    (available, scheduled or retryable)? Such a job starts after these commits and
+	//    delivers what they wrote: waking again would only rewrite its row (and flush WAL)
+	//    to no effect. A running job is not enough: it may be completing right now with a
+	//    check for work that came before our commit, so it gets the insert.
+	var running, rolledBack []string
+	var waiting []int64
+	if err := w.client.Driver().GetExecutor().QueryRow(ctx, `
+		WITH x AS (
+			SELECT x, pg_visible_in_snapshot(x::xid8, pg_current_snapshot()) AS ended FROM unnest($1::text[]) AS x
+		)
+		SELECT coalesce((SELECT array_agg(x) FROM x WHERE NOT ended), '{}'),
+			coalesce((SELECT array_agg(x) FROM x WHERE ended AND pg_xact_status(x::xid8) = 'aborted'), '{}'),
+			coalesce((SELECT array_agg(id) FROM river_job WHERE id = ANY($2::bigint[])
+				AND state IN ('available', 'scheduled', 'retryable')), '{}')`, xids, known).Scan(&running, &rolledBack, &waiting); err != nil {
+		return batch, fmt.Errorf("reading the status of %d enqueueing transactions: %w", len(xids), err)
+	}
+	var kinds []string
+	for _, p := range batch {
+		switch {
+		case p.xid != "" && slices.Contains(running, p.xid):
+			keep = append(keep, p)
+		case p.xid != "" && slices.Contains(rolledBack, p.xid):
+			// Rolled back: its operations vanished with it, nothing to deliver.
+		default:
+			for _, k := range p.kinds {
+				if id, ok := w.queued[k]; ok && slices.Contains(waiting, id) {
+					continue // that kind's dispatcher has yet to start: it will see these rows
+				}
+				kinds = append(kinds, k)
+			}
+		}
+	}
+	if len(kinds) == 0 {
+		return keep, nil
+	}
+	// A fixed order, so that two wakers (two processes) lock the jobs of the same kinds in
+	// the same order and cannot deadlock each other.
+	slices.Sort(kinds)
+	kinds = slices.Compact(kinds)
+	params := make([]river.InsertManyParams, len(kinds))
+	for i, k := range kinds {
+		params[i] = river.InsertManyParams{Args: DispatchArgs{OperationKind: k}}
+	}
+	res, err := w.client.InsertMany(ctx, params)
+	if err != nil {
+		return batch, fmt.Errorf("queueing the dispatcher for %v: %w", kinds, err)
+	}
+	for i, r := range res {
+		if r != nil && r.Job != nil && i < len(kinds) {
+			w.queued[kinds[i]] = r.Job.ID
+		}
+	}
+	return keep, nil
+}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -43,6 +42,8 @@ type serveFlags struct {
 	reconcileEvery    time.Duration
 	reconcileGrace    time.Duration
 	shutdownTimeout   time.Duration
+	metricsInterval   time.Duration
+	dbMaxConns        int
 	verbose           bool
 }
 
@@ -64,6 +65,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&f.reconcileEvery, "reconcile-interval", 5*time.Second, "how often unknown payouts are looked up at the bank")
 	fs.DurationVar(&f.reconcileGrace, "reconcile-grace", time.Minute, "how long after a send the bank's \"not found\" is believed and the payout resent (must exceed --payout-timeout)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long in-flight steps and sends may finish before they are cancelled")
+	fs.DurationVar(&f.metricsInterval, "metrics-interval", 5*time.Second, "how often the metrics (database gauges included) are gathered in the background; a scrape serves the last gather")
+	fs.IntVar(&f.dbMaxConns, "db-max-conns", 0, "database connections this process may open (default: 2 × --settle-workers + 16)")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
@@ -85,7 +88,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		logger.Warn("serving beyond loopback: /metrics, /healthz and River UI reads are open to anyone who can reach " + f.addr)
 	}
 
-	pool, err := f.db.connect(ctx)
+	settleWorkers := f.settleWorkers
+	if settleWorkers == 0 {
+		settleWorkers = plan.Shards
+	}
+	maxConns := f.dbMaxConns
+	if maxConns == 0 {
+		maxConns = poolSizeFor(settleWorkers)
+	}
+	pool, err := f.db.connectSized(ctx, int32(maxConns))
 	if err != nil {
 		return err
 	}
@@ -100,7 +111,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		wcfg = &workflow.Config{Lease: f.lease, Logger: logger}
 	}
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
-		Bank: bank, Plan: plan, BatchSize: f.batchSize, SettleWorkers: f.settleWorkers, Schedule: f.schedule,
+		Bank: bank, Plan: plan, BatchSize: f.batchSize, SettleWorkers: settleWorkers, Schedule: f.schedule,
 		PayoutConcurrency: f.payoutConcurrency, PayoutTimeout: f.payoutTimeout, Workflow: wcfg, ID: f.id, Logger: logger,
 		ReconcileInterval: f.reconcileEvery, ReconcileGrace: f.reconcileGrace,
 	})
@@ -112,7 +123,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// that in-flight steps get their chance to finish.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
-	handler, err := serveHandler(runCtx, pool, svc, logger)
+	rd := &readiness{}
+	go rd.watchDB(runCtx, pool, 2*time.Second, logger)
+	handler, err := serveHandler(runCtx, svc, rd, serveOps{metricsInterval: f.metricsInterval, maxScrapes: 4, maxUIRequests: 4}, logger)
 	if err != nil {
 		return err
 	}
@@ -128,11 +141,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_ = srv.Close()
 		return err
 	}
+	rd.started.Store(true)
 	// Takeover from every process, not only River's leader: when the process that dies is
 	// the leader, the leader-run job would wait for a new election (measured: ~17s).
 	go func() { _ = svc.Engine.RunMaintenance(runCtx, svc.Client) }()
-	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /riverui/; %d shards, schedule %q in %s (on: %t), bank %s\n",
-		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, f.bank.url)
+	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
+		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
 
 	select {
 	case <-ctx.Done():
@@ -140,22 +154,41 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_ = svc.Stop(context.Background(), f.shutdownTimeout)
 		return fmt.Errorf("HTTP server: %w", err)
 	}
+	rd.stopping.Store(true)
 	fmt.Fprintf(stdout, "shutting down: finishing in-flight steps and sends (up to %s)\n", f.shutdownTimeout)
-	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutCtx)
 	if err := svc.Stop(context.Background(), f.shutdownTimeout); err != nil {
 		return err
 	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutCtx)
 	fmt.Fprintln(stdout, "stopped")
 	return nil
 }
 
-// serveHandler is the operator's HTTP surface: Prometheus metrics, a health check and River's
-// web UI. Reads are open (bind to loopback, the default, to keep them private); anything
-// else — River UI's cancel, retry, delete — needs the basic-auth credentials in
-// RIVERUI_USER and RIVERUI_PASSWORD, and is refused outright when they are not set.
-func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger) (http.Handler, error) {
+// poolSizeFor is the connection cap of a serve process working settleWorkers runs at once.
+//
+// Guards against: pgx's default (4 connections on a small machine) starving the lease
+// heartbeats. Each settle run holds a connection for its step's transaction and needs a
+// second for the heartbeat that renews its lease meanwhile; River's default queue (4
+// workers: maintenance, ticks), its producers, notifier and leader election, payout delivery
+// (claim and record, on connections of their own), the reconciler and the background metrics
+// gather and readiness ping need the rest. pgxpool opens connections only when needed, so
+// the cap costs nothing when idle.
+func poolSizeFor(settleWorkers int) int {
+	return 2*settleWorkers + 16
+}
+
+// serveHandler is the operator's HTTP surface: Prometheus metrics, liveness (/healthz),
+// readiness (/readyz) and River's web UI. Reads are open (bind to loopback, the default, to
+// keep them private); anything else — River UI's cancel, retry, delete — needs the
+// basic-auth credentials in RIVERUI_USER and RIVERUI_PASSWORD, and is refused outright when
+// they are not set.
+//
+// Nothing here queries the database per request except River UI (capped): metrics come from
+// a background gather and readiness from a background ping, so no request rate can take
+// connections from the steps. See cachedGatherer.
+func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o serveOps, logger *slog.Logger) (http.Handler, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, c := range svc.Collectors() {
@@ -163,6 +196,8 @@ func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Servi
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}
 	}
+	gatherer := newCachedGatherer(reg, o.metricsInterval, logger)
+	go gatherer.run(ctx)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(svc.Client, nil),
 		Logger:    logger,
@@ -175,18 +210,32 @@ func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Servi
 		return nil, fmt.Errorf("starting the River UI: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Scrapes beyond the cap get 503 at once: serving the cached families costs CPU only,
+	// but a flood must not take the CPU the steps need either.
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{MaxRequestsInFlight: o.maxScrapes}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		pingCtx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := pool.Ping(pingCtx); err != nil {
-			http.Error(w, "database: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
+		// Liveness: the process answers. It never touches the database, so a database
+		// outage does not make an orchestrator restart every process at once.
 		fmt.Fprintln(w, "ok")
 	})
-	mux.Handle("/riverui/", requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")))
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		// Readiness: schema checked, River started, the database answered the background
+		// ping. The body is generic; the detail is in the log.
+		if ok, why := rd.ready(); !ok {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
 	return readOnlyUnlessAuthorized(mux), nil
+}
+
+// serveOps are the limits of the operator's HTTP surface.
+type serveOps struct {
+	metricsInterval time.Duration
+	maxScrapes      int
+	maxUIRequests   int
 }
 
 // readOnlyUnlessAuthorized refuses every method but GET and HEAD outside /riverui/ (which

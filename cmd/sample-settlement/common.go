@@ -39,6 +39,24 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	return openPool(ctx, f.url, 0)
 }
 
+// connectSized is connect with a connection cap (0: pgx's default).
+func (f *dbFlags) connectSized(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	if f.url == "" {
+		return nil, usageError("no database: set DATABASE_URL or --database-url (\"sample-settlement demo\" needs neither)")
+	}
+	return openPool(ctx, f.url, maxConns)
+}
+
+// redactURL returns u with its password replaced by "xxxxx", for logs and messages; a
+// string that is not a URL is not shown at all.
+func redactURL(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return parsed.Redacted()
+}
+
 func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {

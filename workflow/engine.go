@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -125,6 +126,9 @@ type Engine struct {
 	// the fenced write and the heartbeat's reaction to a lost lease. It exists so the fault
 	// suite can prove it catches a broken build; only export_test.go sets it.
 	disableFence bool
+
+	// draining is set by Quiesce: attempts release their run at the next step boundary.
+	draining atomic.Bool
 }
 
 // New returns an Engine for step functions whose checkpoints live in pool's database.

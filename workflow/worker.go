@@ -198,7 +198,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (next Next
 	// The slice is judged when the step ends, not when it began: an attempt that goes on
 	// past its slice must give the lease up in this very commit, or its successor would
 	// find it held and wait a whole lease.
-	release := next.kind != nextContinue || time.Now().After(deadline)
+	release := next.kind != nextContinue || time.Now().After(deadline) || e.draining.Load()
 	if e.disableFence {
 		// The same write as checkpoint.Advance without its fencing condition.
 		_, err = tx.Exec(ctx, `UPDATE stepwise_checkpoint SET cursor = $2, steps = steps + 1, updated_at = now(),

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,7 +66,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&f.lease, "lease", 0, "lease of a settle run; a killed process's runs are taken over after about this (default 30s)")
 	fs.DurationVar(&f.reconcileEvery, "reconcile-interval", 5*time.Second, "how often unknown payouts are looked up at the bank")
 	fs.DurationVar(&f.reconcileGrace, "reconcile-grace", time.Minute, "how long after a send the bank's \"not found\" is believed and the payout resent (must exceed --payout-timeout)")
-	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long in-flight steps and sends may finish before they are cancelled")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long in-flight steps and sends may finish before they are cancelled; keep it above --payout-timeout and below the orchestrator's kill deadline (e.g. terminationGracePeriodSeconds) by a few seconds")
 	fs.DurationVar(&f.metricsInterval, "metrics-interval", 5*time.Second, "how often the metrics (database gauges included) are gathered in the background; a scrape serves the last gather")
 	fs.IntVar(&f.dbMaxConns, "db-max-conns", 0, "database connections this process may open (default: 2 × --settle-workers + 16)")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
@@ -154,15 +156,56 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_ = svc.Stop(context.Background(), f.shutdownTimeout)
 		return fmt.Errorf("HTTP server: %w", err)
 	}
+	return drain(svc, srv, rd, f.shutdownTimeout, stdout, stderr)
+}
+
+// drain shuts the process down after the first SIGINT/SIGTERM, in this order:
+//
+//  1. /readyz answers 503, so a load balancer or orchestrator stops routing to us;
+//  2. the workflow engine and the outbox quiesce: no new step and no new send begins here
+//     (guards against a shutdown that keeps working until it is killed); the step in flight
+//     commits and releases its run's lease in the same commit, and the run is handed back to
+//     River at once, so another process resumes it now, not after the lease lapses;
+//     operations claimed but not sent go back to RETRYABLE as certainly not sent;
+//  3. River stops fetching and waits for the jobs in flight, up to shutdownTimeout;
+//  4. past shutdownTimeout, what is still in flight is cancelled (River's StopAndCancel):
+//     a step rolls back (redone elsewhere from its committed cursor), a send cut off ends
+//     UNKNOWN_EXTERNAL for the reconciler. That phase is bounded by 30s
+//     (settlement.Service.Stop) and is normally instant.
+//
+// A second signal exits at once with status 1, whatever is in flight: leases then lapse
+// and sends in flight are settled by the reconciler, as after a crash.
+//
+// An orchestrator's kill deadline (Kubernetes' terminationGracePeriodSeconds, systemd's
+// TimeoutStopSec) must exceed shutdownTimeout + a few seconds (up to 30s more if steps
+// ignore their cancelled context), or its
+// SIGKILL lands during the drain and turns it into a crash: safe, but every send in flight
+// becomes UNKNOWN_EXTERNAL and every held lease is waited out. --shutdown-timeout should in
+// turn exceed --payout-timeout, so that a send in flight can finish.
+func drain(svc *settlement.Service, srv *http.Server, rd *readiness, shutdownTimeout time.Duration, stdout, stderr io.Writer) error {
+	start := time.Now()
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	go func() {
+		if _, ok := <-again; ok {
+			fmt.Fprintln(stderr, "sample-settlement serve: second signal: exiting now without draining; leases lapse and sends in flight are left to the reconciler")
+			os.Exit(1)
+		}
+	}()
+
 	rd.stopping.Store(true)
-	fmt.Fprintf(stdout, "shutting down: finishing in-flight steps and sends (up to %s)\n", f.shutdownTimeout)
-	if err := svc.Stop(context.Background(), f.shutdownTimeout); err != nil {
-		return err
-	}
+	svc.Engine.Quiesce()
+	svc.Outbox.Quiesce()
+	fmt.Fprintf(stdout, "shutting down: no new steps or sends; finishing those in flight (up to %s; a second signal exits at once)\n", shutdownTimeout)
+	err := svc.Stop(context.Background(), shutdownTimeout)
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutCtx)
-	fmt.Fprintln(stdout, "stopped")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "stopped after %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -237,4 +238,130 @@ func latencyProxy(t *testing.T, dbURL string, delay time.Duration) string {
 	proxied := *u
 	proxied.Host = strings.TrimSpace(strings.TrimPrefix(line[strings.Index(line, "proxy listening on "):], "proxy listening on "))
 	return proxied.String()
+}
+
+// Issue 15 item 2: SIGTERM drains. Two serve processes settle a date against a bank that
+// takes 300ms a payment; one is sent SIGTERM mid-settle. It must stop beginning steps and
+// sends (nothing claimed after the signal beyond what was being claimed then), finish what
+// was in flight (no payout cut to UNKNOWN_EXTERNAL), leave no lease of its own behind when
+// it exits (the other process takes its runs over at once), and exit 0 within
+// --shutdown-timeout. The date then settles on the other process with nothing paid twice.
+func TestSIGTERMDrains(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := seededDBURL(t)
+	bank := fakebank.New(&fakebank.Config{Seed: 9, Latency: 300 * time.Millisecond})
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	common := []string{"--database-url", dbURL, "--bank-url", bank.URL(), "--shards", "4"}
+	serveArgs := append([]string{"--batch-size", "1", "--lease", "20s", "--scheduler=false",
+		"--payout-timeout", "5s", "--reconcile-grace", "10s", "--shutdown-timeout", "15s"}, common...)
+	procs := map[string]*workflowtest.Process{}
+	for _, id := range []string{"drain-a", "drain-b"} {
+		procs[id], _ = startServe(t, id, serveArgs...)
+	}
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := runCLI(t, append([]string{"settle", "--date", testDateText, "--work=false"}, common...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+
+	// Wait until a process is busy both stepping (holds a run) and sending payouts (one
+	// dispatcher per kind works at a time, in either process): that one is the victim.
+	var victim, other string
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(ctx, `SELECT substring(leased_by FROM '^outbox/(drain-[ab])#') FROM stepwise_operation o
+			WHERE state = 'PROCESSING' AND leased_by LIKE 'outbox/drain-_#%'
+			  AND EXISTS (SELECT FROM stepwise_checkpoint c WHERE c.lease_until > now()
+			              AND c.owner LIKE substring(o.leased_by FROM '^outbox/(drain-[ab])#') || '/%')
+			LIMIT 1`).Scan(&victim)
+		return err == nil && victim != ""
+	}, time.Minute, 20*time.Millisecond, "no process ever held a run with payouts in flight")
+	other = map[string]string{"drain-a": "drain-b", "drain-b": "drain-a"}[victim]
+	a := procs[victim]
+	var held, sending int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM stepwise_checkpoint WHERE owner LIKE $1 || '/%' AND lease_until > now()),
+		(SELECT count(*) FROM stepwise_operation WHERE state = 'PROCESSING' AND leased_by LIKE 'outbox/' || $1 || '#%')`, victim).Scan(&held, &sending))
+
+	var signalledAt time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT now()`).Scan(&signalledAt))
+	sentAt := time.Now()
+	require.NoError(t, a.Signal(syscall.SIGTERM))
+	require.NoError(t, a.Wait(), "the victim exits 0 after draining")
+	took := time.Since(sentAt)
+	out := strings.Join(a.Lines(), "\n")
+	require.Contains(t, out, "stopped")
+
+	// At the victim's exit: no lease of its own is live, no payout of its own PROCESSING.
+	var liveLeases, processing, claimedLate int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM stepwise_checkpoint WHERE owner LIKE $2 || '/%' AND lease_until > now()),
+		(SELECT count(*) FROM stepwise_operation WHERE state = 'PROCESSING' AND leased_by LIKE 'outbox/' || $2 || '#%'),
+		(SELECT count(*) FROM stepwise_event WHERE kind = 'op.transition' AND to_state = 'PROCESSING'
+		    AND actor LIKE 'outbox/' || $2 || '#%' AND at > $1::timestamptz + interval '1 second')`, signalledAt, victim).Scan(&liveLeases, &processing, &claimedLate))
+
+	plan, err := settlement.Plan{Shards: 4}.Compile()
+	require.NoError(t, err)
+	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	p, err := settlement.WaitAtRest(waitCtx, pool, plan, testDate, 200*time.Millisecond, nil)
+	require.NoError(t, err, "runs %v payouts %v", p.Runs, p.Operations)
+	var unknown, takeovers, handBack int
+	var takeoverGap time.Duration
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM stepwise_event WHERE to_state = 'UNKNOWN_EXTERNAL'),
+		(SELECT count(*) FROM stepwise_event WHERE kind = 'run.takeover'),
+		(SELECT count(*) FROM stepwise_event WHERE kind = 'lease.claim' AND actor LIKE $2 || '/%' AND at > $1),
+		coalesce((SELECT min(at) FROM stepwise_event WHERE kind = 'lease.claim' AND actor LIKE $2 || '/%' AND at > $1) - $1, '0')`,
+		signalledAt, other).Scan(&unknown, &takeovers, &handBack, &takeoverGap))
+	t.Logf("SIGTERM to %s with %d run(s) held and %d payout(s) in flight: it exited after %s; at exit %d live lease(s) and %d PROCESSING payout(s) of its own, %d payout claim(s) by it later than 1s after the signal; "+
+		"%s claimed runs %d time(s) after the signal, the first %s after it; %d UNKNOWN_EXTERNAL transitions, %d maintenance takeovers",
+		victim, held, sending, took.Round(time.Millisecond), liveLeases, processing, claimedLate, other, handBack, takeoverGap, unknown, takeovers)
+
+	require.Zero(t, liveLeases, "the victim left a lease behind: its runs wait the lease out instead of moving at once")
+	require.Zero(t, processing, "the victim left a payout PROCESSING: it becomes UNKNOWN_EXTERNAL at lease expiry")
+	require.Zero(t, claimedLate, "the victim kept claiming payouts after SIGTERM")
+	require.Zero(t, unknown, "a payout was cut to UNKNOWN_EXTERNAL by the shutdown")
+	require.Less(t, took, 15*time.Second+10*time.Second, "the victim must exit within --shutdown-timeout (plus start-up slack)")
+	require.Empty(t, bank.DuplicateReferences())
+}
+
+// A second SIGTERM during the drain exits at once, without waiting for what is in flight.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := seededDBURL(t)
+	// Every payment takes 20s: the drain would wait for the sends in flight.
+	bank := fakebank.New(&fakebank.Config{Seed: 9, Latency: 20 * time.Second})
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	common := []string{"--database-url", dbURL, "--bank-url", bank.URL(), "--shards", "4"}
+	a, _ := startServe(t, "twice", append([]string{"--scheduler=false", "--payout-timeout", "30s", "--reconcile-grace", "60s",
+		"--shutdown-timeout", "60s"}, common...)...)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := runCLI(t, append([]string{"settle", "--date", testDateText, "--work=false"}, common...)...)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation WHERE state = 'PROCESSING'`).Scan(&n))
+		return n > 0
+	}, time.Minute, 20*time.Millisecond, "no payout in flight")
+
+	require.NoError(t, a.Signal(syscall.SIGTERM))
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = a.WaitForLine(waitCtx, "shutting down")
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, a.Signal(syscall.SIGTERM))
+	err = a.Wait()
+	took := time.Since(start)
+	t.Logf("second SIGTERM: exited after %s with %v", took.Round(time.Millisecond), err)
+	require.Error(t, err, "an exit without draining is not a clean exit")
+	require.Contains(t, strings.Join(a.Lines(), "\n"), "second signal: exiting now")
+	require.Less(t, took, 15*time.Second, "the second signal must not wait for the 20s sends in flight")
 }

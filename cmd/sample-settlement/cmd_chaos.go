@@ -147,7 +147,7 @@ environment and runs the settlement service until SIGTERM.`)
 func freshDatabase(ctx context.Context, adminURL, name string) (string, func(), error) {
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", nil, fmt.Errorf("connecting to %s: %w", adminURL, err)
+		return "", nil, fmt.Errorf("connecting to %s: %w", redactURL(adminURL), err)
 	}
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		admin.Close(ctx)

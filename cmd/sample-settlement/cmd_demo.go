@@ -49,7 +49,8 @@ type demoFlags struct {
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "demo [--merchants N] [--transactions N] [--workers N] [--shards N] [fault flags]", stderr)
 	var f demoFlags
-	fs.StringVar(&f.dbURL, "database-url", os.Getenv("DATABASE_URL"), "use this database as is (default $DATABASE_URL; unset: a fresh database on a local or throwaway server)")
+	f.dbURL = os.Getenv("DATABASE_URL")
+	fs.Var(secretURL{&f.dbURL}, "database-url", "use this database as is (default $DATABASE_URL; unset: a fresh database on a local or throwaway server)")
 	fs.StringVar(&f.dbName, "db-name", "stepwise_demo", "name of the fresh database the demo creates when no URL is given")
 	f.seed.register(fs)
 	f.faults.register(fs, true)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,7 +28,8 @@ type dbFlags struct {
 }
 
 func (f *dbFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
+	f.url = os.Getenv("DATABASE_URL")
+	fs.Var(secretURL{&f.url}, "database-url", "PostgreSQL URL (default $DATABASE_URL)")
 }
 
 // connect opens a pool on the database and proves it answers, so a wrong URL fails here with
@@ -47,6 +49,20 @@ func (f *dbFlags) connectSized(ctx context.Context, maxConns int32) (*pgxpool.Po
 	return openPool(ctx, f.url, maxConns)
 }
 
+// secretURL is a string flag holding a URL that may carry a password (DATABASE_URL,
+// BANK_URL). Guards against: --help printing the password as the flag's default (flag
+// shows a default through String), since the default comes from the environment.
+type secretURL struct{ s *string }
+
+func (v secretURL) String() string {
+	if v.s == nil || *v.s == "" {
+		return ""
+	}
+	return redactURL(*v.s)
+}
+
+func (v secretURL) Set(s string) error { *v.s = s; return nil }
+
 // redactURL returns u with its password replaced by "xxxxx", for logs and messages; a
 // string that is not a URL is not shown at all.
 func redactURL(u string) string {
@@ -54,7 +70,17 @@ func redactURL(u string) string {
 	if err != nil {
 		return "(unparseable URL)"
 	}
-	return parsed.Redacted()
+	if parsed.User != nil {
+		if _, has := parsed.User.Password(); has {
+			// Redacted keeps a user name; a password hidden in the query or a key=value DSN
+			// is beyond it, so those are not shown at all.
+			parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
+		}
+	}
+	if strings.Contains(strings.ToLower(parsed.RawQuery), "password") {
+		parsed.RawQuery = "(redacted)"
+	}
+	return parsed.String()
 }
 
 func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
@@ -119,13 +145,14 @@ type bankFlags struct {
 }
 
 func (f *bankFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.url, "bank-url", envOr("BANK_URL", defaultBankURL), "base URL of the bank (\"sample-settlement bank\") ($BANK_URL)")
+	f.url = envOr("BANK_URL", defaultBankURL)
+	fs.Var(secretURL{&f.url}, "bank-url", "base URL of the bank (\"sample-settlement bank\") ($BANK_URL)")
 }
 
 func (f *bankFlags) client(timeout time.Duration) (*fakebank.Client, error) {
 	u, err := url.Parse(f.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageError("--bank-url %q: want a URL such as %s", f.url, defaultBankURL)
+		return nil, usageError("--bank-url %q: want a URL such as %s", redactURL(f.url), defaultBankURL)
 	}
 	return newBankClient(f.url, timeout), nil
 }

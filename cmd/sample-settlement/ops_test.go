@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
@@ -364,4 +365,58 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	require.Error(t, err, "an exit without draining is not a clean exit")
 	require.Contains(t, strings.Join(a.Lines(), "\n"), "second signal: exiting now")
 	require.Less(t, took, 15*time.Second, "the second signal must not wait for the 20s sends in flight")
+}
+
+// Issue 15 item 4: anonymous callers get generic bodies, never the database's user, name,
+// host or the server's error text; /healthz is liveness (no database), /readyz readiness.
+// A real serve process reaches its database through a proxy that the test cuts.
+func TestHealthBodiesAreGeneric(t *testing.T) {
+	t.Parallel()
+	dbURL := seededDBURL(t)
+	bank := fakebank.New(nil)
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	proxy, proxied := testkit.NewProxy(t, dbURL)
+	p, addr := startServe(t, "health", "--database-url", proxied, "--bank-url", bank.URL(), "--scheduler=false", "--metrics-interval", "500ms")
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, 30*time.Second, 100*time.Millisecond)
+
+	proxy.Cut()
+	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusServiceUnavailable }, 30*time.Second, 100*time.Millisecond,
+		"/readyz must report the database outage")
+	dbName := dbURL[strings.LastIndex(dbURL, "/")+1:]
+	if i := strings.IndexByte(dbName, '?'); i >= 0 {
+		dbName = dbName[:i]
+	}
+	time.Sleep(time.Second) // a metrics gather against the cut database
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		code, body := get(path)
+		t.Logf("%s with the database cut: %d %q", path, code, truncateForLog(body))
+		for _, leak := range []string{dbName, "user=", "postgres", "FATAL", "dial", "127.0.0.1"} {
+			require.NotContains(t, body, leak, "%s tells an anonymous caller about the database", path)
+		}
+	}
+	code, body := get("/healthz")
+	require.Equal(t, http.StatusOK, code, "liveness does not depend on the database")
+	require.Equal(t, "ok\n", body)
+	code, body = get("/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "not ready: database unavailable\n", body)
+	// The detail is in the log, for the operator.
+	_, err := p.WaitForLine(context.Background(), "readiness: the database does not answer")
+	require.NoError(t, err)
+}
+
+func truncateForLog(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "..."
+	}
+	return s
 }

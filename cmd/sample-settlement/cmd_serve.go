@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -46,6 +48,7 @@ type serveFlags struct {
 	shutdownTimeout   time.Duration
 	metricsInterval   time.Duration
 	dbMaxConns        int
+	publicWithoutAuth bool
 	verbose           bool
 }
 
@@ -69,6 +72,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long in-flight steps and sends may finish before they are cancelled; keep it above --payout-timeout and below the orchestrator's kill deadline (e.g. terminationGracePeriodSeconds) by a few seconds")
 	fs.DurationVar(&f.metricsInterval, "metrics-interval", 5*time.Second, "how often the metrics (database gauges included) are gathered in the background; a scrape serves the last gather")
 	fs.IntVar(&f.dbMaxConns, "db-max-conns", 0, "database connections this process may open (default: 2 × --settle-workers + 16)")
+	fs.BoolVar(&f.publicWithoutAuth, "public-without-auth", false, "allow an --addr beyond loopback without RIVERUI_USER/RIVERUI_PASSWORD (only behind a proxy that authenticates)")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
@@ -87,7 +91,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	logger := newLogger(stderr, f.verbose)
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		logger.Warn("serving beyond loopback: /metrics, /healthz and River UI reads are open to anyone who can reach " + f.addr)
+		// Guards against publishing River UI (payment jobs' arguments and errors) and the
+		// metrics to a network by a mistyped --addr: without credentials that takes an
+		// explicit flag.
+		if (os.Getenv("RIVERUI_USER") == "" || os.Getenv("RIVERUI_PASSWORD") == "") && !f.publicWithoutAuth {
+			return usageError("--addr %s is beyond loopback and RIVERUI_USER/RIVERUI_PASSWORD are not set: River UI and /metrics would be open to the network; set both, bind 127.0.0.1, or pass --public-without-auth if a proxy in front authenticates", f.addr)
+		}
+		logger.Warn("serving beyond loopback: /metrics, /healthz and /readyz are open to anyone who can reach " + f.addr)
 	}
 
 	settleWorkers := f.settleWorkers
@@ -135,7 +145,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("listening on --addr %s: %w", f.addr, err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := newHTTPServer(handler)
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve(ln) }()
 
@@ -271,7 +281,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
-	return readOnlyUnlessAuthorized(mux), nil
+	return limitBodies(readOnlyUnlessAuthorized(mux)), nil
 }
 
 // serveOps are the limits of the operator's HTTP surface.
@@ -297,25 +307,93 @@ func isUnder(path, prefix string) bool {
 	return len(path) >= len(prefix) && path[:len(prefix)] == prefix
 }
 
-// requireAuthForWrites lets reads through and asks for basic-auth credentials for anything
-// else; with no credentials configured, writes are refused with the fix.
+// requireAuthForWrites guards River UI.
+//
+//   - With credentials configured (RIVERUI_USER and RIVERUI_PASSWORD), every request needs
+//     them, reads too: the job list shows arguments and errors of payment jobs.
+//   - Without credentials, reads are open (bind to loopback) and writes are refused.
+//   - A write (anything but GET, HEAD, OPTIONS) must also come from River UI's own page.
+//     Guards against CSRF: a browser holding the basic-auth credentials sends them with a
+//     form or text/plain POST that a foreign page makes it submit (measured on 616d8b1: a
+//     cross-origin text/plain POST re-ran a job). So a write must be JSON (a cross-origin
+//     JSON request needs a CORS preflight, which this server never grants), and a browser's
+//     Sec-Fetch-Site, when sent, must be same-origin, and its Origin, when sent, must be this
+//     host. Clients that are not browsers (curl, scripts) send neither header and pass.
 func requireAuthForWrites(next http.Handler, user, password string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		write := true
 		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			next.ServeHTTP(w, r)
-			return
+			write = false
 		}
 		if user == "" || password == "" {
-			http.Error(w, "River UI is read-only here: set RIVERUI_USER and RIVERUI_PASSWORD on the serve process to allow changes", http.StatusForbidden)
+			if write {
+				http.Error(w, "River UI is read-only here: set RIVERUI_USER and RIVERUI_PASSWORD on the serve process to allow changes", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
 			return
 		}
 		u, p, ok := r.BasicAuth()
 		if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(user)) != 1 || subtle.ConstantTimeCompare([]byte(p), []byte(password)) != 1 {
 			w.Header().Set("WWW-Authenticate", `Basic realm="stepwise river ui", charset="UTF-8"`)
-			http.Error(w, "credentials required for changes", http.StatusUnauthorized)
+			http.Error(w, "credentials required", http.StatusUnauthorized)
 			return
+		}
+		if write {
+			if why := crossSiteWrite(r); why != "" {
+				http.Error(w, "refused: "+why, http.StatusForbidden)
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// crossSiteWrite returns why a write request may come from a foreign page, or "".
+func crossSiteWrite(r *http.Request) string {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+		return "a write must come from River UI's own page (Sec-Fetch-Site: " + site + ")"
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host != r.Host {
+			return "a write must come from River UI's own page (Origin is another site)"
+		}
+	}
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if mt != "application/json" {
+		return "a write must be a JSON request (Content-Type: application/json)"
+	}
+	return ""
+}
+
+// maxRequestBody bounds every request body: River UI's largest write is a list of job ids.
+const maxRequestBody = 1 << 20
+
+// limitBodies caps request bodies (a larger one fails to read, and River UI answers 4xx),
+// so that a client cannot make the process buffer without bound.
+func limitBodies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > maxRequestBody {
+			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// newHTTPServer is the operator surface's server, with every timeout set. Guards against
+// slow clients (slowloris: headers or bodies dribbled a byte at a time) holding connections
+// and goroutines without bound.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
 }

@@ -30,8 +30,14 @@ import (
 // the address it serves HTTP on.
 func startServe(t *testing.T, id string, args ...string) (*workflowtest.Process, string) {
 	t.Helper()
+	return startServeEnv(t, nil, id, args...)
+}
+
+// startServeEnv is startServe with extra environment variables for the child.
+func startServeEnv(t *testing.T, env []string, id string, args ...string) (*workflowtest.Process, string) {
+	t.Helper()
 	all := append([]string{"serve", "--addr", "127.0.0.1:0", "--id", id}, args...)
-	p := workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(all, argsSep))
+	p := workflowtest.Start(t, "cli", append([]string{"SS_ARGS=" + strings.Join(all, argsSep)}, env...)...)
 	waitCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	line, err := p.WaitForLine(waitCtx, "serving: ")
@@ -419,4 +425,74 @@ func truncateForLog(s string) string {
 		return s[:300] + "..."
 	}
 	return s
+}
+
+// Issue 15 item 5, with real processes: once RIVERUI_USER/RIVERUI_PASSWORD are set, River UI
+// reads need them, a write a foreign page makes a logged-in browser send (text/plain, foreign
+// Origin) is refused, an oversized body is refused; and a bind beyond loopback without
+// credentials refuses to start unless --public-without-auth says so.
+func TestServeRefusesCSRFAndOpenBind(t *testing.T) {
+	t.Parallel()
+	dbURL := seededDBURL(t)
+	bank := fakebank.New(nil)
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	common := []string{"--database-url", dbURL, "--bank-url", bank.URL(), "--scheduler=false"}
+	_, addr := startServeEnv(t, []string{"RIVERUI_USER=ops", "RIVERUI_PASSWORD=pw"}, "csrf", common...)
+
+	do := func(method, path, contentType, origin, body string, auth bool) (int, string) {
+		req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+		require.NoError(t, err)
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		if auth {
+			req.SetBasicAuth("ops", "pw")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		t.Logf("%s %s (%s, origin %q, auth %t) → %d %s", method, path, contentType, origin, auth, resp.StatusCode, truncateForLog(string(b)))
+		return resp.StatusCode, string(b)
+	}
+	code, _ := do(http.MethodGet, "/riverui/api/jobs?state=completed", "", "", "", false)
+	require.Equal(t, http.StatusUnauthorized, code, "River UI reads need the credentials once they exist")
+	code, _ = do(http.MethodGet, "/riverui/api/jobs?state=completed", "", "", "", true)
+	require.Equal(t, http.StatusOK, code)
+
+	// The CSRF of the issue: a foreign page posts text/plain with the browser's credentials.
+	code, _ = do(http.MethodPost, "/riverui/api/jobs/retry", "text/plain", "http://evil.example", `{"ids":["1"]}`, true)
+	require.Equal(t, http.StatusForbidden, code, "a cross-origin text/plain write must be refused")
+	code, _ = do(http.MethodPost, "/riverui/api/jobs/retry", "application/json", "http://evil.example", `{"ids":["1"]}`, true)
+	require.Equal(t, http.StatusForbidden, code, "a write from another origin must be refused")
+	// River UI's own page: same origin, JSON. It passes the guard (River UI answers it).
+	code, _ = do(http.MethodPost, "/riverui/api/jobs/retry", "application/json", "http://"+addr, `{"ids":["1"]}`, true)
+	require.NotEqual(t, http.StatusForbidden, code)
+	require.NotEqual(t, http.StatusUnauthorized, code)
+
+	big := `{"ids":["` + strings.Repeat("1", 2<<20) + `"]}`
+	code, _ = do(http.MethodPost, "/riverui/api/jobs/retry", "application/json", "", big, true)
+	require.Equal(t, http.StatusRequestEntityTooLarge, code, "request bodies are bounded")
+
+	// Beyond loopback without credentials: refused, with the fix; with the flag: starts.
+	args := append([]string{"serve", "--addr", "0.0.0.0:0", "--id", "open"}, common...)
+	p := workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep), "RIVERUI_USER=", "RIVERUI_PASSWORD=")
+	err := p.Wait()
+	out := strings.Join(p.Lines(), "\n")
+	t.Logf("serve --addr 0.0.0.0:0 without credentials: %v\n%s", err, out)
+	require.Error(t, err)
+	require.Contains(t, out, "exit code 2")
+	require.Contains(t, out, "--public-without-auth")
+	args = append([]string{"serve", "--addr", "0.0.0.0:0", "--id", "open", "--public-without-auth"}, common...)
+	open := workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep), "RIVERUI_USER=", "RIVERUI_PASSWORD=")
+	waitCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = open.WaitForLine(waitCtx, "serving: ")
+	require.NoError(t, err)
+	require.NoError(t, open.Signal(syscall.SIGTERM))
+	require.NoError(t, open.Wait())
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/migrations"
 )
 
 // defaultBankURL is where "sample-settlement bank" listens by default.
@@ -103,6 +104,12 @@ func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool,
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("database %s does not answer (%w); start PostgreSQL there or fix DATABASE_URL / --database-url", where, shortNetError(err))
+	}
+	// Every command refuses a database migrated by a newer binary (Stepwise's schema or
+	// River's), before it reads or writes anything: see migrations.CheckNotNewer.
+	if _, err := migrations.CheckNotNewer(pingCtx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("database %s: %w", where, err)
 	}
 	return pool, nil
 }

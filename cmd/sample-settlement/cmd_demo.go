@@ -79,6 +79,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if f.workers < 1 || f.workers > 32 {
 		return usageError("--workers %d: want 1 to 32", f.workers)
 	}
+	if err := checkInt("batch-size", f.batchSize, 1, maxBatchSize); err != nil {
+		return err
+	}
+	if err := checkInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency); err != nil {
+		return err
+	}
+	if err := checkDuration("timeout", f.timeout, time.Second, 24*time.Hour); err != nil {
+		return err
+	}
 	if !dbNameRE.MatchString(f.dbName) {
 		return usageError("--db-name %q: want lower-case letters, digits and '_', such as stepwise_demo", f.dbName)
 	}

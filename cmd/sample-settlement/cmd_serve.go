@@ -78,6 +78,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
+	if err := f.check(); err != nil {
+		return err
+	}
 	plan, err := f.plan.plan()
 	if err != nil {
 		return err
@@ -228,6 +231,35 @@ func drain(svc *settlement.Service, srv *http.Server, rd *readiness, shutdownTim
 		return err
 	}
 	fmt.Fprintf(stdout, "stopped after %s\n", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// check refuses out-of-range flags with the flag, the range and so the fix.
+func (f *serveFlags) check() error {
+	for _, c := range []error{
+		checkInt("settle-workers", f.settleWorkers, 0, maxWorkers),
+		checkInt("batch-size", f.batchSize, 1, maxBatchSize),
+		checkInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency),
+		checkInt("db-max-conns", f.dbMaxConns, 0, 10_000),
+		checkDuration("payout-timeout", f.payoutTimeout, 10*time.Millisecond, 10*time.Minute),
+		checkDuration("reconcile-interval", f.reconcileEvery, 10*time.Millisecond, 24*time.Hour),
+		checkDuration("reconcile-grace", f.reconcileGrace, 10*time.Millisecond, 7*24*time.Hour),
+		checkDuration("shutdown-timeout", f.shutdownTimeout, 0, time.Hour),
+		checkDuration("metrics-interval", f.metricsInterval, 100*time.Millisecond, time.Hour),
+	} {
+		if c != nil {
+			return c
+		}
+	}
+	// 0 means workflow's default (30s); anything else must leave room for heartbeats.
+	if f.lease != 0 {
+		if err := checkDuration("lease", f.lease, 300*time.Millisecond, 24*time.Hour); err != nil {
+			return usageError("%s, or 0 for the default (30s)", trimUsage(err))
+		}
+	}
+	if f.reconcileGrace <= f.payoutTimeout {
+		return usageError("--reconcile-grace %s must exceed --payout-timeout %s: a payout still in flight could land after a not-found lookup and its resend", f.reconcileGrace, f.payoutTimeout)
+	}
 	return nil
 }
 

@@ -139,6 +139,11 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 }
 
 func (f *planFlags) plan() (settlement.Plan, error) {
+	// Plan treats 0 as "the default, 4": from the command line that is a typo, and a
+	// process whose shard count differs from the others' splits dates differently.
+	if err := checkInt("shards", f.shards, 1, maxShards); err != nil {
+		return settlement.Plan{}, err
+	}
 	p, err := settlement.Plan{Spec: f.spec, Zone: f.zone, Shards: f.shards}.Compile()
 	if err != nil {
 		return p, usageError("--shards/--schedule/--zone: %v", err)

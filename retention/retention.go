@@ -118,7 +118,9 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error
 	cutoff := cfg.Now().Add(-cfg.OlderThan)
 	res := &Result{}
 	phases := []func(context.Context, pgx.Tx) (int64, error){
-		func(ctx context.Context, tx pgx.Tx) (int64, error) { return pruneRuns(ctx, tx, cutoff, cfg.BatchSize, res) },
+		func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			return pruneRuns(ctx, tx, cutoff, cfg.BatchSize, res)
+		},
 		func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			n, err := pruneOperationEvents(ctx, tx, cutoff, cfg.BatchSize)
 			res.OperationEvents += n

@@ -208,7 +208,7 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 		}
 	}
 	for {
-		if ctx.Err() != nil || !time.Now().Before(deadline) || (once && claimed > 0) || recordFailed.Load() {
+		if ctx.Err() != nil || !time.Now().Before(deadline) || (once && claimed > 0) || recordFailed.Load() || o.draining.Load() {
 			// Past the deadline, stopping, or the database is failing us: claim no more,
 			// finish what we hold.
 			exhausted = true
@@ -370,7 +370,7 @@ type sendResult struct {
 // op's claim for the send timeout: an operation not handed to the Sender is definitely not
 // sent, and goes back to RETRYABLE if the claim is still ours (the record is fenced by it).
 func (o *Outbox) sendIfRunning(ctx context.Context, ks *kindState, op *Operation) sendResult {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || o.draining.Load() {
 		return sendResult{}
 	}
 	if err := ks.limiter.Wait(ctx); err != nil {
@@ -533,7 +533,7 @@ func (o *Outbox) dispatch(ctx context.Context, job *river.Job[DispatchArgs]) err
 	deadline := time.Now().Add(o.config.Slice)
 	for {
 		n, err := o.pump(ctx, ks, deadline, false)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || o.draining.Load() {
 			// Shutting down: come back as soon as a client runs again, without counting an
 			// attempt against the job.
 			return river.JobSnooze(0)

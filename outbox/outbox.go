@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -50,6 +51,9 @@ type Outbox struct {
 	kindNames []string
 	actor     string
 	metrics   *metrics
+
+	// draining is set by Quiesce: dispatchers claim and send nothing more.
+	draining atomic.Bool
 }
 
 type kindState struct {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -135,6 +136,9 @@ type Engine struct {
 	sweepMu      sync.Mutex
 	sweepAfter   string
 	runningAfter int64
+
+	// draining is set by Quiesce: attempts release their run at the next step boundary.
+	draining atomic.Bool
 }
 
 // stepFence is the seam for the step protocol's fencing.

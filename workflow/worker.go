@@ -240,7 +240,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (stepResul
 	// The slice is judged when the step ends, not when it began: an attempt that goes on
 	// past its slice must give the lease up in this very commit, or its successor would
 	// find it held and wait a whole lease.
-	release := next.kind != nextContinue || time.Now().After(deadline)
+	release := next.kind != nextContinue || time.Now().After(deadline) || e.draining.Load()
 	if err := e.fence.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release}); err != nil {
 		return stepResult{}, err
 	}

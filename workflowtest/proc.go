@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stepwise-go/stepwise/internal/faultpoint"
 )
 
 // RoleEnv is the environment variable that tells a re-executed test binary which role to
@@ -91,6 +93,13 @@ func RunRoleIfChild() (handled bool, code int) {
 		return true, 2
 	}
 	watchLifeline()
+	// Fault points are armed only here, in a child a test started, never by a package init:
+	// a production binary must ignore STEPWISE_FAULTS. A typo exits 2 rather than letting
+	// the test run with nothing injected.
+	if err := faultpoint.ArmFromEnv(); err != nil {
+		fmt.Fprintf(os.Stderr, "workflowtest: role %q: %v\n", name, err)
+		return true, 2
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -35,6 +35,14 @@ func (f *faultFlags) register(fs interface {
 }
 
 func (f *faultFlags) mix() (fakebank.Mix, error) {
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{{"refuse", f.refuse}, {"error-before", f.error5xxBefore}, {"error-after", f.error5xxAfter}, {"drop-after", f.dropAfter}, {"delay-after", f.delayAfter}} {
+		if err := checkShare(c.name, c.v); err != nil {
+			return fakebank.Mix{}, err
+		}
+	}
 	m := fakebank.Mix{
 		RefuseBeforeApply: f.refuse, Error5xxBeforeApply: f.error5xxBefore, Error5xxAfterApply: f.error5xxAfter,
 		DropAfterApply: f.dropAfter, DelayAfterApply: f.delayAfter,

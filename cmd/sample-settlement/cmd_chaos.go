@@ -53,11 +53,22 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if cfg.Duration <= 0 || cfg.Workers < 1 || cfg.Merchants < 1 || cfg.Shards < 1 || cfg.Lease <= 0 {
 		return usageError("--duration, --lease, --workers, --merchants and --shards must be positive")
+	}
+	for _, err := range []error{
+		checkDuration("duration", cfg.Duration, time.Second, 7*24*time.Hour),
+		checkDuration("lease", cfg.Lease, 300*time.Millisecond, time.Hour),
+		checkInt("workers", cfg.Workers, 1, 64),
+		checkInt("merchants", cfg.Merchants, 1, maxMerchants),
+		checkInt("shards", cfg.Shards, 1, maxShards),
+	} {
+		if err != nil {
+			return err
+		}
 	}
 	cfg.Seed = seed
 
@@ -130,7 +141,7 @@ One worker process of "sample-settlement chaos", which starts it; not meant to b
 hand. It reads DATABASE_URL, BANK_URL, CHAOS_LEASE, CHAOS_SHARDS and CHAOS_BATCH from the
 environment and runs the settlement service until SIGTERM.`)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
 	env := map[string]string{}
@@ -147,7 +158,7 @@ environment and runs the settlement service until SIGTERM.`)
 func freshDatabase(ctx context.Context, adminURL, name string) (string, func(), error) {
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", nil, fmt.Errorf("connecting to %s: %w", adminURL, err)
+		return "", nil, fmt.Errorf("connecting to %s: %w", redactURL(adminURL), err)
 	}
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		admin.Close(ctx)

@@ -49,7 +49,8 @@ type demoFlags struct {
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "demo [--merchants N] [--transactions N] [--workers N] [--shards N] [fault flags]", stderr)
 	var f demoFlags
-	fs.StringVar(&f.dbURL, "database-url", os.Getenv("DATABASE_URL"), "use this database as is (default $DATABASE_URL; unset: a fresh database on a local or throwaway server)")
+	f.dbURL = os.Getenv("DATABASE_URL")
+	fs.Var(secretURL{&f.dbURL}, "database-url", "use this database as is (default $DATABASE_URL; unset: a fresh database on a local or throwaway server)")
 	fs.StringVar(&f.dbName, "db-name", "stepwise_demo", "name of the fresh database the demo creates when no URL is given")
 	f.seed.register(fs)
 	f.faults.register(fs, true)
@@ -77,6 +78,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if f.workers < 1 || f.workers > 32 {
 		return usageError("--workers %d: want 1 to 32", f.workers)
+	}
+	if err := checkInt("batch-size", f.batchSize, 1, maxBatchSize); err != nil {
+		return err
+	}
+	if err := checkInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency); err != nil {
+		return err
+	}
+	if err := checkDuration("timeout", f.timeout, time.Second, 24*time.Hour); err != nil {
+		return err
 	}
 	if !dbNameRE.MatchString(f.dbName) {
 		return usageError("--db-name %q: want lower-case letters, digits and '_', such as stepwise_demo", f.dbName)

@@ -65,6 +65,12 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if strings.TrimSpace(*actor) == "" {
 		return usageError("--actor is required when $USER is not set")
 	}
+	if err := checkText("reason", *reason, maxReasonLen); err != nil {
+		return err
+	}
+	if err := checkText("actor", *actor, maxActorLen); err != nil {
+		return err
+	}
 	pool, err := db.connect(ctx)
 	if err != nil {
 		return err

@@ -40,14 +40,14 @@ func (f *seedFlags) config() (*settlement.SeedConfig, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.merchants < 1 {
-		return nil, usageError("--merchants %d: want at least 1", f.merchants)
+	if err := checkInt("merchants", f.merchants, 1, maxMerchants); err != nil {
+		return nil, err
 	}
-	if f.transactions < 0 {
-		return nil, usageError("--transactions %d: want 0 or more", f.transactions)
+	if err := checkInt("transactions", f.transactions, 0, maxTransactions); err != nil {
+		return nil, err
 	}
-	if f.closed < 0 || f.closed > 1 {
-		return nil, usageError("--closed-accounts %v: want a share between 0 and 1", f.closed)
+	if err := checkShare("closed-accounts", f.closed); err != nil {
+		return nil, err
 	}
 	closed := f.closed
 	if closed == 0 {

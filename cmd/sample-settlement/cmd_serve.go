@@ -6,18 +6,22 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"riverqueue.com/riverui"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/migrations"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -43,6 +47,9 @@ type serveFlags struct {
 	reconcileEvery    time.Duration
 	reconcileGrace    time.Duration
 	shutdownTimeout   time.Duration
+	metricsInterval   time.Duration
+	dbMaxConns        int
+	publicWithoutAuth bool
 	verbose           bool
 }
 
@@ -63,9 +70,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&f.lease, "lease", 0, "lease of a settle run; a killed process's runs are taken over after about this (default 30s)")
 	fs.DurationVar(&f.reconcileEvery, "reconcile-interval", 5*time.Second, "how often unknown payouts are looked up at the bank")
 	fs.DurationVar(&f.reconcileGrace, "reconcile-grace", time.Minute, "how long after a send the bank's \"not found\" is believed and the payout resent (must exceed --payout-timeout)")
-	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long in-flight steps and sends may finish before they are cancelled")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long in-flight steps and sends may finish before they are cancelled; keep it above --payout-timeout and below the orchestrator's kill deadline (e.g. terminationGracePeriodSeconds) by a few seconds")
+	fs.DurationVar(&f.metricsInterval, "metrics-interval", 5*time.Second, "how often the metrics (database gauges included) are gathered in the background; a scrape serves the last gather")
+	fs.IntVar(&f.dbMaxConns, "db-max-conns", 0, "database connections this process may open (default: 2 × --settle-workers + 16)")
+	fs.BoolVar(&f.publicWithoutAuth, "public-without-auth", false, "allow an --addr beyond loopback without RIVERUI_USER/RIVERUI_PASSWORD (only behind a proxy that authenticates)")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
 	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if err := f.check(); err != nil {
 		return err
 	}
 	plan, err := f.plan.plan()
@@ -82,10 +95,24 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	logger := newLogger(stderr, f.verbose)
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		logger.Warn("serving beyond loopback: /metrics, /healthz and River UI reads are open to anyone who can reach " + f.addr)
+		// Guards against publishing River UI (payment jobs' arguments and errors) and the
+		// metrics to a network by a mistyped --addr: without credentials that takes an
+		// explicit flag.
+		if (os.Getenv("RIVERUI_USER") == "" || os.Getenv("RIVERUI_PASSWORD") == "") && !f.publicWithoutAuth {
+			return usageError("--addr %s is beyond loopback and RIVERUI_USER/RIVERUI_PASSWORD are not set: River UI and /metrics would be open to the network; set both, bind 127.0.0.1, or pass --public-without-auth if a proxy in front authenticates", f.addr)
+		}
+		logger.Warn("serving beyond loopback: /metrics, /healthz and /readyz are open to anyone who can reach " + f.addr)
 	}
 
-	pool, err := f.db.connect(ctx)
+	settleWorkers := f.settleWorkers
+	if settleWorkers == 0 {
+		settleWorkers = plan.Shards
+	}
+	maxConns := f.dbMaxConns
+	if maxConns == 0 {
+		maxConns = poolSizeFor(settleWorkers)
+	}
+	pool, err := f.db.connectSized(ctx, int32(maxConns))
 	if err != nil {
 		return err
 	}
@@ -94,13 +121,24 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := settlement.Migrate(ctx, pool); err != nil {
 			return err
 		}
+	} else {
+		// Without --migrate the schema must already be what this binary needs: an older
+		// one lacks tables or columns the steps write (a newer one was refused above).
+		st, err := migrations.CheckNotNewer(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if !st.Current() {
+			return fmt.Errorf("the database schema is behind this binary (Stepwise version %d of %d, River %d of %d): run \"sample-settlement migrate\", or serve with --migrate",
+				st.Stepwise, st.StepwiseKnown, st.River, st.RiverKnown)
+		}
 	}
 	var wcfg *workflow.Config
 	if f.lease > 0 {
 		wcfg = &workflow.Config{Lease: f.lease, Logger: logger}
 	}
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
-		Bank: bank, Plan: plan, BatchSize: f.batchSize, SettleWorkers: f.settleWorkers, Schedule: f.schedule,
+		Bank: bank, Plan: plan, BatchSize: f.batchSize, SettleWorkers: settleWorkers, Schedule: f.schedule,
 		PayoutConcurrency: f.payoutConcurrency, PayoutTimeout: f.payoutTimeout, Workflow: wcfg, ID: f.id, Logger: logger,
 		ReconcileInterval: f.reconcileEvery, ReconcileGrace: f.reconcileGrace,
 	})
@@ -112,7 +150,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// that in-flight steps get their chance to finish.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
-	handler, err := serveHandler(runCtx, pool, svc, logger)
+	rd := &readiness{}
+	go rd.watchDB(runCtx, pool, 2*time.Second, logger)
+	handler, err := serveHandler(runCtx, svc, rd, serveOps{metricsInterval: f.metricsInterval, maxScrapes: 4, maxUIRequests: 4}, logger)
 	if err != nil {
 		return err
 	}
@@ -120,7 +160,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("listening on --addr %s: %w", f.addr, err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := newHTTPServer(handler)
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve(ln) }()
 
@@ -128,14 +168,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_ = srv.Close()
 		return err
 	}
+	rd.started.Store(true)
 	// Takeover, delivery retries and reconciliation from every process, not only River's
 	// leader: when the process that dies is the leader, the leader-run jobs would wait for a
 	// new election (measured: ~17s).
 	go func() { _ = svc.Engine.RunMaintenance(runCtx, svc.Client) }()
 	go func() { _ = svc.Outbox.RunMaintenance(runCtx, svc.Client) }()
 	go func() { _ = svc.Reconciler.RunMaintenance(runCtx, svc.Client) }()
-	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /riverui/; %d shards, schedule %q in %s (on: %t), bank %s\n",
-		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, f.bank.url)
+	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
+		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
 
 	select {
 	case <-ctx.Done():
@@ -143,22 +184,111 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_ = svc.Stop(context.Background(), f.shutdownTimeout)
 		return fmt.Errorf("HTTP server: %w", err)
 	}
-	fmt.Fprintf(stdout, "shutting down: finishing in-flight steps and sends (up to %s)\n", f.shutdownTimeout)
+	return drain(svc, srv, rd, f.shutdownTimeout, stdout, stderr)
+}
+
+// drain shuts the process down after the first SIGINT/SIGTERM, in this order:
+//
+//  1. /readyz answers 503, so a load balancer or orchestrator stops routing to us;
+//  2. the workflow engine and the outbox quiesce: no new step and no new send begins here
+//     (guards against a shutdown that keeps working until it is killed); the step in flight
+//     commits and releases its run's lease in the same commit, and the run is handed back to
+//     River at once, so another process resumes it now, not after the lease lapses;
+//     operations claimed but not sent go back to RETRYABLE as certainly not sent;
+//  3. River stops fetching and waits for the jobs in flight, up to shutdownTimeout;
+//  4. past shutdownTimeout, what is still in flight is cancelled (River's StopAndCancel):
+//     a step rolls back (redone elsewhere from its committed cursor), a send cut off ends
+//     UNKNOWN_EXTERNAL for the reconciler. That phase is bounded by 30s
+//     (settlement.Service.Stop) and is normally instant.
+//
+// A second signal exits at once with status 1, whatever is in flight: leases then lapse
+// and sends in flight are settled by the reconciler, as after a crash.
+//
+// An orchestrator's kill deadline (Kubernetes' terminationGracePeriodSeconds, systemd's
+// TimeoutStopSec) must exceed shutdownTimeout + a few seconds (up to 30s more if steps
+// ignore their cancelled context), or its
+// SIGKILL lands during the drain and turns it into a crash: safe, but every send in flight
+// becomes UNKNOWN_EXTERNAL and every held lease is waited out. --shutdown-timeout should in
+// turn exceed --payout-timeout, so that a send in flight can finish.
+func drain(svc *settlement.Service, srv *http.Server, rd *readiness, shutdownTimeout time.Duration, stdout, stderr io.Writer) error {
+	start := time.Now()
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	go func() {
+		if _, ok := <-again; ok {
+			fmt.Fprintln(stderr, "sample-settlement serve: second signal: exiting now without draining; leases lapse and sends in flight are left to the reconciler")
+			os.Exit(1)
+		}
+	}()
+
+	rd.stopping.Store(true)
+	svc.Engine.Quiesce()
+	svc.Outbox.Quiesce()
+	fmt.Fprintf(stdout, "shutting down: no new steps or sends; finishing those in flight (up to %s; a second signal exits at once)\n", shutdownTimeout)
+	err := svc.Stop(context.Background(), shutdownTimeout)
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutCtx)
-	if err := svc.Stop(context.Background(), f.shutdownTimeout); err != nil {
+	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "stopped")
+	fmt.Fprintf(stdout, "stopped after %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-// serveHandler is the operator's HTTP surface: Prometheus metrics, a health check and River's
-// web UI. Reads are open (bind to loopback, the default, to keep them private); anything
-// else — River UI's cancel, retry, delete — needs the basic-auth credentials in
-// RIVERUI_USER and RIVERUI_PASSWORD, and is refused outright when they are not set.
-func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger) (http.Handler, error) {
+// check refuses out-of-range flags with the flag, the range and so the fix.
+func (f *serveFlags) check() error {
+	for _, c := range []error{
+		checkInt("settle-workers", f.settleWorkers, 0, maxWorkers),
+		checkInt("batch-size", f.batchSize, 1, maxBatchSize),
+		checkInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency),
+		checkInt("db-max-conns", f.dbMaxConns, 0, 10_000),
+		checkDuration("payout-timeout", f.payoutTimeout, 10*time.Millisecond, 10*time.Minute),
+		checkDuration("reconcile-interval", f.reconcileEvery, 10*time.Millisecond, 24*time.Hour),
+		checkDuration("reconcile-grace", f.reconcileGrace, 10*time.Millisecond, 7*24*time.Hour),
+		checkDuration("shutdown-timeout", f.shutdownTimeout, 0, time.Hour),
+		checkDuration("metrics-interval", f.metricsInterval, 100*time.Millisecond, time.Hour),
+	} {
+		if c != nil {
+			return c
+		}
+	}
+	// 0 means workflow's default (30s); anything else must leave room for heartbeats.
+	if f.lease != 0 {
+		if err := checkDuration("lease", f.lease, 300*time.Millisecond, 24*time.Hour); err != nil {
+			return usageError("%s, or 0 for the default (30s)", trimUsage(err))
+		}
+	}
+	if f.reconcileGrace <= f.payoutTimeout {
+		return usageError("--reconcile-grace %s must exceed --payout-timeout %s: a payout still in flight could land after a not-found lookup and its resend", f.reconcileGrace, f.payoutTimeout)
+	}
+	return nil
+}
+
+// poolSizeFor is the connection cap of a serve process working settleWorkers runs at once.
+//
+// Guards against: pgx's default (4 connections on a small machine) starving the lease
+// heartbeats. Each settle run holds a connection for its step's transaction and needs a
+// second for the heartbeat that renews its lease meanwhile; River's default queue (4
+// workers: maintenance, ticks), its producers, notifier and leader election, payout delivery
+// (claim and record, on connections of their own), the reconciler and the background metrics
+// gather and readiness ping need the rest. pgxpool opens connections only when needed, so
+// the cap costs nothing when idle.
+func poolSizeFor(settleWorkers int) int {
+	return 2*settleWorkers + 16
+}
+
+// serveHandler is the operator's HTTP surface: Prometheus metrics, liveness (/healthz),
+// readiness (/readyz) and River's web UI. Reads are open (bind to loopback, the default, to
+// keep them private); anything else — River UI's cancel, retry, delete — needs the
+// basic-auth credentials in RIVERUI_USER and RIVERUI_PASSWORD, and is refused outright when
+// they are not set.
+//
+// Nothing here queries the database per request except River UI (capped): metrics come from
+// a background gather and readiness from a background ping, so no request rate can take
+// connections from the steps. See cachedGatherer.
+func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o serveOps, logger *slog.Logger) (http.Handler, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, c := range svc.Collectors() {
@@ -166,6 +296,8 @@ func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Servi
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}
 	}
+	gatherer := newCachedGatherer(reg, o.metricsInterval, logger)
+	go gatherer.run(ctx)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(svc.Client, nil),
 		Logger:    logger,
@@ -178,18 +310,32 @@ func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Servi
 		return nil, fmt.Errorf("starting the River UI: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Scrapes beyond the cap get 503 at once: serving the cached families costs CPU only,
+	// but a flood must not take the CPU the steps need either.
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{MaxRequestsInFlight: o.maxScrapes}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		pingCtx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := pool.Ping(pingCtx); err != nil {
-			http.Error(w, "database: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
+		// Liveness: the process answers. It never touches the database, so a database
+		// outage does not make an orchestrator restart every process at once.
 		fmt.Fprintln(w, "ok")
 	})
-	mux.Handle("/riverui/", requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")))
-	return readOnlyUnlessAuthorized(mux), nil
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		// Readiness: schema checked, River started, the database answered the background
+		// ping. The body is generic; the detail is in the log.
+		if ok, why := rd.ready(); !ok {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
+	return limitBodies(readOnlyUnlessAuthorized(mux)), nil
+}
+
+// serveOps are the limits of the operator's HTTP surface.
+type serveOps struct {
+	metricsInterval time.Duration
+	maxScrapes      int
+	maxUIRequests   int
 }
 
 // readOnlyUnlessAuthorized refuses every method but GET and HEAD outside /riverui/ (which
@@ -208,25 +354,93 @@ func isUnder(path, prefix string) bool {
 	return len(path) >= len(prefix) && path[:len(prefix)] == prefix
 }
 
-// requireAuthForWrites lets reads through and asks for basic-auth credentials for anything
-// else; with no credentials configured, writes are refused with the fix.
+// requireAuthForWrites guards River UI.
+//
+//   - With credentials configured (RIVERUI_USER and RIVERUI_PASSWORD), every request needs
+//     them, reads too: the job list shows arguments and errors of payment jobs.
+//   - Without credentials, reads are open (bind to loopback) and writes are refused.
+//   - A write (anything but GET, HEAD, OPTIONS) must also come from River UI's own page.
+//     Guards against CSRF: a browser holding the basic-auth credentials sends them with a
+//     form or text/plain POST that a foreign page makes it submit (measured on 616d8b1: a
+//     cross-origin text/plain POST re-ran a job). So a write must be JSON (a cross-origin
+//     JSON request needs a CORS preflight, which this server never grants), and a browser's
+//     Sec-Fetch-Site, when sent, must be same-origin, and its Origin, when sent, must be this
+//     host. Clients that are not browsers (curl, scripts) send neither header and pass.
 func requireAuthForWrites(next http.Handler, user, password string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		write := true
 		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			next.ServeHTTP(w, r)
-			return
+			write = false
 		}
 		if user == "" || password == "" {
-			http.Error(w, "River UI is read-only here: set RIVERUI_USER and RIVERUI_PASSWORD on the serve process to allow changes", http.StatusForbidden)
+			if write {
+				http.Error(w, "River UI is read-only here: set RIVERUI_USER and RIVERUI_PASSWORD on the serve process to allow changes", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
 			return
 		}
 		u, p, ok := r.BasicAuth()
 		if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(user)) != 1 || subtle.ConstantTimeCompare([]byte(p), []byte(password)) != 1 {
 			w.Header().Set("WWW-Authenticate", `Basic realm="stepwise river ui", charset="UTF-8"`)
-			http.Error(w, "credentials required for changes", http.StatusUnauthorized)
+			http.Error(w, "credentials required", http.StatusUnauthorized)
 			return
+		}
+		if write {
+			if why := crossSiteWrite(r); why != "" {
+				http.Error(w, "refused: "+why, http.StatusForbidden)
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// crossSiteWrite returns why a write request may come from a foreign page, or "".
+func crossSiteWrite(r *http.Request) string {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+		return "a write must come from River UI's own page (Sec-Fetch-Site: " + site + ")"
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host != r.Host {
+			return "a write must come from River UI's own page (Origin is another site)"
+		}
+	}
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if mt != "application/json" {
+		return "a write must be a JSON request (Content-Type: application/json)"
+	}
+	return ""
+}
+
+// maxRequestBody bounds every request body: River UI's largest write is a list of job ids.
+const maxRequestBody = 1 << 20
+
+// limitBodies caps request bodies (a larger one fails to read, and River UI answers 4xx),
+// so that a client cannot make the process buffer without bound.
+func limitBodies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > maxRequestBody {
+			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// newHTTPServer is the operator surface's server, with every timeout set. Guards against
+// slow clients (slowloris: headers or bodies dribbled a byte at a time) holding connections
+// and goroutines without bound.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
 }

@@ -32,6 +32,9 @@ func runSettle(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if err := checkDuration("timeout", *timeout, time.Second, 7*24*time.Hour); err != nil {
+		return err
+	}
 	plan, err := pf.plan()
 	if err != nil {
 		return err

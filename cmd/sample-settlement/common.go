@@ -10,12 +10,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/migrations"
 )
 
 // defaultBankURL is where "sample-settlement bank" listens by default.
@@ -27,7 +29,8 @@ type dbFlags struct {
 }
 
 func (f *dbFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
+	f.url = os.Getenv("DATABASE_URL")
+	fs.Var(secretURL{&f.url}, "database-url", "PostgreSQL URL (default $DATABASE_URL)")
 }
 
 // connect opens a pool on the database and proves it answers, so a wrong URL fails here with
@@ -37,6 +40,48 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, usageError("no database: set DATABASE_URL or --database-url (\"sample-settlement demo\" needs neither)")
 	}
 	return openPool(ctx, f.url, 0)
+}
+
+// connectSized is connect with a connection cap (0: pgx's default).
+func (f *dbFlags) connectSized(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	if f.url == "" {
+		return nil, usageError("no database: set DATABASE_URL or --database-url (\"sample-settlement demo\" needs neither)")
+	}
+	return openPool(ctx, f.url, maxConns)
+}
+
+// secretURL is a string flag holding a URL that may carry a password (DATABASE_URL,
+// BANK_URL). Guards against: --help printing the password as the flag's default (flag
+// shows a default through String), since the default comes from the environment.
+type secretURL struct{ s *string }
+
+func (v secretURL) String() string {
+	if v.s == nil || *v.s == "" {
+		return ""
+	}
+	return redactURL(*v.s)
+}
+
+func (v secretURL) Set(s string) error { *v.s = s; return nil }
+
+// redactURL returns u with its password replaced by "xxxxx", for logs and messages; a
+// string that is not a URL is not shown at all.
+func redactURL(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	if parsed.User != nil {
+		if _, has := parsed.User.Password(); has {
+			// Redacted keeps a user name; a password hidden in the query or a key=value DSN
+			// is beyond it, so those are not shown at all.
+			parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
+		}
+	}
+	if strings.Contains(strings.ToLower(parsed.RawQuery), "password") {
+		parsed.RawQuery = "(redacted)"
+	}
+	return parsed.String()
 }
 
 func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
@@ -59,6 +104,12 @@ func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool,
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("database %s does not answer (%w); start PostgreSQL there or fix DATABASE_URL / --database-url", where, shortNetError(err))
+	}
+	// Every command refuses a database migrated by a newer binary (Stepwise's schema or
+	// River's), before it reads or writes anything: see migrations.CheckNotNewer.
+	if _, err := migrations.CheckNotNewer(pingCtx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("database %s: %w", where, err)
 	}
 	return pool, nil
 }
@@ -88,6 +139,11 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 }
 
 func (f *planFlags) plan() (settlement.Plan, error) {
+	// Plan treats 0 as "the default, 4": from the command line that is a typo, and a
+	// process whose shard count differs from the others' splits dates differently.
+	if err := checkInt("shards", f.shards, 1, maxShards); err != nil {
+		return settlement.Plan{}, err
+	}
 	p, err := settlement.Plan{Spec: f.spec, Zone: f.zone, Shards: f.shards}.Compile()
 	if err != nil {
 		return p, usageError("--shards/--schedule/--zone: %v", err)
@@ -101,13 +157,14 @@ type bankFlags struct {
 }
 
 func (f *bankFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.url, "bank-url", envOr("BANK_URL", defaultBankURL), "base URL of the bank (\"sample-settlement bank\") ($BANK_URL)")
+	f.url = envOr("BANK_URL", defaultBankURL)
+	fs.Var(secretURL{&f.url}, "bank-url", "base URL of the bank (\"sample-settlement bank\") ($BANK_URL)")
 }
 
 func (f *bankFlags) client(timeout time.Duration) (*fakebank.Client, error) {
 	u, err := url.Parse(f.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageError("--bank-url %q: want a URL such as %s", f.url, defaultBankURL)
+		return nil, usageError("--bank-url %q: want a URL such as %s", redactURL(f.url), defaultBankURL)
 	}
 	return newBankClient(f.url, timeout), nil
 }

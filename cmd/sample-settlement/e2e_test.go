@@ -38,7 +38,7 @@ func TestServeThreeProcessesSettleADate(t *testing.T) {
 	var procs []*workflowtest.Process
 	for _, id := range []string{"serve-1", "serve-2", "serve-3"} {
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--id", id, "--batch-size", "50", "--lease", "5s",
-			"--reconcile-interval", "1s", "--reconcile-grace", "3s", "--payout-timeout", "2s", "--shutdown-timeout", "10s"}, common...)
+			"--reconcile-interval", "1s", "--reconcile-grace", "3s", "--payout-timeout", "2s", "--shutdown-timeout", "10s", "--metrics-interval", "200ms"}, common...)
 		procs = append(procs, workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep)))
 	}
 	var addrs []string
@@ -88,9 +88,12 @@ func TestServeThreeProcessesSettleADate(t *testing.T) {
 	p, err := settlement.WaitAtRest(waitCtx, pool, plan, testDate, 200*time.Millisecond, nil)
 	require.NoError(t, err, "runs %v payouts %v", p.Runs, p.Operations)
 
-	code, body = get("/metrics")
-	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, `stepwise_outbox_operations{kind="payout",state="UNKNOWN_EXTERNAL"} 0`)
+	// Metrics are gathered in the background every --metrics-interval: the next gather
+	// shows the date at rest.
+	require.Eventually(t, func() bool {
+		code, body = get("/metrics")
+		return code == http.StatusOK && strings.Contains(body, `stepwise_outbox_operations{kind="payout",state="UNKNOWN_EXTERNAL"} 0`)
+	}, 10*time.Second, 100*time.Millisecond, "metrics never showed the date at rest")
 	require.Contains(t, body, "stepwise_run_lease_expired_seconds")
 	require.Contains(t, body, "go_goroutines")
 

@@ -10,6 +10,8 @@ import (
 
 // The operator's HTTP surface is read-only without credentials; changes to River's jobs need
 // RIVERUI_USER / RIVERUI_PASSWORD, and are refused outright when those are not configured.
+// Once credentials exist, reads need them too, and a write must be a same-origin JSON
+// request (CSRF: a foreign page must not make a logged-in browser re-run a job).
 func TestRiverUIWritesNeedCredentials(t *testing.T) {
 	t.Parallel()
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
@@ -18,15 +20,26 @@ func TestRiverUIWritesNeedCredentials(t *testing.T) {
 		user, password   string // configured
 		method           string
 		sendUser, sendPw string // sent; empty: no Authorization header
+		headers          map[string]string
 		want             int
 	}{
-		{name: "read without credentials", user: "ops", password: "pw", method: http.MethodGet, want: http.StatusOK},
+		{name: "read without credentials", user: "ops", password: "pw", method: http.MethodGet, want: http.StatusUnauthorized},
+		{name: "read with credentials", user: "ops", password: "pw", method: http.MethodGet, sendUser: "ops", sendPw: "pw", want: http.StatusOK},
 		{name: "read, none configured", method: http.MethodGet, want: http.StatusOK},
 		{name: "write, none configured", method: http.MethodPost, sendUser: "ops", sendPw: "pw", want: http.StatusForbidden},
 		{name: "write without credentials", user: "ops", password: "pw", method: http.MethodPost, want: http.StatusUnauthorized},
 		{name: "write, wrong password", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "nope", want: http.StatusUnauthorized},
 		{name: "write, wrong user", user: "ops", password: "pw", method: http.MethodDelete, sendUser: "eve", sendPw: "pw", want: http.StatusUnauthorized},
-		{name: "write with credentials", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "pw", want: http.StatusOK},
+		{name: "write with credentials", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "pw",
+			headers: map[string]string{"Content-Type": "application/json"}, want: http.StatusOK},
+		{name: "same-origin write from the page", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "pw",
+			headers: map[string]string{"Content-Type": "application/json", "Origin": "http://example.com", "Sec-Fetch-Site": "same-origin"}, want: http.StatusOK},
+		{name: "text/plain write (CSRF form)", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "pw",
+			headers: map[string]string{"Content-Type": "text/plain"}, want: http.StatusForbidden},
+		{name: "write from another origin", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "pw",
+			headers: map[string]string{"Content-Type": "application/json", "Origin": "http://evil.example"}, want: http.StatusForbidden},
+		{name: "cross-site write", user: "ops", password: "pw", method: http.MethodPost, sendUser: "ops", sendPw: "pw",
+			headers: map[string]string{"Content-Type": "application/json", "Sec-Fetch-Site": "cross-site"}, want: http.StatusForbidden},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -36,6 +49,9 @@ func TestRiverUIWritesNeedCredentials(t *testing.T) {
 			req := httptest.NewRequest(tt.method, "/riverui/api/jobs/cancel", nil)
 			if tt.sendUser != "" {
 				req.SetBasicAuth(tt.sendUser, tt.sendPw)
+			}
+			for k, v := range tt.headers {
+				req.Header.Set(k, v)
 			}
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, req)

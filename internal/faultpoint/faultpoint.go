@@ -3,7 +3,12 @@
 //
 // # Switching faults on
 //
-// Faults are read once, at process start, from the STEPWISE_FAULTS environment variable: a
+// Nothing is armed unless test code asks for it: a production binary that imports Stepwise
+// ignores STEPWISE_FAULTS, so a stray variable in a deployment can neither SIGKILL the
+// service nor stop it from starting. Test code arms faults explicitly, either in its own
+// process with Configure, or in a child process with ArmFromEnv, which reads the
+// STEPWISE_FAULTS environment variable (workflowtest.RunRoleIfChild calls it in every
+// child a test starts with workflowtest.Start). STEPWISE_FAULTS is a
 // comma-separated list of point:action rules, each optionally with @p=probability,
 // @n=count (fire on the nth hit only) or @after=count (fire on every hit after count):
 //
@@ -21,7 +26,7 @@
 //
 // # Cost when off
 //
-// With STEPWISE_FAULTS unset, Hit is one atomic load and a return: the points stay compiled
+// Until a test arms a rule, Hit is one atomic load and a return: the points stay compiled
 // into production code and cost nothing there.
 package faultpoint
 
@@ -69,12 +74,19 @@ var (
 	rng     *rand.Rand
 )
 
-func init() {
-	if err := Configure(os.Getenv("STEPWISE_FAULTS"), os.Getenv("STEPWISE_FAULTS_SEED")); err != nil {
-		// A typo in a fault spec must not silently test nothing.
-		fmt.Fprintf(os.Stderr, "stepwise: %v\n", err)
-		os.Exit(2)
-	}
+// Env and SeedEnv are the environment variables ArmFromEnv reads.
+const (
+	Env     = "STEPWISE_FAULTS"
+	SeedEnv = "STEPWISE_FAULTS_SEED"
+)
+
+// ArmFromEnv configures the rules from STEPWISE_FAULTS and STEPWISE_FAULTS_SEED. Only test
+// code calls it (workflowtest.RunRoleIfChild does, in a child process a test started), never
+// a package init: an imported library must not let an environment variable kill a
+// production process. The caller should treat an error as fatal: a typo in a fault spec
+// must not silently test nothing.
+func ArmFromEnv() error {
+	return Configure(os.Getenv(Env), os.Getenv(SeedEnv))
 }
 
 // Configure replaces the fault rules (tests in one process use it; subprocesses use the

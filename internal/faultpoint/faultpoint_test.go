@@ -2,6 +2,9 @@ package faultpoint
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -57,4 +60,45 @@ func TestHitFiresAsConfigured(t *testing.T) {
 		return out
 	}
 	require.Equal(t, draw(), draw())
+}
+
+// helperEnv makes the test binary, re-executed by TestProductionIgnoresEnvironment, run
+// only TestHelperHitInChild and report what Hit did.
+const helperEnv = "FAULTPOINT_TEST_HELPER"
+
+// A production binary that imports Stepwise must ignore STEPWISE_FAULTS: a stray variable in
+// a deployment must neither kill the service at a fault point nor (with a typo) stop it from
+// starting. A real process is started with the variable set and never calls ArmFromEnv.
+func TestProductionIgnoresEnvironment(t *testing.T) {
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	for _, spec := range []string{"after-send:error", "after-send:kill", "after-send:explode"} {
+		cmd := exec.Command(exe, "-test.run=^TestHelperHitInChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), helperEnv+"=1", Env+"="+spec)
+		out, err := cmd.CombinedOutput()
+		t.Logf("child with %s=%s: err=%v\n%s", Env, spec, err, out)
+		require.NoError(t, err, "STEPWISE_FAULTS=%s must be ignored by a process that did not arm faults", spec)
+		require.Contains(t, string(out), "hit: <nil>")
+	}
+}
+
+// TestHelperHitInChild runs only in the child of TestProductionIgnoresEnvironment.
+func TestHelperHitInChild(t *testing.T) {
+	if os.Getenv(helperEnv) == "" {
+		t.Skip("helper of TestProductionIgnoresEnvironment")
+	}
+	err := Hit(AfterSend)
+	fmt.Printf("hit: %v\n", err)
+	require.NoError(t, err)
+}
+
+// Test code arms faults from the environment explicitly, and a typo is an error then.
+func TestArmFromEnv(t *testing.T) {
+	t.Cleanup(func() { _ = Configure("", "") })
+	t.Setenv(Env, "after-send:error")
+	t.Setenv(SeedEnv, "1")
+	require.NoError(t, ArmFromEnv())
+	require.ErrorIs(t, Hit(AfterSend), ErrInjected)
+	t.Setenv(Env, "after-send:explode")
+	require.ErrorContains(t, ArmFromEnv(), "STEPWISE_FAULTS rule")
 }

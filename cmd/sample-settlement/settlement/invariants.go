@@ -88,7 +88,7 @@ func CheckInvariants(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Cli
 	add := func(inv int, name string, ok bool, format string, args ...any) {
 		res.Checks = append(res.Checks, Check{Invariant: inv, Name: name, OK: ok, Evidence: fmt.Sprintf(format, args...)})
 	}
-	payouts, err := datePayouts(ctx, pool, date)
+	payouts, err := datePayouts(ctx, pool, date, keys)
 	if err != nil {
 		return nil, err
 	}

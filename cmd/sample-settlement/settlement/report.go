@@ -120,12 +120,15 @@ type payoutRow struct {
 	currency string
 }
 
-// datePayouts reads the date's payouts from the operation ledger. Their business keys are
-// "<merchant>/<date>/<type>/<currency>".
-func datePayouts(ctx context.Context, q outbox.Querier, date time.Time) ([]payoutRow, error) {
-	rows, err := q.Query(ctx, `SELECT operation_id::text, business_key, state, coalesce(amount, 0), coalesce(currency, '')
-		FROM stepwise_operation WHERE kind = $1 AND split_part(business_key, '/', 2) = $2`,
-		PayoutKind, date.Format(time.DateOnly))
+// datePayoutsSQL reads the date's payouts: those its runs (runKeys) wrote, through the
+// run_key index, so that a report or an invariant check reads the date asked for and not
+// the whole ledger's history. Their business keys are "<merchant>/<date>/<type>/<currency>".
+const datePayoutsSQL = `SELECT operation_id::text, business_key, state, coalesce(amount, 0), coalesce(currency, '')
+		FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 2) = $2`
+
+// datePayouts reads the date's payouts from the operation ledger; see datePayoutsSQL.
+func datePayouts(ctx context.Context, q outbox.Querier, date time.Time, runKeys []string) ([]payoutRow, error) {
+	rows, err := q.Query(ctx, datePayoutsSQL, PayoutKind, date.Format(time.DateOnly), runKeys)
 	if err != nil {
 		return nil, fmt.Errorf("reading payouts of %s: %w", date.Format(time.DateOnly), err)
 	}
@@ -252,7 +255,7 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client,
 		return nil, fmt.Errorf("summing %s: %w", r.Date, err)
 	}
 
-	payouts, err := datePayouts(ctx, pool, date)
+	payouts, err := datePayouts(ctx, pool, date, keys)
 	if err != nil {
 		return nil, err
 	}

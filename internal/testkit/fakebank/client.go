@@ -192,3 +192,20 @@ func bankCode(body string) string {
 	}
 	return eb.Code
 }
+
+// Requests returns the bank's request log (Bank.Requests), for checking send discipline from
+// another process.
+func (c *Client) Requests(ctx context.Context) ([]Request, error) {
+	res, err := c.do(ctx, "requests", "", http.MethodGet, "/admin/requests", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if res.status != http.StatusOK {
+		return nil, res.err()
+	}
+	out, err := decodeResult[[]Request](res)
+	if err != nil {
+		return nil, err
+	}
+	return *out, nil
+}

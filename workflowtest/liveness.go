@@ -95,8 +95,8 @@ type failedRun struct {
 }
 
 const (
-	nameNeedless    = "no takeover of a run whose worker was alive, running and connected"
-	nameFailedEarly = "a run is failed only after MaxAttempts crashes or errors"
+	NameNeedlessTakeover = "no takeover of a run whose worker was alive, running and connected"
+	NameFailedEarly      = "a run is failed only after MaxAttempts crashes or errors"
 )
 
 // loadLiveness reads the takeovers and failed runs the liveness checks judge.
@@ -179,7 +179,7 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 		}
 		c.Needless++
 		needless[t.key]++
-		out = append(out, Violation{Invariant: 5, Name: nameNeedless, Evidence: fmt.Sprintf(
+		out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
 			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before",
 			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window)})
 	}
@@ -187,10 +187,14 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 		if f.deliberate {
 			continue
 		}
-		if n := justified[f.key] + f.stepErrors; n < maxAttempts {
-			out = append(out, Violation{Invariant: 5, Name: nameFailedEarly, Evidence: fmt.Sprintf(
-				"run %s failed (by %s: %q) after %d crash takeover(s) and %d step error(s), fewer than MaxAttempts %d (needless takeovers: %d)",
-				f.key, f.by, f.lastError, justified[f.key], f.stepErrors, maxAttempts, needless[f.key])})
+		crashes := justified[f.key]
+		if f.by == "maintenance" {
+			crashes++ // maintenance fails a run it finds stuck: count that as a crash too
+		}
+		if crashes+f.stepErrors < maxAttempts {
+			out = append(out, Violation{Invariant: 5, Name: NameFailedEarly, Evidence: fmt.Sprintf(
+				"run %s failed (by %s: %q) after %d crash(es) and %d step error(s), fewer than MaxAttempts %d (needless takeovers: %d)",
+				f.key, f.by, f.lastError, crashes, f.stepErrors, maxAttempts, needless[f.key])})
 		}
 	}
 	return c, out

@@ -77,7 +77,7 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 	}
 	require.Equal(t, "a run is failed only after MaxAttempts crashes or errors", vs[3].Name)
 	require.Contains(t, vs[3].Evidence, "run needless failed")
-	require.Contains(t, vs[3].Evidence, "0 crash takeover(s) and 0 step error(s), fewer than MaxAttempts 3 (needless takeovers: 3)")
+	require.Contains(t, vs[3].Evidence, "1 crash(es) and 0 step error(s), fewer than MaxAttempts 3 (needless takeovers: 3)")
 
 	// The same through CheckInvariants.
 	all, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Liveness: live})

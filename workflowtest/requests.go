@@ -115,11 +115,12 @@ func loadLedger(ctx context.Context, q Querier) (map[string]opRow, []opEvent, er
 
 // Request-log invariants. Their numbers follow DESIGN.md's invariant 3 (an external effect at
 // most once per operation): each is a way to break it that an idempotent fake would absorb.
+// The names are exported so a harness can count violations by kind (Violation.Name).
 const (
-	nameConcurrent   = "no two requests for one operation_id in flight at once"
-	nameAfterFinal   = "no request after the ledger recorded the operation terminal"
-	nameEarlyResend  = "a resend after not-found waits for the previous request to end plus the grace period"
-	nameEffectLedger = "every effect matches exactly one ledger operation with the same amount"
+	NameConcurrentRequests = "no two requests for one operation_id in flight at once"
+	NameSendAfterTerminal  = "no request after the ledger recorded the operation terminal"
+	NameEarlyResend        = "a resend after not-found waits for the previous request to end plus the grace period"
+	NameEffectMismatch     = "every effect matches exactly one ledger operation with the same amount"
 )
 
 // checkRequests checks a request log against the ledger's operations and transitions. grace
@@ -154,7 +155,7 @@ func checkRequests(reqs []Request, ops map[string]opRow, events []opEvent, grace
 			for j := 0; j < i; j++ {
 				busy := rs[j].busyUntil()
 				if busy.IsZero() || rs[i].Arrived.Before(busy) {
-					add(nameConcurrent, "operation %s: request %d (%s) arrived while request %d (%s) was in flight (overlap %s)",
+					add(NameConcurrentRequests, "operation %s: request %d (%s) arrived while request %d (%s) was in flight (overlap %s)",
 						id, i+1, rs[i].String(), j+1, rs[j].String(), overlap(rs[i].Arrived, busy))
 					break
 				}
@@ -181,7 +182,7 @@ func checkRequests(reqs []Request, ops map[string]opRow, events []opEvent, grace
 				}
 			}
 			if final != nil {
-				add(nameAfterFinal, "operation %s: request %d (%s) arrived %s after the ledger recorded it %s at %s (actor %s)",
+				add(NameSendAfterTerminal, "operation %s: request %d (%s) arrived %s after the ledger recorded it %s at %s (actor %s)",
 					id, i+1, rs[i].String(), rs[i].Arrived.Sub(final.at).Round(time.Millisecond), final.to, stamp(final.at), final.actor)
 			}
 		}
@@ -203,12 +204,12 @@ func checkRequests(reqs []Request, ops map[string]opRow, events []opEvent, grace
 				continue
 			}
 			if prev.Ended.IsZero() {
-				add(nameEarlyResend, "operation %s: resend (request %d, %s) after not-found at %s while request %d never ended (%s)",
+				add(NameEarlyResend, "operation %s: resend (request %d, %s) after not-found at %s while request %d never ended (%s)",
 					id, i+1, cur.String(), stamp(notFound.at), i, prev.String())
 				continue
 			}
 			if earliest := prev.Ended.Add(grace); cur.Arrived.Before(earliest) {
-				add(nameEarlyResend, "operation %s: resend (request %d, %s) after not-found at %s came %s before request %d ended (%s) + grace %s",
+				add(NameEarlyResend, "operation %s: resend (request %d, %s) after not-found at %s came %s before request %d ended (%s) + grace %s",
 					id, i+1, cur.String(), stamp(notFound.at), earliest.Sub(cur.Arrived).Round(time.Millisecond), i, prev.String(), grace)
 			}
 		}
@@ -227,20 +228,20 @@ func checkRequests(reqs []Request, ops map[string]opRow, events []opEvent, grace
 		op, ok := ops[id]
 		switch {
 		case !ok:
-			add(nameEffectLedger, "operation %s: %d effect(s) at the external system, no such operation in the ledger", id, len(effects))
+			add(NameEffectMismatch, "operation %s: %d effect(s) at the external system, no such operation in the ledger", id, len(effects))
 		case op.amount == nil || *op.amount != rs[effects[0]-1].Amount:
 			want := "no amount"
 			if op.amount != nil {
 				want = fmt.Sprint(*op.amount)
 			}
-			add(nameEffectLedger, "operation %s: effect of request %d for amount %d, the ledger says %s", id, effects[0], rs[effects[0]-1].Amount, want)
+			add(NameEffectMismatch, "operation %s: effect of request %d for amount %d, the ledger says %s", id, effects[0], rs[effects[0]-1].Amount, want)
 		}
 		if len(effects) > 1 {
 			var list []string
 			for _, n := range effects {
 				list = append(list, fmt.Sprintf("#%d %s", n, rs[n-1].String()))
 			}
-			add(nameEffectLedger, "operation %s (ledger %s): %d effects at the external system: %s",
+			add(NameEffectMismatch, "operation %s (ledger %s): %d effects at the external system: %s",
 				id, op.state, len(effects), strings.Join(list, "; "))
 		}
 	}

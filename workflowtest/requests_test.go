@@ -20,7 +20,6 @@ type ledgerFixture struct {
 	base time.Time
 }
 
-
 func (f ledgerFixture) at(ms int) time.Time { return f.base.Add(time.Duration(ms) * time.Millisecond) }
 
 func TestRequestLogChecksFailOnBrokenLogs(t *testing.T) {
@@ -121,4 +120,3 @@ func TestRequestLogChecksFailOnBrokenLogs(t *testing.T) {
 	require.Len(t, vs, 2, workflowtest.FormatViolations(vs)) // after SUCCEEDED at 3125, and twice
 	require.Contains(t, workflowtest.FormatViolations(vs), "2 effects at the external system")
 }
-

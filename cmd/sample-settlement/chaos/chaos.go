@@ -19,7 +19,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,6 +78,43 @@ type Config struct {
 	// Both default to discarding.
 	Logf     func(format string, args ...any)
 	Progress io.Writer
+
+	// Profile names the profile the config came from (see ProfileConfig), for the report.
+	Profile string
+
+	// Workload is "settle" (default: settle a date of payouts against the bank) or "steps"
+	// (long runs and sleepers of plain steps; see LongRuns and Sleepers).
+	Workload string
+
+	// BankLatency is the strict bank's latency profile. Defaults to none.
+	BankLatency fakebank.LatencyProfile
+
+	// PayoutTimeout is the sender's timeout (default 1s), ReconcileGrace the reconciler's
+	// grace (default 3s), PayoutConcurrency the sends per process (default 32).
+	PayoutTimeout, ReconcileGrace time.Duration
+	PayoutConcurrency             int
+
+	// KillMin and KillMax bound the pause between hits (default 0.5s and 2s); every
+	// StopEvery-th hit is a SIGSTOP for StopFor (default 6 and Lease + 2s).
+	KillMin, KillMax time.Duration
+	StopEvery        int
+	StopFor          time.Duration
+
+	// PauseDispatcher aims every hit at the worker holding the most claimed (PROCESSING)
+	// payouts, so the process that is sending is the one frozen.
+	PauseDispatcher bool
+
+	// Steps workload: LongRuns runs of LongSteps steps of StepTime each with a Slice, and
+	// Sleepers runs that Sleep(SleepFor) after one step. With sleepers the chaos lasts the
+	// whole Duration.
+	Slice, StepTime     time.Duration
+	LongRuns, LongSteps int
+	Sleepers            int
+	SleepFor            time.Duration
+	SleeperWork         time.Duration // how long a sleeper's first step works before it sleeps
+
+	// QuietTimeout bounds the wait for rest after the chaos. Defaults to 3 minutes.
+	QuietTimeout time.Duration
 }
 
 func (c *Config) withDefaults() *Config {
@@ -113,20 +152,69 @@ func (c *Config) withDefaults() *Config {
 	if out.Progress == nil {
 		out.Progress = io.Discard
 	}
+	if out.Workload == "" {
+		out.Workload = "settle"
+	}
+	if out.PayoutTimeout == 0 {
+		out.PayoutTimeout = time.Second
+	}
+	if out.ReconcileGrace == 0 {
+		out.ReconcileGrace = 3 * time.Second
+	}
+	if out.PayoutConcurrency == 0 {
+		out.PayoutConcurrency = 32
+	}
+	if out.KillMin == 0 {
+		out.KillMin = 500 * time.Millisecond
+	}
+	if out.KillMax == 0 {
+		out.KillMax = 2 * time.Second
+	}
+	if out.StopEvery == 0 {
+		out.StopEvery = 6
+	}
+	if out.StopFor == 0 {
+		out.StopFor = out.Lease + 2*time.Second
+	}
+	if out.Slice == 0 {
+		out.Slice = 150 * time.Millisecond
+	}
+	if out.StepTime == 0 {
+		out.StepTime = 10 * time.Millisecond
+	}
+	if out.SleepFor == 0 {
+		out.SleepFor = time.Hour
+	}
+	if out.QuietTimeout == 0 {
+		out.QuietTimeout = 3 * time.Minute
+	}
 	return &out
 }
+
+// takeoverWindow is how long before a takeover a kill or pause of the holder still explains
+// it: two leases (a lease may have been renewed just before the hit) plus maintenance's
+// interval, and slack for a loaded machine.
+func (c *Config) takeoverWindow() time.Duration { return 2*c.Lease + 3*time.Second }
 
 // Date is the (first) business date a chaos run settles; a soak goes on day by day.
 var Date = time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
 
 // Result is what a chaos run did and found.
 type Result struct {
+	Profile   string
 	Seed      uint64
 	Chaos     *workflowtest.ChaosReport
 	Takeovers int
-	Fenced    int
-	Unknown   int // operations that were UNKNOWN_EXTERNAL at some point
-	Bank      fakebank.Stats
+	// Needless counts the takeovers of runs whose worker was alive, running and connected.
+	Needless workflowtest.TakeoverCount
+	Fenced   int
+	Unknown  int // operations that were UNKNOWN_EXTERNAL at some point
+	Bank     fakebank.Stats
+	// Requests is how many payment requests reached the (strict) bank; the next counts are
+	// violations of the request-log checks by kind.
+	Requests, Concurrent, AfterTerminal, EarlyResends, EffectMismatches int
+	// FailedEarly counts runs failed with fewer crashes and errors than MaxAttempts.
+	FailedEarly int
 	// Violations of invariants 1-5 over Stepwise's tables, then the sample's own checks
 	// (1-6, money and the bank's ledger) that failed.
 	Violations []workflowtest.Violation
@@ -136,7 +224,7 @@ type Result struct {
 
 // OK reports whether the run reached rest with every invariant holding.
 func (r *Result) OK() bool {
-	if r.Chaos == nil || !r.Chaos.Quiet || len(r.Violations) > 0 || len(r.Invariants) == 0 {
+	if r.Chaos == nil || !r.Chaos.Quiet || len(r.Violations) > 0 || (len(r.Invariants) == 0 && r.Profile == "") {
 		return false
 	}
 	for _, inv := range r.Invariants {
@@ -149,8 +237,14 @@ func (r *Result) OK() bool {
 
 // Summary is the run's one-paragraph account, first violation included.
 func (r *Result) Summary() string {
-	s := fmt.Sprintf("chaos seed=%d: %d date(s) settled; %s; takeovers=%d fenced-commits=%d ops-ever-unknown=%d bank: requests=%d applied=%d faults=%v",
-		r.Seed, len(r.Invariants), r.Chaos, r.Takeovers, r.Fenced, r.Unknown, r.Bank.Requests, r.Bank.Applied, r.Bank.Faults)
+	profile := r.Profile
+	if profile == "" {
+		profile = "classic"
+	}
+	s := fmt.Sprintf("chaos profile=%s seed=%d: %d date(s) settled; %s; takeovers=%d needless-takeovers=%d failed-early=%d fenced-commits=%d ops-ever-unknown=%d\n"+
+		"bank: requests=%d applied=%d concurrent-duplicate-requests=%d sends-after-terminal=%d early-resends=%d effect-mismatches=%d faults=%v",
+		profile, r.Seed, len(r.Invariants), r.Chaos, r.Takeovers, r.Needless.Needless, r.FailedEarly, r.Fenced, r.Unknown,
+		r.Requests, r.Bank.Applied, r.Concurrent, r.AfterTerminal, r.EarlyResends, r.EffectMismatches, r.Bank.Faults)
 	if r.OK() {
 		return s + "\nall invariants hold"
 	}
@@ -159,6 +253,17 @@ func (r *Result) Summary() string {
 	}
 	if len(r.Violations) > 0 {
 		s += fmt.Sprintf("\nFIRST VIOLATION (seed %d): %s (%d in all)", r.Seed, r.Violations[0], len(r.Violations))
+		byName := map[string]int{}
+		var names []string
+		for _, v := range r.Violations {
+			if byName[v.Name] == 0 {
+				names = append(names, v.Name)
+			}
+			byName[v.Name]++
+		}
+		for _, n := range names {
+			s += fmt.Sprintf("\n  %4d x %s", byName[n], n)
+		}
 	}
 	return s
 }
@@ -176,21 +281,28 @@ func Prepare(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	return err
 }
 
-// Run settles Date under chaos and checks every invariant. The database must have been
-// prepared (Prepare). It returns an error only when the suite itself could not run.
+// Run settles Date under chaos (or, with Workload "steps", works the long and sleeper runs)
+// and checks every invariant, the strict bank's request log and the takeovers included. The
+// database must have been prepared (Prepare). It returns an error only when the suite itself
+// could not run.
 func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	if cfg == nil || cfg.DatabaseURL == "" || cfg.StartWorker == nil {
 		return nil, errors.New("chaos.Run: DatabaseURL and StartWorker are required")
 	}
 	cfg = cfg.withDefaults()
-	res := &Result{Seed: cfg.Seed}
+	if cfg.Workload != "settle" && cfg.Workload != "steps" {
+		return nil, fmt.Errorf("chaos.Run: Workload %q is neither \"settle\" nor \"steps\"", cfg.Workload)
+	}
+	res := &Result{Seed: cfg.Seed, Profile: cfg.Profile}
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: connecting: %w", err)
 	}
 	defer pool.Close()
 
-	bank := fakebank.New(&fakebank.Config{Faults: *cfg.Faults, Seed: cfg.Seed, Delay: 3 * time.Second})
+	// The bank is strict: it never deduplicates, so a second send is a second payment, and
+	// its request log is the evidence of the send discipline.
+	bank := fakebank.New(&fakebank.Config{Faults: *cfg.Faults, Seed: cfg.Seed, Delay: 3 * time.Second, Strict: true, Profile: cfg.BankLatency})
 	if err := bank.Start(); err != nil {
 		return nil, fmt.Errorf("chaos: starting the bank: %w", err)
 	}
@@ -205,23 +317,40 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, _, err := plan.Start(ctx, inserter, tx, Date)
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("chaos: starting the date: %w", err)
+	if cfg.Workload == "steps" {
+		err = startSteps(ctx, pool, cfg)
+	} else {
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, _, err := plan.Start(ctx, inserter, tx, Date)
+			return err
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chaos: starting the work: %w", err)
 	}
 
 	env := []string{
 		"DATABASE_URL=" + cfg.DatabaseURL,
 		"BANK_URL=" + bank.URL(),
+		"CHAOS_WORKLOAD=" + cfg.Workload,
 		"CHAOS_LEASE=" + cfg.Lease.String(),
 		"CHAOS_SHARDS=" + strconv.Itoa(cfg.Shards),
 		"CHAOS_BATCH=" + strconv.Itoa(cfg.BatchSize),
+		"CHAOS_SLICE=" + cfg.Slice.String(),
+		"CHAOS_PAYOUT_TIMEOUT=" + cfg.PayoutTimeout.String(),
+		"CHAOS_RECONCILE_GRACE=" + cfg.ReconcileGrace.String(),
+		"CHAOS_PAYOUT_CONCURRENCY=" + strconv.Itoa(cfg.PayoutConcurrency),
 	}
 	dates := []time.Time{Date}
-	deadline := time.Now().Add(cfg.Duration)
+	began := time.Now()
+	deadline := began.Add(cfg.Duration)
 	until := func(ctx context.Context) (bool, error) {
+		if cfg.Workload == "steps" {
+			rest, err := stepsAtRest(ctx, pool)
+			// Sleepers never finish: the chaos lasts the whole Duration, so that an early
+			// wake has the time to show.
+			return rest && (cfg.Sleepers == 0 || !time.Now().Before(deadline)), err
+		}
 		rest, err := atRest(ctx, pool)
 		if err != nil || !rest {
 			return false, err
@@ -245,20 +374,26 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		cfg.Logf("chaos: %s at rest; soaking on with %s", dates[len(dates)-2].Format(time.DateOnly), next.Format(time.DateOnly))
 		return false, nil
 	}
-	stopProgress := progress(ctx, pool, cfg.Progress, time.Now())
+	var target func(ctx context.Context, ids []string) int
+	if cfg.PauseDispatcher {
+		target = func(ctx context.Context, ids []string) int { return sendingWorker(ctx, pool, ids, cfg.Logf) }
+	}
+	stopProgress := progress(ctx, pool, cfg.Progress, began)
 	defer stopProgress()
 	report, err := workflowtest.RunChaos(ctx, &workflowtest.ChaosConfig{
 		Start:        func() (workflowtest.Worker, error) { return cfg.StartWorker(env) },
 		Workers:      cfg.Workers,
 		Seed:         cfg.Seed,
-		KillMin:      500 * time.Millisecond,
-		KillMax:      2 * time.Second,
-		StopEvery:    6,
-		StopFor:      cfg.Lease + 2*time.Second,
+		KillMin:      cfg.KillMin,
+		KillMax:      cfg.KillMax,
+		StopEvery:    cfg.StopEvery,
+		StopFor:      cfg.StopFor,
 		Duration:     cfg.Duration,
 		Until:        until,
-		QuietTimeout: 3 * time.Minute,
+		QuietTimeout: cfg.QuietTimeout,
 		Logf:         cfg.Logf,
+		WorkerID:     func(w workflowtest.Worker) string { return workerID(w.Pid()) },
+		Target:       target,
 	})
 	res.Chaos = report
 	if err != nil {
@@ -274,9 +409,45 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		return res, fmt.Errorf("chaos: counting takeovers: %w", err)
 	}
 	res.Bank = bank.Stats()
-	res.Violations, err = workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Quiet: report.Quiet})
+	log := bank.Requests()
+	res.Requests = len(log)
+	live := report.Liveness(cfg.takeoverWindow(), 0)
+	if res.Needless, _, err = workflowtest.CountTakeovers(ctx, pool, live); err != nil {
+		return res, err
+	}
+	res.Violations, err = workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{
+		// Sleepers are unfinished by design: only the always-true invariants then.
+		Quiet:    report.Quiet && cfg.Sleepers == 0,
+		Requests: RequestLog(log),
+		Grace:    cfg.ReconcileGrace,
+		Liveness: live,
+	})
 	if err != nil {
 		return res, err
+	}
+	for _, v := range res.Violations {
+		switch v.Name {
+		case workflowtest.NameConcurrentRequests:
+			res.Concurrent++
+		case workflowtest.NameSendAfterTerminal:
+			res.AfterTerminal++
+		case workflowtest.NameEarlyResend:
+			res.EarlyResends++
+		case workflowtest.NameEffectMismatch:
+			res.EffectMismatches++
+		case workflowtest.NameFailedEarly:
+			res.FailedEarly++
+		}
+	}
+	if cfg.Workload == "steps" {
+		evidence, err := stepsChecks(ctx, pool)
+		if err != nil {
+			return res, err
+		}
+		for _, e := range evidence {
+			res.Violations = append(res.Violations, workflowtest.Violation{Invariant: 5, Name: "every long run finishes; no sleeper wakes early", Evidence: e})
+		}
+		return res, nil
 	}
 	for _, d := range dates {
 		inv, err := settlement.CheckInvariants(ctx, pool, bankClient, plan, d)
@@ -292,6 +463,47 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// RequestLog turns the fake bank's request log into the form workflowtest.CheckInvariants
+// checks.
+func RequestLog(log []fakebank.Request) []workflowtest.Request {
+	out := make([]workflowtest.Request, 0, len(log))
+	for _, r := range log {
+		out = append(out, workflowtest.Request{
+			OperationID: r.OperationID, Amount: r.Amount,
+			Arrived: r.Arrived, Decided: r.Decided, Ended: r.Ended(), Effect: r.Effect,
+		})
+	}
+	return out
+}
+
+// sendingWorker returns the slot of the worker holding the most claimed payouts, or -1 (let
+// the seeded source pick) when no worker holds any: the paused-dispatcher profile freezes the
+// process that is sending, past its claim.
+func sendingWorker(ctx context.Context, pool *pgxpool.Pool, ids []string, logf func(string, ...any)) int {
+	rows, err := pool.Query(ctx, `SELECT leased_by, count(*) FROM stepwise_operation
+		WHERE state = 'PROCESSING' AND leased_by IS NOT NULL GROUP BY leased_by ORDER BY count(*) DESC`)
+	if err != nil {
+		return -1
+	}
+	var by string
+	var n int
+	best, bestN := -1, 0
+	_, _ = pgx.ForEachRow(rows, []any{&by, &n}, func() error {
+		// The outbox leases as "outbox/<ID>#<random>", ID being the process's River ID.
+		id, _, _ := strings.Cut(strings.TrimPrefix(by, "outbox/"), "#")
+		for i, w := range ids {
+			if w == id && n > bestN {
+				best, bestN = i, n
+			}
+		}
+		return nil
+	})
+	if best >= 0 {
+		logf("chaos: worker %d (%s) holds %d claimed payouts: freezing it", best, ids[best], bestN)
+	}
+	return best
 }
 
 // atRest is true when every run has finished and every operation is proven or MANUAL.
@@ -347,6 +559,21 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("CHAOS_LEASE: %w", err)
 	}
+	if env["CHAOS_WORKLOAD"] == "steps" {
+		return stepsWorkerMain(ctx, env, lease)
+	}
+	timeout, err := time.ParseDuration(env["CHAOS_PAYOUT_TIMEOUT"])
+	if err != nil {
+		return fmt.Errorf("CHAOS_PAYOUT_TIMEOUT: %w", err)
+	}
+	grace, err := time.ParseDuration(env["CHAOS_RECONCILE_GRACE"])
+	if err != nil {
+		return fmt.Errorf("CHAOS_RECONCILE_GRACE: %w", err)
+	}
+	concurrency, err := strconv.Atoi(env["CHAOS_PAYOUT_CONCURRENCY"])
+	if err != nil {
+		return fmt.Errorf("CHAOS_PAYOUT_CONCURRENCY: %w", err)
+	}
 	shards, err := strconv.Atoi(env["CHAOS_SHARDS"])
 	if err != nil {
 		return fmt.Errorf("CHAOS_SHARDS: %w", err)
@@ -362,15 +589,17 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	defer pool.Close()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
-		Bank:          fakebank.NewClient(env["BANK_URL"], nil),
-		Plan:          settlement.Plan{Shards: shards},
-		BatchSize:     batch,
-		PayoutTimeout: time.Second,
-		PayoutLease:   2 * lease,
+		Bank:              fakebank.NewClient(env["BANK_URL"], nil),
+		Plan:              settlement.Plan{Shards: shards},
+		BatchSize:         batch,
+		ID:                workerID(os.Getpid()),
+		PayoutTimeout:     timeout,
+		PayoutConcurrency: concurrency,
+		PayoutLease:       2 * lease,
 		// Short reconciliation so the suite comes to rest in seconds, not in the
 		// production back-off's minutes; the grace still exceeds the payout timeout.
 		ReconcileInterval: time.Second,
-		ReconcileGrace:    3 * time.Second,
+		ReconcileGrace:    grace,
 		ReconcileBackoff:  func(int) time.Duration { return time.Second },
 		Workflow:          &workflow.Config{Lease: lease, Logger: logger},
 		Logger:            logger,

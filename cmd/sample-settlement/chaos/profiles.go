@@ -1,0 +1,86 @@
+package chaos
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+)
+
+// Profiles are the named chaos profiles, each a Config (ProfileConfig). All run against the
+// strict bank and are judged by every invariant, the request-log and takeover checks included.
+var Profiles = []string{"classic", "long", "slow-bank", "paused-dispatcher", "sleepers", "mix"}
+
+// profileDocs says what each profile provokes, for the command's usage.
+var profileDocs = map[string]string{
+	"classic":           "settle a date of many short steps; SIGKILL a random worker every 0.5-2s, SIGSTOP every sixth hit",
+	"long":              "runs of a 150ms Slice that live hundreds of slices (past River's MaxAttempts), killed a few times: every run must finish, no healthy run taken over",
+	"slow-bank":         "payouts against a bank answering around and above the sender timeout (and stalling), with kills and pauses: no concurrent or late sends",
+	"paused-dispatcher": "SIGSTOP the process holding the most claimed payouts, past its claim, then SIGCONT: it must not send what it no longer holds",
+	"sleepers":          "runs that Sleep(1h) while workers are killed: none may wake early",
+	"mix":               "each of the other profiles in turn, with seeds derived from --seed, until --duration ends (the soak)",
+}
+
+// ProfileDoc returns the one-line description of a profile.
+func ProfileDoc(name string) string { return profileDocs[name] }
+
+// SmallMerchants is the size of the date the bounded settle profiles settle: small enough that
+// a slow bank gets through it in seconds.
+const SmallMerchants = 500
+
+// ProfileConfig returns the config of a named profile. bounded gives the size run in
+// `go test` (seconds); otherwise the command's size (minutes, at least 500 slices a long
+// run). "mix" is not a single config: see RunMix.
+func ProfileConfig(name string, bounded bool) (*Config, error) {
+	const timeout = time.Second
+	scale := func(b, full int) int {
+		if bounded {
+			return b
+		}
+		return full
+	}
+	dur := func(b, full time.Duration) time.Duration {
+		if bounded {
+			return b
+		}
+		return full
+	}
+	switch name {
+	case "classic":
+		return &Config{Profile: name, Duration: dur(30*time.Second, 2*time.Minute)}, nil
+	case "long":
+		// 5ms steps in 150ms slices: with each step's commit, about 11 steps a slice on a
+		// loaded machine, so about LongSteps/11 slices (bounded: ~33, past MaxAttempts 25;
+		// the command's: ~550).
+		return &Config{Profile: name, Workload: "steps", Workers: 3, LongRuns: 6,
+			LongSteps: scale(360, 6000), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
+			KillMin: 2 * time.Second, KillMax: 4 * time.Second, StopEvery: 4,
+			Duration: dur(25*time.Second, 3*time.Minute)}, nil
+	case "sleepers":
+		// Each sleeper works a little longer than the lease (2s) before it sleeps.
+		return &Config{Profile: name, Workload: "steps", Workers: 3, Sleepers: scale(30, 60), SleepFor: time.Hour,
+			SleeperWork: 2500 * time.Millisecond,
+			LongRuns:    2, LongSteps: scale(300, 2000), StepTime: 10 * time.Millisecond, Slice: 150 * time.Millisecond,
+			KillMin: 1500 * time.Millisecond, KillMax: 3 * time.Second, StopEvery: 5,
+			Duration: dur(20*time.Second, 2*time.Minute)}, nil
+	case "slow-bank":
+		return &Config{Profile: name, Merchants: scale(SmallMerchants, 5000), Shards: 4, BatchSize: 10, Workers: 3,
+			Soak: !bounded, PayoutTimeout: timeout, ReconcileGrace: 3 * time.Second, PayoutConcurrency: 8,
+			BankLatency: fakebank.LatencyProfile{Slow: 0.5, SlowMin: timeout / 2, SlowMax: timeout * 3 / 2, Stall: 0.05, StallFor: 3 * timeout},
+			KillMin:     time.Second, KillMax: 3 * time.Second, StopEvery: 3,
+			Duration: dur(20*time.Second, 3*time.Minute)}, nil
+	case "paused-dispatcher":
+		// Payout lease is 2 x Lease (4s); the freeze outlasts it, so the frozen process's
+		// claims are recovered by others before it wakes up holding them.
+		return &Config{Profile: name, Merchants: scale(SmallMerchants, 5000), Shards: 4, BatchSize: 10, Workers: 3,
+			Soak: !bounded, PayoutTimeout: timeout, ReconcileGrace: 3 * time.Second, PayoutConcurrency: 8,
+			BankLatency:     fakebank.LatencyProfile{Slow: 1, SlowMin: 200 * time.Millisecond, SlowMax: 600 * time.Millisecond},
+			PauseDispatcher: true, StopEvery: 1, StopFor: 6 * time.Second,
+			KillMin: time.Second, KillMax: 2 * time.Second,
+			Duration: dur(20*time.Second, 3*time.Minute)}, nil
+	case "mix":
+		return nil, fmt.Errorf("chaos profile %q is a sequence of profiles: use RunMix", name)
+	}
+	return nil, fmt.Errorf("unknown chaos profile %q; want one of %s", name, strings.Join(Profiles, ", "))
+}

@@ -15,13 +15,17 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
 // The "steps" workload of the long and sleepers profiles: runs of plain steps, no bank, so
 // that what is judged is the run lifecycle alone (slices, takeovers, attempts, Sleep).
 
-// stepsQueue is the River queue of the steps workload.
-const stepsQueue = "chaos_steps"
+// stepsQueue is the River queue of the steps workload, stepsWorkers its workers per process.
+const (
+	stepsQueue   = "chaos_steps"
+	stepsWorkers = 6
+)
 
 // LongArgs is a run of Steps short steps: with a Slice of 100-200 ms it lives hundreds of
 // slices, far past River's MaxAttempts, and must still finish whatever the killer does.
@@ -75,8 +79,8 @@ func (SleeperArgs) Kind() string { return "chaos_sleeper" }
 
 // SleeperCursor records the sleep: a run that woke before SleptAt + For woke early.
 type SleeperCursor struct {
-	SleptAt time.Time `json:"slept_at"`
-	WokeAt  time.Time `json:"woke_at"`
+	SleptAt time.Time  `json:"slept_at"`
+	WokeAt  *time.Time `json:"woke_at,omitempty"`
 }
 
 type sleeperWorker struct {
@@ -85,15 +89,18 @@ type sleeperWorker struct {
 
 func (sleeperWorker) Step(ctx context.Context, s *workflow.Step[SleeperArgs, SleeperCursor]) (workflow.Next, error) {
 	if s.Cursor.SleptAt.IsZero() {
-		select {
-		case <-ctx.Done():
-			return workflow.Next{}, ctx.Err()
-		case <-time.After(s.Args.Work):
+		// Work in the database, statement after statement, as a busy step does: a step idle
+		// in its transaction for longer than StallTimeout would (rightly) be cut off.
+		for end := time.Now().Add(s.Args.Work); time.Now().Before(end); {
+			if _, err := s.Tx.Exec(ctx, `SELECT pg_sleep(0.25)`); err != nil {
+				return workflow.Next{}, err
+			}
 		}
 		s.Cursor.SleptAt = time.Now()
 		return workflow.Sleep(s.Args.For), nil
 	}
-	s.Cursor.WokeAt = time.Now()
+	now := time.Now()
+	s.Cursor.WokeAt = &now
 	return workflow.Done(), nil
 }
 
@@ -128,10 +135,16 @@ func stepsAtRest(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	return err == nil && open == 0, err
 }
 
+// Names of the steps workload's own checks.
+const (
+	nameLongFinishes = "every long run finishes all its steps"
+	nameNoEarlyWake  = "no sleeper wakes before its Sleep ends"
+)
+
 // stepsChecks are the steps workload's own invariants: every long run finished all its
 // steps; no sleeper woke before its time.
-func stepsChecks(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	var out []string
+func stepsChecks(ctx context.Context, pool *pgxpool.Pool) ([]workflowtest.Violation, error) {
+	var out []workflowtest.Violation
 	rows, err := pool.Query(ctx, `
 		SELECT r.key, r.status, coalesce(r.last_error, ''), coalesce((c.cursor->>'done')::int, 0), (r.input->>'steps')::int,
 		       (SELECT count(*) FROM stepwise_event e WHERE e.subject = r.key AND e.kind = 'lease.claim')
@@ -144,7 +157,8 @@ func stepsChecks(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	var done, steps, claims int
 	if _, err := pgx.ForEachRow(rows, []any{&key, &status, &lastErr, &done, &steps, &claims}, func() error {
 		if status != workflow.StatusSucceeded || done != steps {
-			out = append(out, fmt.Sprintf("long run %s ended %s after %d of %d steps in %d slices (%s)", key, status, done, steps, claims, lastErr))
+			out = append(out, workflowtest.Violation{Invariant: 5, Name: nameLongFinishes, Evidence: fmt.Sprintf(
+				"long run %s ended %s after %d of %d steps in %d slices (%s)", key, status, done, steps, claims, lastErr)})
 		}
 		return nil
 	}); err != nil {
@@ -162,9 +176,10 @@ func stepsChecks(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	var forNanos int64
 	if _, err := pgx.ForEachRow(rows, []any{&key, &status, &slept, &woke, &forNanos}, func() error {
 		if due := slept.Add(time.Duration(forNanos)); woke.Before(due) {
-			out = append(out, fmt.Sprintf("sleeper %s slept at %s for %s and woke at %s, %s early (%s)",
+			out = append(out, workflowtest.Violation{Invariant: 5, Name: nameNoEarlyWake, Evidence: fmt.Sprintf(
+				"sleeper %s slept at %s for %s and woke at %s, %s early (%s)",
 				key, slept.UTC().Format("15:04:05.000"), time.Duration(forNanos), woke.UTC().Format("15:04:05.000"),
-				due.Sub(woke).Round(time.Millisecond), status))
+				due.Sub(woke).Round(time.Millisecond), status)})
 		}
 		return nil
 	}); err != nil {
@@ -183,7 +198,15 @@ func stepsWorkerMain(ctx context.Context, env map[string]string, lease time.Dura
 	if err != nil {
 		return fmt.Errorf("CHAOS_SLICE: %w", err)
 	}
-	pool, err := pgxpool.New(ctx, env["DATABASE_URL"])
+	pcfg, err := pgxpool.ParseConfig(env["DATABASE_URL"])
+	if err != nil {
+		return err
+	}
+	// Enough connections for every step transaction of the queue plus heartbeats and River:
+	// a starved pool would delay heartbeats and lose leases of healthy workers, which the
+	// takeover check would then blame on Stepwise.
+	pcfg.MaxConns = stepsWorkers + 6
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
@@ -196,7 +219,7 @@ func stepsWorkerMain(ctx context.Context, env map[string]string, lease time.Dura
 	rc := &river.Config{
 		ID:      workerID(os.Getpid()),
 		Logger:  logger,
-		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}, stepsQueue: {MaxWorkers: 50}},
+		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}, stepsQueue: {MaxWorkers: stepsWorkers}},
 		Workers: river.NewWorkers(),
 		// Snoozed slices are fetched again at the next poll: poll often so a run spends
 		// its time in slices (where a kill lands) rather than waiting to be fetched.

@@ -241,11 +241,26 @@ func checkRequests(reqs []Request, ops map[string]opRow, events []opEvent, grace
 			for _, n := range effects {
 				list = append(list, fmt.Sprintf("#%d %s", n, rs[n-1].String()))
 			}
-			add(NameEffectMismatch, "operation %s (ledger %s): %d effects at the external system: %s",
-				id, op.state, len(effects), strings.Join(list, "; "))
+			add(NameEffectMismatch, "operation %s (ledger %s): %d effects at the external system: %s; ledger: %s",
+				id, op.state, len(effects), strings.Join(list, "; "), history(evs))
 		}
 	}
 	return out
+}
+
+// history renders an operation's transitions, the context of a double effect.
+func history(evs []opEvent) string {
+	if len(evs) == 0 {
+		return "no transitions"
+	}
+	var b strings.Builder
+	for i, e := range evs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s->%s %s by %s", e.from, e.to, stamp(e.at), e.actor)
+	}
+	return b.String()
 }
 
 func overlap(arrived, busy time.Time) string {

@@ -102,3 +102,26 @@ func TestLatencyProfileValidate(t *testing.T) {
 	require.ErrorContains(t, LatencyProfile{Stall: 0.1}.Validate(), "StallFor")
 	require.ErrorContains(t, LatencyProfile{Slow: 0.1, SlowMin: time.Second}.Validate(), "ordered")
 }
+
+// TestClientNeverResendsByItself: net/http replays a request carrying an Idempotency-Key when
+// a reused keep-alive connection dies before the answer. Against a bank that does not
+// deduplicate that is a second payment nobody decided; the client must leave resending to the
+// operation ledger.
+func TestClientNeverResendsByItself(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bank := New(&Config{Strict: true})
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { require.NoError(t, bank.Close()) })
+	tr := &http.Transport{} // keep-alive on, as in production
+	t.Cleanup(tr.CloseIdleConnections)
+	client := NewClient(bank.URL(), &http.Client{Timeout: 2 * time.Second, Transport: tr})
+
+	_, err := client.Pay(ctx, "warm-up", payReq("settle-0", 100)) // leaves a connection to reuse
+	require.NoError(t, err)
+	bank.FailKey("op-drop", DropAfterApply)
+	_, err = client.Pay(ctx, "op-drop", payReq("settle-1", 100))
+	require.Error(t, err, "a dropped connection is ambiguous")
+	require.Len(t, RequestsFor(bank.Requests(), "op-drop"), 1, "the client sent the payment again by itself")
+	require.Equal(t, 1, bank.Effects("op-drop"))
+}

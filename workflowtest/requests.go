@@ -119,7 +119,7 @@ func loadLedger(ctx context.Context, q Querier) (map[string]opRow, []opEvent, er
 const (
 	NameConcurrentRequests = "no two requests for one operation_id in flight at once"
 	NameSendAfterTerminal  = "no request after the ledger recorded the operation terminal"
-	NameEarlyResend        = "a resend after not-found waits for the previous request to end plus the grace period"
+	NameEarlyResend        = "not-found is believed, and resent, only after the previous request ended plus the grace period"
 	NameEffectMismatch     = "every effect matches exactly one ledger operation with the same amount"
 )
 
@@ -188,8 +188,8 @@ func checkRequests(reqs []Request, ops map[string]opRow, events []opEvent, grace
 		}
 
 		// Early resend: a request that follows a not-found decision (the reconciler moving the
-		// operation out of UNKNOWN_EXTERNAL to be resent) must start only after the previous
-		// request ended plus the grace period: until then the first may still land.
+		// operation out of UNKNOWN_EXTERNAL to be resent) must rest on a lookup made after the
+		// previous request ended plus the grace period: until then the first may still land.
 		for i := 1; i < len(rs); i++ {
 			prev, cur := rs[i-1], rs[i]
 			var notFound *opEvent
@@ -208,9 +208,13 @@ func checkRequests(reqs []Request, ops map[string]opRow, events []opEvent, grace
 					id, i+1, cur.String(), stamp(notFound.at), i, prev.String())
 				continue
 			}
-			if earliest := prev.Ended.Add(grace); cur.Arrived.Before(earliest) {
-				add(NameEarlyResend, "operation %s: resend (request %d, %s) after not-found at %s came %s before request %d ended (%s) + grace %s",
-					id, i+1, cur.String(), stamp(notFound.at), earliest.Sub(cur.Arrived).Round(time.Millisecond), i, prev.String(), grace)
+			// The not-found decision is what is judged (the resend follows it): a lookup
+			// believed within the grace may race the request still in flight (the bank
+			// deciding it a moment later), and a resend however much later is then a second
+			// payment all the same.
+			if earliest := prev.Ended.Add(grace); notFound.at.Before(earliest) {
+				add(NameEarlyResend, "operation %s: not-found believed at %s (by %s), %s before request %d ended (%s) + grace %s; resent as request %d (%s)",
+					id, stamp(notFound.at), notFound.actor, earliest.Sub(notFound.at).Round(time.Millisecond), i, prev.String(), grace, i+1, cur.String())
 			}
 		}
 

@@ -49,8 +49,9 @@ func TestRequestLogChecksFailOnBrokenLogs(t *testing.T) {
 		patient    = "00000000-0000-0000-0000-000000000006"
 		wrongSum   = "00000000-0000-0000-0000-000000000007"
 		stranger   = "00000000-0000-0000-0000-000000000008"
+		hasty      = "00000000-0000-0000-0000-000000000009"
 	)
-	for _, id := range []string{good, concurrent, afterFinal, resolved, early, patient, wrongSum} {
+	for _, id := range []string{good, concurrent, afterFinal, resolved, early, patient, wrongSum, hasty} {
 		ins(id, 100, "SUCCEEDED")
 	}
 	req := func(id string, amount int64, arrived, decided, ended int, effect bool) workflowtest.Request {
@@ -80,16 +81,22 @@ func TestRequestLogChecksFailOnBrokenLogs(t *testing.T) {
 		req(wrongSum, 90, 0, 10, 20, true),
 		// stranger: an effect no ledger operation explains.
 		req(stranger, 100, 0, 10, 20, true),
+		// hasty: not-found believed at 1500, 2.5s inside the grace of the request that ended
+		// at 1000; resent only at 9000, but the lookup may have raced the first request.
+		req(hasty, 100, 0, 10, 1000, false),
+		req(hasty, 100, 9000, 9010, 9020, true),
 	}
 	event(good, "PROCESSING", "RETRYABLE", "dispatcher", 25, false)
 	event(good, "PROCESSING", "SUCCEEDED", "dispatcher", 3125, false)
 	event(afterFinal, "UNKNOWN_EXTERNAL", "FAILED_PERMANENT", "reconciler", 500, false)
 	event(resolved, "PROCESSING", "FAILED_PERMANENT", "dispatcher", 30, false)
 	event(resolved, "FAILED_PERMANENT", "PENDING", "alice", 600, true)
-	for _, id := range []string{early, patient} {
+	for _, id := range []string{early, hasty} {
 		event(id, "PROCESSING", "UNKNOWN_EXTERNAL", "dispatcher", 1001, false)
 		event(id, "UNKNOWN_EXTERNAL", "RETRYABLE", "reconciler", 1500, false)
 	}
+	event(patient, "PROCESSING", "UNKNOWN_EXTERNAL", "dispatcher", 1001, false)
+	event(patient, "UNKNOWN_EXTERNAL", "RETRYABLE", "reconciler", 4050, false)
 
 	vs, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Requests: log, Grace: grace})
 	require.NoError(t, err)
@@ -97,7 +104,7 @@ func TestRequestLogChecksFailOnBrokenLogs(t *testing.T) {
 	got := map[string][]string{}
 	for _, v := range vs {
 		require.Equal(t, 3, v.Invariant)
-		for _, id := range []string{good, concurrent, afterFinal, resolved, early, patient, wrongSum, stranger} {
+		for _, id := range []string{good, concurrent, afterFinal, resolved, early, patient, wrongSum, stranger, hasty} {
 			if strings.Contains(v.Evidence, "operation "+id) {
 				got[id] = append(got[id], v.Name)
 			}
@@ -108,10 +115,11 @@ func TestRequestLogChecksFailOnBrokenLogs(t *testing.T) {
 	require.Empty(t, got[patient], "a resend after the grace")
 	require.Equal(t, []string{"no two requests for one operation_id in flight at once"}, got[concurrent])
 	require.Equal(t, []string{"no request after the ledger recorded the operation terminal"}, got[afterFinal])
-	require.Equal(t, []string{"a resend after not-found waits for the previous request to end plus the grace period"}, got[early])
+	require.Equal(t, []string{"not-found is believed, and resent, only after the previous request ended plus the grace period"}, got[early])
+	require.Equal(t, []string{"not-found is believed, and resent, only after the previous request ended plus the grace period"}, got[hasty])
 	require.Equal(t, []string{"every effect matches exactly one ledger operation with the same amount"}, got[wrongSum])
 	require.Equal(t, []string{"every effect matches exactly one ledger operation with the same amount"}, got[stranger])
-	require.Len(t, vs, 5)
+	require.Len(t, vs, 6)
 
 	// Two effects of one operation: the double payment a deduplicating bank hides.
 	twice := append(log[:0:0], req(good, 100, 0, 10, 20, true), req(good, 100, 5000, 5010, 5020, true))

@@ -27,7 +27,7 @@ func ProfileDoc(name string) string { return profileDocs[name] }
 
 // SmallMerchants is the size of the date the bounded settle profiles settle: small enough that
 // a slow bank gets through it in seconds.
-const SmallMerchants = 500
+const SmallMerchants = 300
 
 // ProfileConfig returns the config of a named profile. bounded gives the size run in
 // `go test` (seconds); otherwise the command's size (minutes, at least 500 slices a long
@@ -66,20 +66,20 @@ func profileConfig(name string, bounded bool, timeout time.Duration, scale func(
 		return &Config{Profile: name, Workload: "steps", Workers: 3, LongRuns: 6,
 			LongSteps: scale(360, 6000), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
 			KillMin: 2 * time.Second, KillMax: 4 * time.Second, StopEvery: 4,
-			Duration: dur(25*time.Second, 3*time.Minute)}, nil
+			Duration: dur(15*time.Second, 3*time.Minute)}, nil
 	case "sleepers":
 		// Each sleeper works a little longer than the lease (2s) before it sleeps.
 		return &Config{Profile: name, Workload: "steps", Workers: 3, Sleepers: scale(30, 60), SleepFor: time.Hour,
 			SleeperWork: 2500 * time.Millisecond,
 			LongRuns:    2, LongSteps: scale(300, 2000), StepTime: 10 * time.Millisecond, Slice: 150 * time.Millisecond,
 			KillMin: 1500 * time.Millisecond, KillMax: 3 * time.Second, StopEvery: 5,
-			Duration: dur(20*time.Second, 2*time.Minute)}, nil
+			Duration: dur(15*time.Second, 2*time.Minute)}, nil
 	case "slow-bank":
 		return &Config{Profile: name, Merchants: scale(SmallMerchants, 5000), Shards: 4, BatchSize: 10, Workers: 3,
 			Soak: !bounded, PayoutTimeout: timeout, ReconcileGrace: 3 * time.Second, PayoutConcurrency: 8,
 			BankLatency: fakebank.LatencyProfile{Slow: 0.5, SlowMin: timeout / 2, SlowMax: timeout * 3 / 2, Stall: 0.05, StallFor: 3 * timeout},
 			KillMin:     time.Second, KillMax: 3 * time.Second, StopEvery: 3,
-			Duration: dur(20*time.Second, 3*time.Minute)}, nil
+			Duration: dur(12*time.Second, 3*time.Minute)}, nil
 	case "paused-dispatcher":
 		// Payout lease is 2 x Lease (4s); the freeze outlasts it, so the frozen process's
 		// claims are recovered by others before it wakes up holding them.
@@ -88,7 +88,7 @@ func profileConfig(name string, bounded bool, timeout time.Duration, scale func(
 			BankLatency:     fakebank.LatencyProfile{Slow: 1, SlowMin: 200 * time.Millisecond, SlowMax: 600 * time.Millisecond},
 			PauseDispatcher: true, StopEvery: 1, StopFor: 6 * time.Second,
 			KillMin: time.Second, KillMax: 2 * time.Second,
-			Duration: dur(20*time.Second, 3*time.Minute)}, nil
+			Duration: dur(12*time.Second, 3*time.Minute)}, nil
 	case "mix":
 		return nil, fmt.Errorf("chaos profile %q is a sequence of profiles: use RunMix", name)
 	}

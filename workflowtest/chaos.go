@@ -62,9 +62,8 @@ type ChaosConfig struct {
 	// pid in decimal.
 	WorkerID func(w Worker) string
 
-	// Target picks the worker to hit from the IDs of the workers (dead or frozen ones
-	// included, in slot order), or returns -1 to let the seeded source pick. A target that
-	// is frozen is skipped. Defaults to always -1. The paused-dispatcher profile uses it to
+	// Target picks the worker to hit from the IDs of the workers in slot order ("" for a
+	// frozen or dead one, which cannot be hit), or returns -1 to let the seeded source pick. Defaults to always -1. The paused-dispatcher profile uses it to
 	// freeze the process that holds claimed operations.
 	Target func(ctx context.Context, ids []string) int
 }
@@ -193,7 +192,9 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 			mu.Lock()
 			ids := make([]string, len(workers))
 			for k := range workers {
-				ids[k] = life(k).ID
+				if !frozen[k] && !workers[k].Exited() {
+					ids[k] = life(k).ID // frozen and dead workers are not candidates: ""
+				}
 			}
 			mu.Unlock()
 			if k := c.Target(ctx, ids); k >= 0 && k < len(workers) {

@@ -521,7 +521,7 @@ func sendingWorker(ctx context.Context, pool *pgxpool.Pool, ids []string, logf f
 		// The outbox leases as "outbox/<ID>#<random>", ID being the process's River ID.
 		id, _, _ := strings.Cut(strings.TrimPrefix(by, "outbox/"), "#")
 		for i, w := range ids {
-			if w == id && n > bestN {
+			if w != "" && w == id && n > bestN {
 				best, bestN = i, n
 			}
 		}

@@ -56,8 +56,8 @@ func (r *Result) Err() error {
 	return fmt.Errorf("%w for %s: %s", ErrInvariant, r.Date, strings.Join(failed, "; "))
 }
 
-// sendDiscipline names the request-log check.
-const sendDiscipline = "send discipline at the bank: one request in flight per payout, none after terminal, resend only after grace"
+// SendDiscipline names the request-log check (Check.Name).
+const SendDiscipline = "send discipline at the bank: one request in flight per payout, none after terminal, resend only after grace"
 
 // maxEvidence bounds the offending keys listed in a check's evidence.
 const maxEvidence = 5
@@ -229,9 +229,9 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 	// 3b. The send discipline, against what reached the bank (its request log): a bank that
 	// deduplicates hides a second send, its log does not.
 	if bank == nil {
-		add(3, sendDiscipline, false, "cannot ask the bank: no bank given")
+		add(3, SendDiscipline, false, "cannot ask the bank: no bank given")
 	} else if reqs, err := bank.Requests(ctx); err != nil {
-		add(3, sendDiscipline, false, "cannot read the bank's request log: %v", err)
+		add(3, SendDiscipline, false, "cannot read the bank's request log: %v", err)
 	} else {
 		marker := "/" + res.Date + "/"
 		var mine []workflowtest.Request
@@ -251,7 +251,7 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 				ev = append(ev, v.Name+": "+v.Evidence)
 			}
 		}
-		add(3, sendDiscipline, len(ev) == 0, "%d requests for the date's payouts reached the bank (grace %s); %d violations%s",
+		add(3, SendDiscipline, len(ev) == 0, "%d requests for the date's payouts reached the bank (grace %s); %d violations%s",
 			len(mine), grace, len(ev), suffix(ev))
 	}
 

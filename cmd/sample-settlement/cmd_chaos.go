@@ -211,7 +211,7 @@ func runChaosWorker(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintln(stderr, `Usage: sample-settlement chaos-worker
 
 One worker process of "sample-settlement chaos", which starts it; not meant to be run by
-hand. It reads DATABASE_URL, BANK_URL, CHAOS_LEASE, CHAOS_SHARDS and CHAOS_BATCH from the
+hand. It reads DATABASE_URL, BANK_URL and the CHAOS_* settings (see chaos.WorkerMain) from the
 environment and runs the settlement service until SIGTERM.`)
 	}
 	if err := fs.Parse(args); err != nil {

@@ -5,10 +5,21 @@
 // comes to rest, every invariant of DESIGN.md is checked with its evidence: nothing lost,
 // nothing done twice, money balances.
 //
-// The same code runs as a bounded test on every CI run (chaos_test.go) and as a long soak
-// from the command line:
+// The bank is strict: it never deduplicates, so a second send is a second payment, and it logs
+// every request. Besides DESIGN.md's invariants a run is judged on that request log (no two
+// requests for one payout in flight, none after the ledger recorded it terminal, not-found
+// believed only after the previous request ended plus the grace, one effect per payout) and on
+// the takeovers (none of a run whose worker was alive, unpaused and connected; no run failed
+// before MaxAttempts crashes), and reports the counts.
 //
-//	go run ./cmd/sample-settlement chaos --duration 10m
+// Profiles (Profiles, ProfileConfig) aim at one hazard each: classic (the above), long (runs of
+// hundreds of 150ms slices), slow-bank (latencies around and above the sender timeout),
+// paused-dispatcher (SIGSTOP the process holding claimed payouts, past its claim) and sleepers
+// (Sleep(1h) must hold). The bounded ones run in CI (profiles_test.go, one test each); any
+// runs from the command line at full size, and mix runs them in turn as a soak:
+//
+//	go run ./cmd/sample-settlement chaos --profile long --seed 7
+//	go run ./cmd/sample-settlement chaos --profile mix --duration 10m
 //
 // A run is reproducible from its seed (printed first, and with the first violation).
 package chaos
@@ -605,8 +616,11 @@ func progress(ctx context.Context, pool *pgxpool.Pool, w io.Writer, began time.T
 }
 
 // WorkerMain is one worker process of the suite: the settlement service (settle steps,
-// payout delivery, reconciliation, maintenance) until ctx ends. env carries DATABASE_URL,
-// BANK_URL, CHAOS_LEASE, CHAOS_SHARDS and CHAOS_BATCH.
+// payout delivery, reconciliation, maintenance), or with CHAOS_WORKLOAD=steps the long and
+// sleeper runs, until ctx ends. env carries DATABASE_URL, BANK_URL, CHAOS_WORKLOAD,
+// CHAOS_LEASE, CHAOS_SHARDS, CHAOS_BATCH, CHAOS_SLICE, CHAOS_PAYOUT_TIMEOUT,
+// CHAOS_RECONCILE_GRACE and CHAOS_PAYOUT_CONCURRENCY. Its River client ID is derived from its
+// pid, so the harness knows which process held a run.
 func WorkerMain(ctx context.Context, env map[string]string) error {
 	lease, err := time.ParseDuration(env["CHAOS_LEASE"])
 	if err != nil {

@@ -63,10 +63,12 @@ func profileConfig(name string, bounded bool, timeout time.Duration, scale func(
 		// 5ms steps in 150ms slices: with each step's commit, about 11 steps a slice on a
 		// loaded machine, so about LongSteps/11 slices (bounded: ~33, past MaxAttempts 25;
 		// the command's: ~550).
-		return &Config{Profile: name, Workload: "steps", Workers: 3, LongRuns: 6,
-			LongSteps: scale(360, 6000), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
-			KillMin: 2 * time.Second, KillMax: 4 * time.Second, StopEvery: 4,
-			Duration: dur(15*time.Second, 3*time.Minute)}, nil
+		// Nine runs on three workers, so that a kill almost always lands on a worker holding
+		// runs, and hits until every run is done (bounded: past 25 slices after ~10s).
+		return &Config{Profile: name, Workload: "steps", Workers: 3, LongRuns: 9,
+			LongSteps: scale(400, 6000), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
+			KillMin: 1500 * time.Millisecond, KillMax: 3 * time.Second, StopEvery: 5,
+			Duration: dur(30*time.Second, 4*time.Minute)}, nil
 	case "sleepers":
 		// Each sleeper works a little longer than the lease (2s) before it sleeps.
 		return &Config{Profile: name, Workload: "steps", Workers: 3, Sleepers: scale(30, 60), SleepFor: time.Hour,

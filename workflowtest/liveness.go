@@ -83,8 +83,12 @@ type TakeoverCount struct {
 // takeover is one run.takeover event with the owner of the run's last claim before it.
 type takeover struct {
 	key, holder string
-	id          int64
-	at          time.Time
+	// fetchedBy is the River client that last fetched the run's old job: a worker killed
+	// after fetching it and before claiming leaves the last claim to an earlier, healthy
+	// holder, and it is the fetcher's death that the takeover answers.
+	fetchedBy string
+	id        int64
+	at        time.Time
 }
 
 // failedRun is a run that ended failed, with what its last events say.
@@ -104,14 +108,16 @@ func loadLiveness(ctx context.Context, q Querier) ([]takeover, []failedRun, erro
 	rows, err := q.Query(ctx, `
 		SELECT t.subject, t.id, t.at,
 		       coalesce((SELECT c.actor FROM stepwise_event c WHERE c.subject = t.subject AND c.kind = 'lease.claim' AND c.id < t.id
-		                  ORDER BY c.id DESC LIMIT 1), '')
+		                  ORDER BY c.id DESC LIMIT 1), ''),
+		       coalesce((SELECT j.attempted_by[cardinality(j.attempted_by)] FROM river_job j
+		                  WHERE j.id = (t.detail->>'old_job')::bigint), '')
 		  FROM stepwise_event t WHERE t.kind = 'run.takeover' ORDER BY t.id`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading takeovers: %w", err)
 	}
 	var tos []takeover
 	var t takeover
-	if _, err := pgx.ForEachRow(rows, []any{&t.key, &t.id, &t.at, &t.holder}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&t.key, &t.id, &t.at, &t.holder, &t.fetchedBy}, func() error {
 		tos = append(tos, t)
 		return nil
 	}); err != nil {
@@ -172,9 +178,13 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 			justified[t.key]++
 			continue
 		}
-		why := w.interrupted(t.at.Add(-l.Window), t.at)
-		if why != "" {
+		from := t.at.Add(-l.Window)
+		if w.interrupted(from, t.at) != "" {
 			justified[t.key]++
+			continue
+		}
+		if f := byID[t.fetchedBy]; t.fetchedBy != "" && t.fetchedBy != holderID && (f == nil || f.interrupted(from, t.at) != "") {
+			justified[t.key]++ // the job's fetcher died (or is unknown) before it claimed
 			continue
 		}
 		c.Needless++

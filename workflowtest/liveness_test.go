@@ -2,6 +2,7 @@ package workflowtest_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -60,6 +61,14 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 	claim("justified", "cut/job-4/attempt-1", 39)
 	takeover("justified", 42)
 	event("justified", "run.finish", "maintenance", 50, `{"error": "vanished"}`)
+	// fetched: last claimed by "healthy", but its job was then fetched by "killed", which died
+	// before claiming: the takeover answers that death.
+	run("fetched", "running")
+	claim("fetched", "healthy/job-6/attempt-1", 10)
+	var job int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (kind, args, max_attempts, queue, state, attempted_by, priority)
+		VALUES ('w', '{}', 25, 'default', 'running', ARRAY['healthy', 'killed'], 1) RETURNING id`).Scan(&job))
+	event("fetched", "run.takeover", "maintenance", 23, fmt.Sprintf(`{"old_job": %d}`, job))
 	// deliberate: the step failed the run.
 	run("deliberate", "failed")
 	claim("deliberate", "healthy/job-5/attempt-1", 1)
@@ -68,7 +77,7 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 	count, vs, err := workflowtest.CountTakeovers(ctx, pool, live)
 	require.NoError(t, err)
 	t.Log(workflowtest.FormatViolations(vs))
-	require.Equal(t, workflowtest.TakeoverCount{Takeovers: 6, Needless: 3}, count)
+	require.Equal(t, workflowtest.TakeoverCount{Takeovers: 7, Needless: 3}, count)
 	require.Len(t, vs, 4)
 	for _, v := range vs[:3] {
 		require.Equal(t, "no takeover of a run whose worker was alive, running and connected", v.Name)

@@ -115,14 +115,15 @@ type Config struct {
 	// payouts, so the process that is sending is the one frozen.
 	PauseDispatcher bool
 
-	// Steps workload: LongRuns runs of LongSteps steps of StepTime each with a Slice, and
-	// Sleepers runs that Sleep(SleepFor) after one step. With sleepers the chaos lasts the
-	// whole Duration.
-	Slice, StepTime     time.Duration
-	LongRuns, LongSteps int
-	Sleepers            int
-	SleepFor            time.Duration
-	SleeperWork         time.Duration // how long a sleeper's first step works before it sleeps
+	// Steps workload: LongRuns runs of steps of StepTime each with a Slice, living for
+	// LongLifetime, and Sleepers runs that Sleep(SleepFor) after one step. With sleepers the
+	// chaos lasts the whole Duration.
+	Slice, StepTime time.Duration
+	LongRuns        int
+	LongLifetime    time.Duration
+	Sleepers        int
+	SleepFor        time.Duration
+	SleeperWork     time.Duration // how long a sleeper's first step works before it sleeps
 
 	// QuietTimeout bounds the wait for rest after the chaos. Defaults to 3 minutes.
 	QuietTimeout time.Duration

@@ -60,20 +60,19 @@ func profileConfig(name string, bounded bool, timeout time.Duration, scale func(
 	case "classic":
 		return &Config{Profile: name, Duration: dur(30*time.Second, 2*time.Minute)}, nil
 	case "long":
-		// 5ms steps in 150ms slices: with each step's commit, about 11 steps a slice on a
-		// loaded machine, so about LongSteps/11 slices (bounded: ~33, past MaxAttempts 25;
-		// the command's: ~550).
-		// Nine runs on three workers, so that a kill almost always lands on a worker holding
-		// runs, and hits until every run is done (bounded: past 25 slices after ~10s).
+		// Runs living 15s of 150ms slices, each followed by a fetch (River polls every
+		// 100ms in the steps workers): 40-60 slices a run, past MaxAttempts 25 after ~7s
+		// (the command's: 3 minutes, 700+ slices). Nine runs on three workers, so that a kill
+		// almost always lands on a worker holding runs.
 		return &Config{Profile: name, Workload: "steps", Workers: 3, LongRuns: 9,
-			LongSteps: scale(400, 6000), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
+			LongLifetime: dur(15*time.Second, 3*time.Minute), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
 			KillMin: 1500 * time.Millisecond, KillMax: 3 * time.Second, StopEvery: 5,
 			Duration: dur(30*time.Second, 4*time.Minute)}, nil
 	case "sleepers":
 		// Each sleeper works a little longer than the lease (2s) before it sleeps.
 		return &Config{Profile: name, Workload: "steps", Workers: 3, Sleepers: scale(30, 60), SleepFor: time.Hour,
 			SleeperWork: 2500 * time.Millisecond,
-			LongRuns:    2, LongSteps: scale(300, 2000), StepTime: 10 * time.Millisecond, Slice: 150 * time.Millisecond,
+			LongRuns:    2, LongLifetime: dur(8*time.Second, time.Minute), StepTime: 10 * time.Millisecond, Slice: 150 * time.Millisecond,
 			KillMin: 1500 * time.Millisecond, KillMax: 3 * time.Second, StopEvery: 5,
 			Duration: dur(15*time.Second, 2*time.Minute)}, nil
 	case "slow-bank":

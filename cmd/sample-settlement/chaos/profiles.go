@@ -60,14 +60,15 @@ func profileConfig(name string, bounded bool, timeout time.Duration, scale func(
 	case "classic":
 		return &Config{Profile: name, Duration: dur(30*time.Second, 2*time.Minute)}, nil
 	case "long":
-		// Runs living 15s of 150ms slices, each followed by a fetch (River polls every
-		// 100ms in the steps workers): 40-60 slices a run, past MaxAttempts 25 after ~7s
-		// (the command's: 3 minutes, 700+ slices). Nine runs on three workers, so that a kill
-		// almost always lands on a worker holding runs.
+		// Runs living 30s of 150ms slices, each followed by a fetch (River polls every
+		// 100ms in the steps workers): measured 2 slices a second on a loaded machine, so
+		// ~60 slices a run, past MaxAttempts 25 after ~12s, leaving the second half of the
+		// run to the killer (the command's: 5 minutes, 600+ slices). Nine runs on three
+		// workers, so that a kill almost always lands on a worker holding runs.
 		return &Config{Profile: name, Workload: "steps", Workers: 3, LongRuns: 9,
-			LongLifetime: dur(15*time.Second, 3*time.Minute), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
+			LongLifetime: dur(30*time.Second, 5*time.Minute), StepTime: 5 * time.Millisecond, Slice: 150 * time.Millisecond,
 			KillMin: 1500 * time.Millisecond, KillMax: 3 * time.Second, StopEvery: 5,
-			Duration: dur(30*time.Second, 4*time.Minute)}, nil
+			Duration: dur(45*time.Second, 6*time.Minute)}, nil
 	case "sleepers":
 		// Each sleeper works a little longer than the lease (2s) before it sleeps.
 		return &Config{Profile: name, Workload: "steps", Workers: 3, Sleepers: scale(30, 60), SleepFor: time.Hour,

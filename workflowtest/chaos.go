@@ -56,6 +56,16 @@ type ChaosConfig struct {
 
 	// Logf receives one line per hit. Defaults to discarding.
 	Logf func(format string, args ...any)
+
+	// WorkerID names a started worker the way its lease owners begin (its River client
+	// ID), so the report's Workers can be matched with the runs it held. Defaults to the
+	// pid in decimal.
+	WorkerID func(w Worker) string
+
+	// Target picks the worker to hit from the IDs of the workers in slot order ("" for a
+	// frozen or dead one, which cannot be hit), or returns -1 to let the seeded source pick. Defaults to always -1. The paused-dispatcher profile uses it to
+	// freeze the process that holds claimed operations.
+	Target func(ctx context.Context, ids []string) int
 }
 
 // ChaosReport says what RunChaos did.
@@ -67,6 +77,14 @@ type ChaosReport struct {
 	Elapsed  time.Duration
 	Quiet    bool
 	QuietErr error
+	// Workers is the life of every worker process started, in start order: what the
+	// takeover checks need (Liveness).
+	Workers []WorkerLife
+}
+
+// Liveness returns what the run knows of its workers, for CheckOpts.Liveness.
+func (r *ChaosReport) Liveness(window time.Duration, maxAttempts int) *Liveness {
+	return &Liveness{Workers: append([]WorkerLife(nil), r.Workers...), Window: window, MaxAttempts: maxAttempts}
 }
 
 func (r *ChaosReport) String() string {
@@ -111,6 +129,9 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 	if c.Logf == nil {
 		c.Logf = func(string, ...any) {}
 	}
+	if c.WorkerID == nil {
+		c.WorkerID = func(w Worker) string { return fmt.Sprint(w.Pid()) }
+	}
 	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x5eed))
 	report := &ChaosReport{Seed: c.Seed}
 	began := time.Now()
@@ -119,10 +140,22 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 	var (
 		mu      sync.Mutex
 		workers = make([]Worker, c.Workers)
+		lives   = make([]int, c.Workers) // index into report.Workers of each slot's process
 		frozen  = map[int]bool{}
 		thawing sync.WaitGroup
 	)
 	defer thawing.Wait()
+	// Lives are recorded under mu: the thawing goroutines close pause intervals.
+	life := func(i int) *WorkerLife { return &report.Workers[lives[i]] }
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for i, w := range workers {
+			if w != nil && w.Exited() && life(i).Died.IsZero() {
+				life(i).Died = time.Now() // it died on its own; when exactly is not known
+			}
+		}
+	}()
 	start := func(i int) error {
 		w, err := c.Start()
 		if err != nil {
@@ -130,6 +163,8 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 		}
 		mu.Lock()
 		workers[i] = w
+		report.Workers = append(report.Workers, WorkerLife{ID: c.WorkerID(w), Pid: w.Pid(), Started: time.Now()})
+		lives[i] = len(report.Workers) - 1
 		report.Starts++
 		mu.Unlock()
 		return nil
@@ -153,6 +188,19 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 			break
 		}
 		i := rng.IntN(len(workers))
+		if c.Target != nil {
+			mu.Lock()
+			ids := make([]string, len(workers))
+			for k := range workers {
+				if !frozen[k] && !workers[k].Exited() {
+					ids[k] = life(k).ID // frozen and dead workers are not candidates: ""
+				}
+			}
+			mu.Unlock()
+			if k := c.Target(ctx, ids); k >= 0 && k < len(workers) {
+				i = k
+			}
+		}
 		mu.Lock()
 		w, isFrozen := workers[i], frozen[i]
 		mu.Unlock()
@@ -161,6 +209,7 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 		}
 		hits++
 		if c.StopEvery > 0 && hits%c.StopEvery == 0 && !w.Exited() {
+			stoppedAt := time.Now()
 			if err := w.Stop(); err != nil {
 				c.Logf("chaos: stop worker %d (pid %d): %v", i, w.Pid(), err)
 				continue
@@ -169,19 +218,26 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 			c.Logf("chaos: SIGSTOP worker %d (pid %d) for %s", i, w.Pid(), c.StopFor)
 			mu.Lock()
 			frozen[i] = true
+			l := lives[i] // an index: report.Workers grows, so pointers into it go stale
+			report.Workers[l].Paused = append(report.Workers[l].Paused, Interval{From: stoppedAt})
 			mu.Unlock()
 			thawing.Add(1)
-			go func(i int, w Worker) {
+			go func(i int, w Worker, l int) {
 				defer thawing.Done()
 				time.Sleep(c.StopFor)
 				_ = w.Cont()
 				c.Logf("chaos: SIGCONT worker %d (pid %d)", i, w.Pid())
 				mu.Lock()
+				p := report.Workers[l].Paused
+				p[len(p)-1].To = time.Now()
 				delete(frozen, i)
 				mu.Unlock()
-			}(i, w)
+			}(i, w, l)
 			continue
 		}
+		mu.Lock()
+		life(i).Died = time.Now() // before the signal: a takeover after it is explained
+		mu.Unlock()
 		w.Kill()
 		report.Kills++
 		c.Logf("chaos: SIGKILL worker %d (pid %d)", i, w.Pid())
@@ -194,6 +250,11 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 	thawing.Wait()
 	for i, w := range workers {
 		if w.Exited() {
+			mu.Lock()
+			if life(i).Died.IsZero() {
+				life(i).Died = time.Now()
+			}
+			mu.Unlock()
 			if err := start(i); err != nil {
 				return report, err
 			}

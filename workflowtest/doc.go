@@ -68,6 +68,32 @@
 //		Domain: []workflowtest.CheckFunc{everyItemOnce},
 //	})
 //
+// # The external system's request log
+//
+// An external system that deduplicates by idempotency key hides a second send; yours may not
+// (refusals and rate-limit rejections are often not remembered per key, and two concurrent
+// requests with one key can both pass). Give CheckInvariants what actually reached it, from
+// your fake's or sandbox's log, and the send discipline is checked against it:
+//
+//	violations, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{
+//		Requests: log,        // []workflowtest.Request: operation id, amount, arrived, decided, ended, effect
+//		Grace:    grace,      // the reconciler's grace period
+//	})
+//
+// It reports, each with the ids and times as evidence: two requests for one operation in
+// flight at once; a request after the ledger recorded the operation SUCCEEDED,
+// FAILED_PERMANENT or MANUAL (unless a person resolved it back); a not-found believed (and
+// resent) before the previous request ended plus the grace; an effect that matches no
+// operation, has another amount, or is an operation's second.
+//
+// # Takeovers
+//
+// RunChaos records the life of every worker it starts (ChaosReport.Workers: start, kill,
+// SIGSTOP..SIGCONT). With CheckOpts.Liveness (ChaosReport.Liveness), every takeover of a run
+// whose holder was alive, running and connected is a violation, and so is a run failed after
+// fewer crashes and errors than MaxAttempts; CountTakeovers counts them. Workers must use
+// a River client ID the harness can name (ChaosConfig.WorkerID), as lease owners begin with it.
+//
 // workflow/chaos_test.go uses both on Stepwise itself, and shows the suite failing on a build
 // whose fence is switched off; cmd/sample-settlement/chaos runs them on the sample service.
 package workflowtest

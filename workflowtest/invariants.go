@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -41,6 +42,22 @@ type CheckOpts struct {
 
 	// Domain checks run after Stepwise's own.
 	Domain []CheckFunc
+
+	// Requests is the external system's request log, from your fake or sandbox (see
+	// Request). When set, the send discipline is checked against it: no two requests for one
+	// operation in flight at once; none after the ledger recorded the operation SUCCEEDED,
+	// FAILED_PERMANENT or MANUAL unless a person resolved it back; a resend after a not-found
+	// lookup only once the previous request ended plus Grace; every effect one ledger
+	// operation's, with its amount, and at most one per operation.
+	Requests []Request
+
+	// Grace is the reconciler's grace period (reconcile.KindConfig.Grace), for the resend check.
+	Grace time.Duration
+
+	// Liveness is what the harness knows of its worker processes. When set, every takeover
+	// of a run whose holder was alive, running and connected is a violation, and so is a
+	// run failed with fewer crashes and errors than MaxAttempts.
+	Liveness *Liveness
 }
 
 // CheckInvariants checks invariants 1, 2, 4 and 5 of docs/design.md over Stepwise's tables, then opts'
@@ -112,6 +129,20 @@ func CheckInvariants(ctx context.Context, q Querier, opts *CheckOpts) ([]Violati
 		for _, e := range evidence {
 			out = append(out, Violation{Invariant: c.invariant, Name: c.name, Evidence: e})
 		}
+	}
+	if opts.Requests != nil {
+		ops, events, err := loadLedger(ctx, q)
+		if err != nil {
+			return out, fmt.Errorf("checking the request log: %w", err)
+		}
+		out = append(out, checkRequests(opts.Requests, ops, events, opts.Grace)...)
+	}
+	if opts.Liveness != nil {
+		_, vs, err := CountTakeovers(ctx, q, opts.Liveness)
+		if err != nil {
+			return out, fmt.Errorf("checking takeovers: %w", err)
+		}
+		out = append(out, vs...)
 	}
 	for _, check := range opts.Domain {
 		vs, err := check(ctx, q)

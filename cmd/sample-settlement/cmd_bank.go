@@ -59,6 +59,7 @@ func runBank(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	seed := fs.Uint64("seed", 1, "seed of the fault draws")
 	latency := fs.Duration("latency", 0, "added to every payment, lookup and statement request")
 	delay := fs.Duration("delay", fakebank.DefaultClientTimeout, "how long --delay-after holds an answer")
+	strict := fs.Bool("strict", false, "never deduplicate: every payment request that is applied is a new payment, as at a bank that does not remember idempotency keys (the invariants command then sees every second send)")
 	var ff faultFlags
 	ff.register(fs, false)
 	if err := parseFlags(fs, args, false); err != nil {
@@ -71,13 +72,13 @@ func runBank(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	bank := fakebank.New(&fakebank.Config{Addr: *addr, Seed: *seed, Latency: *latency, Delay: *delay, Faults: mix})
+	bank := fakebank.New(&fakebank.Config{Addr: *addr, Seed: *seed, Latency: *latency, Delay: *delay, Faults: mix, Strict: *strict})
 	if err := bank.Start(); err != nil {
 		return err
 	}
 	defer bank.Close()
-	fmt.Fprintf(stdout, "bank listening on %s (faults: refuse %.3g, error-before %.3g, error-after %.3g, drop-after %.3g, delay-after %.3g)\n",
-		bank.URL(), mix.RefuseBeforeApply, mix.Error5xxBeforeApply, mix.Error5xxAfterApply, mix.DropAfterApply, mix.DelayAfterApply)
+	fmt.Fprintf(stdout, "bank listening on %s (strict %v; faults: refuse %.3g, error-before %.3g, error-after %.3g, drop-after %.3g, delay-after %.3g)\n",
+		bank.URL(), *strict, mix.RefuseBeforeApply, mix.Error5xxBeforeApply, mix.Error5xxAfterApply, mix.DropAfterApply, mix.DelayAfterApply)
 	<-ctx.Done()
 	st := bank.Stats()
 	fmt.Fprintf(stdout, "bank stopping: %d requests, %d applied (%d declined), %d replays, faults %v\n",

@@ -29,25 +29,37 @@ func init() {
 func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfg := &chaos.Config{}
+	flags := &chaos.Config{}
 	var seed uint64
-	fs.DurationVar(&cfg.Duration, "duration", 45*time.Second, "how long the killer runs; then the system runs to rest and is checked")
+	profile := fs.String("profile", "classic", "the chaos profile: "+strings.Join(chaos.Profiles, ", "))
+	fs.DurationVar(&flags.Duration, "duration", 45*time.Second, "how long the killer runs (mix: the whole soak); then the system runs to rest and is checked")
 	fs.Uint64Var(&seed, "seed", 0, "repeat a run: the seed a previous run printed (default: from the clock)")
-	fs.IntVar(&cfg.Workers, "workers", 4, "worker processes")
-	fs.IntVar(&cfg.Merchants, "merchants", 20000, "merchants settled")
-	fs.IntVar(&cfg.Shards, "shards", 8, "runs (shards) per date")
-	fs.DurationVar(&cfg.Lease, "lease", 2*time.Second, "run lease of the workers")
-	fs.BoolVar(&cfg.Soak, "soak", true, "keep the load up for the whole --duration: when a date is at rest, seed and settle the next one (false: one date)")
+	fs.IntVar(&flags.Workers, "workers", 4, "worker processes")
+	fs.IntVar(&flags.Merchants, "merchants", 20000, "merchants settled (settle profiles)")
+	fs.IntVar(&flags.Shards, "shards", 8, "runs (shards) per date (settle profiles)")
+	fs.DurationVar(&flags.Lease, "lease", 2*time.Second, "run lease of the workers")
+	fs.BoolVar(&flags.Soak, "soak", true, "keep the load up for the whole --duration: when a date is at rest, seed and settle the next one (false: one date)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: sample-settlement chaos [flags]
+		fmt.Fprintf(stderr, `Usage: sample-settlement chaos [--profile NAME] [flags]
 
-Settles dates of -merchants merchants in -shards runs on -workers worker processes,
-against a bank that fails 10%% of requests, while a killer SIGKILLs a random worker every
-0.5-2s (and restarts it) and every sixth time SIGSTOPs one past its lease instead. With
--soak (the default) a date at rest is followed by the next one until -duration ends. Then it
-waits for rest and checks the invariants 1-6 of docs/design.md for every date, printing the first
-violation and the seed to repeat the run. Exits non-zero on any violation. Uses DATABASE_URL's server (or
-finds one like the demo) and a fresh database of its own, dropped afterwards.
+Runs worker processes of the sample service while a killer SIGKILLs and SIGSTOPs them, against a
+strict bank that never deduplicates (every request it receives is a payment) and logs every
+request. When the system is at rest it checks docs/design.md's invariants, the bank's request log (no
+two requests for one operation in flight, none after the ledger recorded it terminal, not-found
+believed only after the previous request ended plus the grace, one effect per operation with the
+ledger's amount) and the takeovers (none of a run whose worker was alive, running and connected;
+no run failed before MaxAttempts crashes). It prints the seed and the counts, the first violation
+of each kind, and exits non-zero on any. Uses DATABASE_URL's server (or finds one like the demo)
+and fresh databases of its own, dropped afterwards.
+
+Profiles:
+`)
+		for _, p := range chaos.Profiles {
+			fmt.Fprintf(stderr, "  %-18s %s\n", p, chaos.ProfileDoc(p))
+		}
+		fmt.Fprintf(stderr, `
+Flags not given keep each profile's own values
+(classic: the defaults below).
 
 Flags:
 `)
@@ -56,46 +68,124 @@ Flags:
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
-	if cfg.Duration <= 0 || cfg.Workers < 1 || cfg.Merchants < 1 || cfg.Shards < 1 || cfg.Lease <= 0 {
+	if flags.Duration <= 0 || flags.Workers < 1 || flags.Merchants < 1 || flags.Shards < 1 || flags.Lease <= 0 {
 		return usageError("--duration, --lease, --workers, --merchants and --shards must be positive")
 	}
 	for _, err := range []error{
-		checkDuration("duration", cfg.Duration, time.Second, 7*24*time.Hour),
-		checkDuration("lease", cfg.Lease, 300*time.Millisecond, time.Hour),
-		checkInt("workers", cfg.Workers, 1, 64),
-		checkInt("merchants", cfg.Merchants, 1, maxMerchants),
-		checkInt("shards", cfg.Shards, 1, maxShards),
+		checkDuration("duration", flags.Duration, time.Second, 7*24*time.Hour),
+		checkDuration("lease", flags.Lease, 300*time.Millisecond, time.Hour),
+		checkInt("workers", flags.Workers, 1, 64),
+		checkInt("merchants", flags.Merchants, 1, maxMerchants),
+		checkInt("shards", flags.Shards, 1, maxShards),
 	} {
 		if err != nil {
 			return err
 		}
 	}
-	cfg.Seed = seed
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	// configFor builds one profile's config with the flags given on the command line.
+	configFor := func(name string, seed uint64) (*chaos.Config, error) {
+		cfg, err := chaos.ProfileConfig(name, false)
+		if err != nil {
+			return nil, usageError("%v", err)
+		}
+		classic := name == "classic"
+		if classic || set["duration"] {
+			cfg.Duration = flags.Duration
+		}
+		if classic || set["workers"] {
+			cfg.Workers = flags.Workers
+		}
+		if classic || set["merchants"] {
+			cfg.Merchants = flags.Merchants
+		}
+		if classic || set["shards"] {
+			cfg.Shards = flags.Shards
+		}
+		if classic || set["lease"] {
+			cfg.Lease = flags.Lease
+		}
+		if classic || set["soak"] {
+			cfg.Soak = flags.Soak
+		}
+		cfg.Seed = seed
+		return cfg, nil
+	}
 
+	if *profile != "mix" {
+		cfg, err := configFor(*profile, seed)
+		if err != nil {
+			return err
+		}
+		res, err := runChaosOnce(ctx, cfg, stdout, stderr)
+		if err != nil {
+			return err
+		}
+		if !res.OK() {
+			return errors.New("chaos: invariants violated or the system did not come to rest (see above)")
+		}
+		return nil
+	}
+
+	// mix: every other profile in turn, each on a fresh database with a seed derived from
+	// --seed, until --duration has passed; a profile's own duration is capped by what is left.
+	soakEnd := time.Now().Add(flags.Duration)
+	var failed []string
+	runs := 0
+	for i := 0; time.Now().Before(soakEnd); i++ {
+		name := chaos.Profiles[1+i%(len(chaos.Profiles)-2)] // skip classic and mix itself
+		cfg, err := configFor(name, seed+uint64(i))
+		if err != nil {
+			return err
+		}
+		cfg.Duration = min(cfg.Duration, max(time.Until(soakEnd), 5*time.Second))
+		fmt.Fprintf(stdout, "mix: run %d: profile %s seed %d for %s\n", i+1, name, cfg.Seed, cfg.Duration)
+		res, err := runChaosOnce(ctx, cfg, stdout, stderr)
+		if err != nil {
+			return err
+		}
+		runs++
+		if !res.OK() {
+			failed = append(failed, fmt.Sprintf("%s (seed %d)", name, cfg.Seed))
+		}
+	}
+	fmt.Fprintf(stdout, "mix: %d runs, %d failed%s\n", runs, len(failed), strings.Join(append([]string{""}, failed...), "\n  "))
+	if len(failed) > 0 {
+		return errors.New("chaos: invariants violated or the system did not come to rest (see above)")
+	}
+	return nil
+}
+
+// runChaosOnce runs one chaos profile on a fresh database and prints its summary.
+func runChaosOnce(ctx context.Context, cfg *chaos.Config, stdout, stderr io.Writer) (*chaos.Result, error) {
 	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"DATABASE_URL"}, Logf: func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer srv.Close()
-	dbURL, drop, err := freshDatabase(ctx, srv.URL, fmt.Sprintf("stepwise_chaos_%d", os.Getpid()))
+	dbURL, drop, err := freshDatabase(ctx, srv.URL, fmt.Sprintf("stepwise_chaos_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer drop()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Fprintf(stdout, "seeding %d merchants...\n", cfg.Merchants)
+	fmt.Fprintf(stdout, "chaos profile %s seed %d: preparing the database...\n", cfg.Profile, cfg.Seed)
 	err = chaos.Prepare(ctx, pool, cfg)
 	pool.Close()
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	self, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var mu sync.Mutex
 	var procs []*execWorker
@@ -122,13 +212,7 @@ Flags:
 	if res != nil {
 		fmt.Fprintln(stdout, res.Summary())
 	}
-	if err != nil {
-		return err
-	}
-	if !res.OK() {
-		return errors.New("chaos: invariants violated or the system did not come to rest (see above)")
-	}
-	return nil
+	return res, err
 }
 
 func runChaosWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -138,7 +222,7 @@ func runChaosWorker(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintln(stderr, `Usage: sample-settlement chaos-worker
 
 One worker process of "sample-settlement chaos", which starts it; not meant to be run by
-hand. It reads DATABASE_URL, BANK_URL, CHAOS_LEASE, CHAOS_SHARDS and CHAOS_BATCH from the
+hand. It reads DATABASE_URL, BANK_URL and the CHAOS_* settings (see chaos.WorkerMain) from the
 environment and runs the settlement service until SIGTERM.`)
 	}
 	if err := parseFlags(fs, args, false); err != nil {

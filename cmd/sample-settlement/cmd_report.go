@@ -28,6 +28,7 @@ type dateCommand struct {
 	plan   settlement.Plan
 	date   time.Time
 	asJSON bool
+	grace  time.Duration
 }
 
 func parseDateCommand(ctx context.Context, name, what string, args []string, stderr io.Writer) (*dateCommand, error) {
@@ -40,8 +41,15 @@ func parseDateCommand(ctx context.Context, name, what string, args []string, std
 	bf.register(fs)
 	date := fs.String("date", "", "business date, YYYY-MM-DD (required)")
 	asJSON := fs.Bool("json", false, "print the "+what+" as JSON")
+	var grace *time.Duration
+	if name == "invariants" {
+		grace = fs.Duration("grace", time.Minute, "the reconciler's grace period the service ran with, to judge not-found decisions against the bank's request log")
+	}
 	if err := parseFlags(fs, args, false); err != nil {
 		return nil, err
+	}
+	if grace != nil && *grace <= 0 {
+		return nil, usageError("--grace %s must be positive: it is the service's reconcile grace period", *grace)
 	}
 	d, err := parseDateFlag(*date)
 	if err != nil {
@@ -59,7 +67,11 @@ func parseDateCommand(ctx context.Context, name, what string, args []string, std
 	if err != nil {
 		return nil, err
 	}
-	return &dateCommand{pool: pool, bank: bank, plan: plan, date: d, asJSON: *asJSON}, nil
+	c := &dateCommand{pool: pool, bank: bank, plan: plan, date: d, asJSON: *asJSON}
+	if grace != nil {
+		c.grace = *grace
+	}
+	return c, nil
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -91,7 +103,7 @@ func runInvariants(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer c.pool.Close()
-	res, err := settlement.CheckInvariants(ctx, c.pool, c.bank, c.plan, c.date)
+	res, err := settlement.CheckInvariantsOpts(ctx, c.pool, c.bank, c.plan, c.date, &settlement.InvariantOpts{Grace: c.grace})
 	if err != nil {
 		return err
 	}

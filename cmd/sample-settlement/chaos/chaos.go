@@ -5,10 +5,21 @@
 // comes to rest, every invariant of docs/design.md is checked with its evidence: nothing lost,
 // nothing done twice, money balances.
 //
-// The same code runs as a bounded test on every CI run (chaos_test.go) and as a long soak
-// from the command line:
+// The bank is strict: it never deduplicates, so a second send is a second payment, and it logs
+// every request. Besides docs/design.md's invariants a run is judged on that request log (no two
+// requests for one payout in flight, none after the ledger recorded it terminal, not-found
+// believed only after the previous request ended plus the grace, one effect per payout) and on
+// the takeovers (none of a run whose worker was alive, unpaused and connected; no run failed
+// before MaxAttempts crashes), and reports the counts.
 //
-//	go run ./cmd/sample-settlement chaos --duration 10m
+// Profiles (Profiles, ProfileConfig) aim at one hazard each: classic (the above), long (runs of
+// hundreds of 150ms slices), slow-bank (latencies around and above the sender timeout),
+// paused-dispatcher (SIGSTOP the process holding claimed payouts, past its claim) and sleepers
+// (Sleep(1h) must hold). The bounded ones run in CI (profiles_test.go, one test each); any
+// runs from the command line at full size, and mix runs them in turn as a soak:
+//
+//	go run ./cmd/sample-settlement chaos --profile long --seed 7
+//	go run ./cmd/sample-settlement chaos --profile mix --duration 10m
 //
 // A run is reproducible from its seed (printed first, and with the first violation).
 package chaos
@@ -19,7 +30,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,6 +89,44 @@ type Config struct {
 	// Both default to discarding.
 	Logf     func(format string, args ...any)
 	Progress io.Writer
+
+	// Profile names the profile the config came from (see ProfileConfig), for the report.
+	Profile string
+
+	// Workload is "settle" (default: settle a date of payouts against the bank) or "steps"
+	// (long runs and sleepers of plain steps; see LongRuns and Sleepers).
+	Workload string
+
+	// BankLatency is the strict bank's latency profile. Defaults to none.
+	BankLatency fakebank.LatencyProfile
+
+	// PayoutTimeout is the sender's timeout (default 1s), ReconcileGrace the reconciler's
+	// grace (default 3s), PayoutConcurrency the sends per process (default 32).
+	PayoutTimeout, ReconcileGrace time.Duration
+	PayoutConcurrency             int
+
+	// KillMin and KillMax bound the pause between hits (default 0.5s and 2s); every
+	// StopEvery-th hit is a SIGSTOP for StopFor (default 6 and Lease + 2s).
+	KillMin, KillMax time.Duration
+	StopEvery        int
+	StopFor          time.Duration
+
+	// PauseDispatcher aims every hit at the worker holding the most claimed (PROCESSING)
+	// payouts, so the process that is sending is the one frozen.
+	PauseDispatcher bool
+
+	// Steps workload: LongRuns runs of steps of StepTime each with a Slice, living for
+	// LongLifetime, and Sleepers runs that Sleep(SleepFor) after one step. With sleepers the
+	// chaos lasts the whole Duration.
+	Slice, StepTime time.Duration
+	LongRuns        int
+	LongLifetime    time.Duration
+	Sleepers        int
+	SleepFor        time.Duration
+	SleeperWork     time.Duration // how long a sleeper's first step works before it sleeps
+
+	// QuietTimeout bounds the wait for rest after the chaos. Defaults to 3 minutes.
+	QuietTimeout time.Duration
 }
 
 func (c *Config) withDefaults() *Config {
@@ -113,20 +164,73 @@ func (c *Config) withDefaults() *Config {
 	if out.Progress == nil {
 		out.Progress = io.Discard
 	}
+	if out.Workload == "" {
+		out.Workload = "settle"
+	}
+	if out.PayoutTimeout == 0 {
+		out.PayoutTimeout = time.Second
+	}
+	if out.ReconcileGrace == 0 {
+		out.ReconcileGrace = 3 * time.Second
+	}
+	if out.PayoutConcurrency == 0 {
+		out.PayoutConcurrency = 32
+	}
+	if out.KillMin == 0 {
+		out.KillMin = 500 * time.Millisecond
+	}
+	if out.KillMax == 0 {
+		out.KillMax = 2 * time.Second
+	}
+	if out.StopEvery == 0 {
+		out.StopEvery = 6
+	}
+	if out.StopFor == 0 {
+		out.StopFor = out.Lease + 2*time.Second
+	}
+	if out.Slice == 0 {
+		out.Slice = 150 * time.Millisecond
+	}
+	if out.StepTime == 0 {
+		out.StepTime = 10 * time.Millisecond
+	}
+	if out.SleepFor == 0 {
+		out.SleepFor = time.Hour
+	}
+	if out.QuietTimeout == 0 {
+		out.QuietTimeout = 3 * time.Minute
+	}
 	return &out
 }
+
+// takeoverWindow is how long before a takeover a kill or pause of the holder still explains
+// it: two leases (a lease may have been renewed just before the hit) plus maintenance's
+// interval, and slack for a loaded machine.
+func (c *Config) takeoverWindow() time.Duration { return 2*c.Lease + 3*time.Second }
 
 // Date is the (first) business date a chaos run settles; a soak goes on day by day.
 var Date = time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
 
 // Result is what a chaos run did and found.
 type Result struct {
+	Profile   string
 	Seed      uint64
 	Chaos     *workflowtest.ChaosReport
 	Takeovers int
-	Fenced    int
-	Unknown   int // operations that were UNKNOWN_EXTERNAL at some point
-	Bank      fakebank.Stats
+	// Needless counts the takeovers of runs whose worker was alive, running and connected.
+	Needless workflowtest.TakeoverCount
+	Fenced   int
+	Unknown  int // operations that were UNKNOWN_EXTERNAL at some point
+	Bank     fakebank.Stats
+	// Requests is how many payment requests reached the (strict) bank; the next counts are
+	// violations of the request-log checks by kind.
+	Requests, Concurrent, AfterTerminal, EarlyResends, EffectMismatches int
+	// FailedEarly counts runs failed with fewer crashes and errors than MaxAttempts.
+	FailedEarly int
+	// EarlyWakes counts sleepers that woke before their Sleep ended.
+	EarlyWakes int
+	// Open names a few runs and operations not at rest, when the run did not come to rest.
+	Open []string
 	// Violations of invariants 1-5 over Stepwise's tables, then the sample's own checks
 	// (1-6, money and the bank's ledger) that failed.
 	Violations []workflowtest.Violation
@@ -134,9 +238,30 @@ type Result struct {
 	Invariants []*settlement.Result
 }
 
+// oracleChecks are the checks of the strict oracle (the bank's request log, takeovers, the
+// steps workload), as opposed to docs/design.md's invariants 1-6 that the chaos suite checked before.
+var oracleChecks = map[string]bool{
+	workflowtest.NameConcurrentRequests: true, workflowtest.NameSendAfterTerminal: true,
+	workflowtest.NameEarlyResend: true, workflowtest.NameEffectMismatch: true,
+	workflowtest.NameNeedlessTakeover: true, workflowtest.NameFailedEarly: true,
+	nameLongFinishes: true, nameNoEarlyWake: true, settlement.SendDiscipline: true,
+}
+
+// LegacyViolations are the violations of the checks the suite had before the strict oracle:
+// docs/design.md's invariants 1-6 over the tables and the bank's ledger (now strict).
+func (r *Result) LegacyViolations() []workflowtest.Violation {
+	var out []workflowtest.Violation
+	for _, v := range r.Violations {
+		if !oracleChecks[v.Name] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // OK reports whether the run reached rest with every invariant holding.
 func (r *Result) OK() bool {
-	if r.Chaos == nil || !r.Chaos.Quiet || len(r.Violations) > 0 || len(r.Invariants) == 0 {
+	if r.Chaos == nil || !r.Chaos.Quiet || len(r.Violations) > 0 || (len(r.Invariants) == 0 && r.Profile == "") {
 		return false
 	}
 	for _, inv := range r.Invariants {
@@ -149,16 +274,38 @@ func (r *Result) OK() bool {
 
 // Summary is the run's one-paragraph account, first violation included.
 func (r *Result) Summary() string {
-	s := fmt.Sprintf("chaos seed=%d: %d date(s) settled; %s; takeovers=%d fenced-commits=%d ops-ever-unknown=%d bank: requests=%d applied=%d faults=%v",
-		r.Seed, len(r.Invariants), r.Chaos, r.Takeovers, r.Fenced, r.Unknown, r.Bank.Requests, r.Bank.Applied, r.Bank.Faults)
+	profile := r.Profile
+	if profile == "" {
+		profile = "classic"
+	}
+	s := fmt.Sprintf("chaos profile=%s seed=%d: %d date(s) settled; %s; takeovers=%d needless-takeovers=%d failed-early=%d early-wakes=%d fenced-commits=%d ops-ever-unknown=%d\n"+
+		"bank: requests=%d applied=%d concurrent-duplicate-requests=%d sends-after-terminal=%d early-resends=%d effect-mismatches=%d faults=%v",
+		profile, r.Seed, len(r.Invariants), r.Chaos, r.Takeovers, r.Needless.Needless, r.FailedEarly, r.EarlyWakes, r.Fenced, r.Unknown,
+		r.Requests, r.Bank.Applied, r.Concurrent, r.AfterTerminal, r.EarlyResends, r.EffectMismatches, r.Bank.Faults)
 	if r.OK() {
 		return s + "\nall invariants hold"
 	}
 	if r.Chaos != nil && !r.Chaos.Quiet {
 		s += fmt.Sprintf("\nNOT AT REST: %v", r.Chaos.QuietErr)
+		for _, o := range r.Open {
+			s += "\n  " + o
+		}
 	}
 	if len(r.Violations) > 0 {
 		s += fmt.Sprintf("\nFIRST VIOLATION (seed %d): %s (%d in all)", r.Seed, r.Violations[0], len(r.Violations))
+		byName := map[string]int{}
+		first := map[string]string{}
+		var names []string
+		for _, v := range r.Violations {
+			if byName[v.Name] == 0 {
+				names = append(names, v.Name)
+				first[v.Name] = v.Evidence
+			}
+			byName[v.Name]++
+		}
+		for _, n := range names {
+			s += fmt.Sprintf("\n  %4d x %s; e.g. %s", byName[n], n, first[n])
+		}
 	}
 	return s
 }
@@ -170,27 +317,37 @@ func Prepare(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	if err := settlement.Migrate(ctx, pool); err != nil {
 		return err
 	}
+	if cfg.Workload == "steps" {
+		return nil // no payouts: the schema is all the steps workload needs
+	}
 	_, err := settlement.Seed(ctx, pool, &settlement.SeedConfig{
 		Date: Date, Merchants: cfg.Merchants, Transactions: cfg.Transactions, Seed: 1,
 	})
 	return err
 }
 
-// Run settles Date under chaos and checks every invariant. The database must have been
-// prepared (Prepare). It returns an error only when the suite itself could not run.
+// Run settles Date under chaos (or, with Workload "steps", works the long and sleeper runs)
+// and checks every invariant, the strict bank's request log and the takeovers included. The
+// database must have been prepared (Prepare). It returns an error only when the suite itself
+// could not run.
 func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	if cfg == nil || cfg.DatabaseURL == "" || cfg.StartWorker == nil {
 		return nil, errors.New("chaos.Run: DatabaseURL and StartWorker are required")
 	}
 	cfg = cfg.withDefaults()
-	res := &Result{Seed: cfg.Seed}
+	if cfg.Workload != "settle" && cfg.Workload != "steps" {
+		return nil, fmt.Errorf("chaos.Run: Workload %q is neither \"settle\" nor \"steps\"", cfg.Workload)
+	}
+	res := &Result{Seed: cfg.Seed, Profile: cfg.Profile}
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: connecting: %w", err)
 	}
 	defer pool.Close()
 
-	bank := fakebank.New(&fakebank.Config{Faults: *cfg.Faults, Seed: cfg.Seed, Delay: 3 * time.Second})
+	// The bank is strict: it never deduplicates, so a second send is a second payment, and
+	// its request log is the evidence of the send discipline.
+	bank := fakebank.New(&fakebank.Config{Faults: *cfg.Faults, Seed: cfg.Seed, Delay: 3 * time.Second, Strict: true, Profile: cfg.BankLatency})
 	if err := bank.Start(); err != nil {
 		return nil, fmt.Errorf("chaos: starting the bank: %w", err)
 	}
@@ -205,23 +362,40 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, _, err := plan.Start(ctx, inserter, tx, Date)
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("chaos: starting the date: %w", err)
+	if cfg.Workload == "steps" {
+		err = startSteps(ctx, pool, cfg)
+	} else {
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, _, err := plan.Start(ctx, inserter, tx, Date)
+			return err
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chaos: starting the work: %w", err)
 	}
 
 	env := []string{
 		"DATABASE_URL=" + cfg.DatabaseURL,
 		"BANK_URL=" + bank.URL(),
+		"CHAOS_WORKLOAD=" + cfg.Workload,
 		"CHAOS_LEASE=" + cfg.Lease.String(),
 		"CHAOS_SHARDS=" + strconv.Itoa(cfg.Shards),
 		"CHAOS_BATCH=" + strconv.Itoa(cfg.BatchSize),
+		"CHAOS_SLICE=" + cfg.Slice.String(),
+		"CHAOS_PAYOUT_TIMEOUT=" + cfg.PayoutTimeout.String(),
+		"CHAOS_RECONCILE_GRACE=" + cfg.ReconcileGrace.String(),
+		"CHAOS_PAYOUT_CONCURRENCY=" + strconv.Itoa(cfg.PayoutConcurrency),
 	}
 	dates := []time.Time{Date}
-	deadline := time.Now().Add(cfg.Duration)
+	began := time.Now()
+	deadline := began.Add(cfg.Duration)
 	until := func(ctx context.Context) (bool, error) {
+		if cfg.Workload == "steps" {
+			rest, err := stepsAtRest(ctx, pool)
+			// Sleepers never finish: the chaos lasts the whole Duration, so that an early
+			// wake has the time to show.
+			return rest && (cfg.Sleepers == 0 || !time.Now().Before(deadline)), err
+		}
 		rest, err := atRest(ctx, pool)
 		if err != nil || !rest {
 			return false, err
@@ -245,20 +419,26 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		cfg.Logf("chaos: %s at rest; soaking on with %s", dates[len(dates)-2].Format(time.DateOnly), next.Format(time.DateOnly))
 		return false, nil
 	}
-	stopProgress := progress(ctx, pool, cfg.Progress, time.Now())
+	var target func(ctx context.Context, ids []string) int
+	if cfg.PauseDispatcher {
+		target = func(ctx context.Context, ids []string) int { return sendingWorker(ctx, pool, ids, cfg.Logf) }
+	}
+	stopProgress := progress(ctx, pool, cfg.Progress, began)
 	defer stopProgress()
 	report, err := workflowtest.RunChaos(ctx, &workflowtest.ChaosConfig{
 		Start:        func() (workflowtest.Worker, error) { return cfg.StartWorker(env) },
 		Workers:      cfg.Workers,
 		Seed:         cfg.Seed,
-		KillMin:      500 * time.Millisecond,
-		KillMax:      2 * time.Second,
-		StopEvery:    6,
-		StopFor:      cfg.Lease + 2*time.Second,
+		KillMin:      cfg.KillMin,
+		KillMax:      cfg.KillMax,
+		StopEvery:    cfg.StopEvery,
+		StopFor:      cfg.StopFor,
 		Duration:     cfg.Duration,
 		Until:        until,
-		QuietTimeout: 3 * time.Minute,
+		QuietTimeout: cfg.QuietTimeout,
 		Logf:         cfg.Logf,
+		WorkerID:     func(w workflowtest.Worker) string { return workerID(w.Pid()) },
+		Target:       target,
 	})
 	res.Chaos = report
 	if err != nil {
@@ -266,6 +446,8 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	}
 	stopProgress()
 
+	checksBegan := time.Now()
+	defer func() { cfg.Logf("chaos: checking took %s", time.Since(checksBegan).Round(time.Millisecond)) }()
 	if err := pool.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM stepwise_event WHERE kind = 'run.takeover'),
 			(SELECT count(*) FROM stepwise_event WHERE kind = 'lease.fenced'),
@@ -273,13 +455,67 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		Scan(&res.Takeovers, &res.Fenced, &res.Unknown); err != nil {
 		return res, fmt.Errorf("chaos: counting takeovers: %w", err)
 	}
+	if !report.Quiet {
+		// Not at rest: name a few runs and operations that are not, as the evidence.
+		rows, err := pool.Query(ctx, `
+			(SELECT format('run %s %s (attempts %s, job %s %s, last error %s, cursor %s)', r.key, r.status, r.attempts,
+			               r.river_job_id, coalesce(j.state::text, 'gone'), coalesce(r.last_error, '-'), left(c.cursor::text, 120))
+			   FROM stepwise_run r JOIN stepwise_checkpoint c USING (key) LEFT JOIN river_job j ON j.id = r.river_job_id
+			  WHERE r.status IN ('pending', 'running') AND (r.workflow <> 'chaos_sleeper' OR c.cursor->>'slept_at' IS NULL)
+			  ORDER BY r.key LIMIT 5)
+			UNION ALL
+			(SELECT format('operation %s %s (attempts %s, last error %s)', operation_id, state, attempts, coalesce(last_error, '-'))
+			   FROM stepwise_operation WHERE state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT', 'MANUAL') ORDER BY operation_id LIMIT 5)`)
+		if err == nil {
+			res.Open, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+	}
 	res.Bank = bank.Stats()
-	res.Violations, err = workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Quiet: report.Quiet})
+	log := bank.Requests()
+	res.Requests = len(log)
+	live := report.Liveness(cfg.takeoverWindow(), 0)
+	if res.Needless, _, err = workflowtest.CountTakeovers(ctx, pool, live); err != nil {
+		return res, err
+	}
+	res.Violations, err = workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{
+		// Sleepers are unfinished by design: only the always-true invariants then.
+		Quiet:    report.Quiet && cfg.Sleepers == 0,
+		Requests: RequestLog(log),
+		Grace:    cfg.ReconcileGrace,
+		Liveness: live,
+	})
 	if err != nil {
 		return res, err
 	}
+	for _, v := range res.Violations {
+		switch v.Name {
+		case workflowtest.NameConcurrentRequests:
+			res.Concurrent++
+		case workflowtest.NameSendAfterTerminal:
+			res.AfterTerminal++
+		case workflowtest.NameEarlyResend:
+			res.EarlyResends++
+		case workflowtest.NameEffectMismatch:
+			res.EffectMismatches++
+		case workflowtest.NameFailedEarly:
+			res.FailedEarly++
+		}
+	}
+	if cfg.Workload == "steps" {
+		vs, err := stepsChecks(ctx, pool)
+		if err != nil {
+			return res, err
+		}
+		for _, v := range vs {
+			if v.Name == nameNoEarlyWake {
+				res.EarlyWakes++
+			}
+		}
+		res.Violations = append(res.Violations, vs...)
+		return res, nil
+	}
 	for _, d := range dates {
-		inv, err := settlement.CheckInvariants(ctx, pool, bankClient, plan, d)
+		inv, err := settlement.CheckInvariantsOpts(ctx, pool, bankClient, plan, d, &settlement.InvariantOpts{Grace: cfg.ReconcileGrace})
 		if err != nil {
 			return res, err
 		}
@@ -292,6 +528,47 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// RequestLog turns the fake bank's request log into the form workflowtest.CheckInvariants
+// checks.
+func RequestLog(log []fakebank.Request) []workflowtest.Request {
+	out := make([]workflowtest.Request, 0, len(log))
+	for _, r := range log {
+		out = append(out, workflowtest.Request{
+			OperationID: r.OperationID, Amount: r.Amount,
+			Arrived: r.Arrived, Decided: r.Decided, Ended: r.Ended(), Effect: r.Effect,
+		})
+	}
+	return out
+}
+
+// sendingWorker returns the slot of the worker holding the most claimed payouts, or -1 (let
+// the seeded source pick) when no worker holds any: the paused-dispatcher profile freezes the
+// process that is sending, past its claim.
+func sendingWorker(ctx context.Context, pool *pgxpool.Pool, ids []string, logf func(string, ...any)) int {
+	rows, err := pool.Query(ctx, `SELECT leased_by, count(*) FROM stepwise_operation
+		WHERE state = 'PROCESSING' AND leased_by IS NOT NULL GROUP BY leased_by ORDER BY count(*) DESC`)
+	if err != nil {
+		return -1
+	}
+	var by string
+	var n int
+	best, bestN := -1, 0
+	_, _ = pgx.ForEachRow(rows, []any{&by, &n}, func() error {
+		// The outbox leases as "outbox/<ID>#<random>", ID being the process's River ID.
+		id, _, _ := strings.Cut(strings.TrimPrefix(by, "outbox/"), "#")
+		for i, w := range ids {
+			if w != "" && w == id && n > bestN {
+				best, bestN = i, n
+			}
+		}
+		return nil
+	})
+	if best >= 0 {
+		logf("chaos: worker %d (%s) holds %d claimed payouts: freezing it", best, ids[best], bestN)
+	}
+	return best
 }
 
 // atRest is true when every run has finished and every operation is proven or MANUAL.
@@ -340,12 +617,30 @@ func progress(ctx context.Context, pool *pgxpool.Pool, w io.Writer, began time.T
 }
 
 // WorkerMain is one worker process of the suite: the settlement service (settle steps,
-// payout delivery, reconciliation, maintenance) until ctx ends. env carries DATABASE_URL,
-// BANK_URL, CHAOS_LEASE, CHAOS_SHARDS and CHAOS_BATCH.
+// payout delivery, reconciliation, maintenance), or with CHAOS_WORKLOAD=steps the long and
+// sleeper runs, until ctx ends. env carries DATABASE_URL, BANK_URL, CHAOS_WORKLOAD,
+// CHAOS_LEASE, CHAOS_SHARDS, CHAOS_BATCH, CHAOS_SLICE, CHAOS_PAYOUT_TIMEOUT,
+// CHAOS_RECONCILE_GRACE and CHAOS_PAYOUT_CONCURRENCY. Its River client ID is derived from its
+// pid, so the harness knows which process held a run.
 func WorkerMain(ctx context.Context, env map[string]string) error {
 	lease, err := time.ParseDuration(env["CHAOS_LEASE"])
 	if err != nil {
 		return fmt.Errorf("CHAOS_LEASE: %w", err)
+	}
+	if env["CHAOS_WORKLOAD"] == "steps" {
+		return stepsWorkerMain(ctx, env, lease)
+	}
+	timeout, err := time.ParseDuration(env["CHAOS_PAYOUT_TIMEOUT"])
+	if err != nil {
+		return fmt.Errorf("CHAOS_PAYOUT_TIMEOUT: %w", err)
+	}
+	grace, err := time.ParseDuration(env["CHAOS_RECONCILE_GRACE"])
+	if err != nil {
+		return fmt.Errorf("CHAOS_RECONCILE_GRACE: %w", err)
+	}
+	concurrency, err := strconv.Atoi(env["CHAOS_PAYOUT_CONCURRENCY"])
+	if err != nil {
+		return fmt.Errorf("CHAOS_PAYOUT_CONCURRENCY: %w", err)
 	}
 	shards, err := strconv.Atoi(env["CHAOS_SHARDS"])
 	if err != nil {
@@ -362,15 +657,17 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	defer pool.Close()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
-		Bank:          fakebank.NewClient(env["BANK_URL"], nil),
-		Plan:          settlement.Plan{Shards: shards},
-		BatchSize:     batch,
-		PayoutTimeout: time.Second,
-		PayoutLease:   2 * lease,
+		Bank:              fakebank.NewClient(env["BANK_URL"], nil),
+		Plan:              settlement.Plan{Shards: shards},
+		BatchSize:         batch,
+		ID:                workerID(os.Getpid()),
+		PayoutTimeout:     timeout,
+		PayoutConcurrency: concurrency,
+		PayoutLease:       2 * lease,
 		// Short reconciliation so the suite comes to rest in seconds, not in the
 		// production back-off's minutes; the grace still exceeds the payout timeout.
 		ReconcileInterval: time.Second,
-		ReconcileGrace:    3 * time.Second,
+		ReconcileGrace:    grace,
 		ReconcileBackoff:  func(int) time.Duration { return time.Second },
 		Workflow:          &workflow.Config{Lease: lease, Logger: logger},
 		Logger:            logger,

@@ -56,6 +56,9 @@ func (r *Result) Err() error {
 	return fmt.Errorf("%w for %s: %s", ErrInvariant, r.Date, strings.Join(failed, "; "))
 }
 
+// SendDiscipline names the request-log check (Check.Name).
+const SendDiscipline = "send discipline at the bank: one request in flight per payout, none after terminal, resend only after grace"
+
 // maxEvidence bounds the offending keys listed in a check's evidence.
 const maxEvidence = 5
 
@@ -67,11 +70,32 @@ func listSome(items []string) string {
 	return strings.Join(items, ", ")
 }
 
+// InvariantOpts are options of CheckInvariantsOpts.
+type InvariantOpts struct {
+	// Grace is the reconciler's grace period the service ran with (ServiceConfig.
+	// ReconcileGrace), for judging not-found decisions against the bank's request log.
+	// Defaults to the service's default, 1m.
+	Grace time.Duration
+}
+
 // CheckInvariants checks docs/design.md's invariants 1 to 6 for date against the database and
 // the bank, and returns each with its evidence. It expects the date to have come to rest
 // (runs finished, payouts proven or MANUAL): run it after the settlement, not during. An
 // error means a check could not run; failed invariants are in the Result (see Result.Err).
+// It is CheckInvariantsOpts with the default options.
 func CheckInvariants(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client, plan Plan, date time.Time) (*Result, error) {
+	return CheckInvariantsOpts(ctx, pool, bank, plan, date, nil)
+}
+
+// CheckInvariantsOpts is CheckInvariants with options. Besides invariants 1-6 it checks the
+// send discipline against the bank's request log (invariant 3): no two requests for one payout
+// in flight at once, none after the ledger recorded it terminal, not-found believed only after
+// the previous request ended plus the grace, every effect one payout's with its amount.
+func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client, plan Plan, date time.Time, opts *InvariantOpts) (*Result, error) {
+	grace := time.Minute
+	if opts != nil && opts.Grace > 0 {
+		grace = opts.Grace
+	}
 	plan, err := plan.compiled()
 	if err != nil {
 		return nil, err
@@ -200,6 +224,35 @@ func CheckInvariants(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Cli
 		add(3, "one external effect per operation_id", len(twice) == 0 && len(strangers) == 0 && len(dupRefs) == 0,
 			"the bank applied %d payments of the date under %d keys; %d keys applied twice%s, %d references paid under two keys%s, %d payments not matching a payout%s",
 			len(applied), len(effects), len(twice), suffix(twice), len(dupRefs), suffix(dupRefs), len(strangers), suffix(strangers))
+	}
+
+	// 3b. The send discipline, against what reached the bank (its request log): a bank that
+	// deduplicates hides a second send, its log does not.
+	if bank == nil {
+		add(3, SendDiscipline, false, "cannot ask the bank: no bank given")
+	} else if reqs, err := bank.Requests(ctx); err != nil {
+		add(3, SendDiscipline, false, "cannot read the bank's request log: %v", err)
+	} else {
+		marker := "/" + res.Date + "/"
+		var mine []workflowtest.Request
+		for _, r := range reqs {
+			if _, ok := localByID[r.OperationID]; ok || strings.Contains(r.Reference, marker) {
+				mine = append(mine, workflowtest.Request{OperationID: r.OperationID, Amount: r.Amount,
+					Arrived: r.Arrived, Decided: r.Decided, Ended: r.Ended(), Effect: r.Effect})
+			}
+		}
+		vs, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Requests: mine, Grace: grace})
+		if err != nil {
+			return nil, fmt.Errorf("checking invariant 3 (request log): %w", err)
+		}
+		var ev []string
+		for _, v := range vs {
+			if v.Invariant == 3 {
+				ev = append(ev, v.Name+": "+v.Evidence)
+			}
+		}
+		add(3, SendDiscipline, len(ev) == 0, "%d requests for the date's payouts reached the bank (grace %s); %d violations%s",
+			len(mine), grace, len(ev), suffix(ev))
 	}
 
 	// 4. Every payout ends SUCCEEDED, FAILED_PERMANENT or MANUAL; none PROCESSING without a

@@ -118,7 +118,7 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	res, err := settlement.CheckInvariants(ctx, pool, client, svc.Plan, testDate)
 	require.NoError(t, err)
 	require.NoError(t, res.Err(), "%+v", res.Checks)
-	require.Len(t, res.Checks, 8)
+	require.Len(t, res.Checks, 9) // invariants 1 (x2), 2, 3 (effects, send discipline), 4, 5, 6 and the whole-database summary
 
 	rep, err := settlement.BuildReport(ctx, pool, client, svc.Plan, testDate)
 	require.NoError(t, err)

@@ -14,8 +14,9 @@ import (
 	"time"
 )
 
-// Bank is a fake payment provider that applies each idempotency key at most once, misbehaves on
-// request, and keeps its own ledger as the evidence a test checks. It is safe for concurrent use.
+// Bank is a fake payment provider that applies each idempotency key at most once (or, in strict
+// mode, every request it receives: see Config.Strict), misbehaves on request, and keeps its own
+// ledger and request log as the evidence a test checks. It is safe for concurrent use.
 type Bank struct {
 	cfg     *Config
 	handler http.Handler
@@ -26,9 +27,10 @@ type Bank struct {
 	mix       Mix
 	next      []Fault
 	keyFaults map[string][]Fault
-	payments  map[string]*Payment
-	order     []string
-	effects   map[string]int // counted separately from payments so a double apply would show
+	payments  map[string]*Payment // the first payment applied under each key: what a lookup finds
+	order     []*Payment          // every payment applied, in order (strict mode: several per key)
+	requests  []*Request          // every POST /payments that reached the bank, in arrival order
+	effects   map[string]int      // counted separately from payments so a double apply would show
 	refs      map[string][]string
 	seq       int
 	stats     Stats
@@ -250,8 +252,8 @@ func (b *Bank) FailKey(key string, f Fault) {
 	b.keyFaults[key] = append(b.keyFaults[key], f)
 }
 
-// Effects returns how many times the bank applied key: 0 or 1, and never more, whatever the
-// faults. A declined payment counts: the bank recorded a decision under the key, and a second
+// Effects returns how many times the bank applied key: 0 or 1 in the default mode, whatever the
+// faults; in strict mode, one per request that got as far as being applied. A declined payment counts: the bank recorded a decision under the key, and a second
 // decision would be just as wrong as a second payout.
 func (b *Bank) Effects(key string) int {
 	b.mu.Lock()
@@ -268,8 +270,8 @@ func (b *Bank) Applied() []Payment {
 
 func (b *Bank) appliedLocked() []Payment {
 	out := make([]Payment, 0, len(b.order))
-	for _, key := range b.order {
-		out = append(out, *b.payments[key])
+	for _, p := range b.order {
+		out = append(out, *p)
 	}
 	return out
 }
@@ -312,8 +314,8 @@ func (b *Bank) Statement(q StatementQuery) []Payment {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := []Payment{}
-	for _, key := range b.order {
-		if p := b.payments[key]; q.match(p) {
+	for _, p := range b.order {
+		if q.match(p) {
 			out = append(out, *p)
 		}
 	}
@@ -363,13 +365,16 @@ func (b *Bank) error5xxStatus() int {
 }
 
 // apply records req under key unless the key is already taken; the lookup and the insert share
-// one critical section, which is what makes a second effect impossible.
-func (b *Bank) apply(key string, req PaymentRequest) (int, any) {
+// one critical section, which is what makes a second effect impossible. In strict mode a taken
+// key is applied again, as a bank that does not remember keys would.
+func (b *Bank) apply(key string, req PaymentRequest, rec *Request) (int, any) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if p, ok := b.payments[key]; ok {
+	rec.Decided = time.Now()
+	if p, ok := b.payments[key]; ok && !b.cfg.Strict {
 		if p.request() != req {
 			b.stats.Conflicts++
+			rec.Outcome = OutcomeConflict
 			return http.StatusConflict, errorBody{
 				Code: codeConflict,
 				Message: fmt.Sprintf("idempotency key %q was already used for a different payment "+
@@ -378,6 +383,7 @@ func (b *Bank) apply(key string, req PaymentRequest) (int, any) {
 			}
 		}
 		b.stats.Replays++
+		rec.Outcome = OutcomeReplayed
 		return answer(p, http.StatusOK)
 	}
 	b.seq++
@@ -397,8 +403,14 @@ func (b *Bank) apply(key string, req PaymentRequest) (int, any) {
 	} else {
 		b.refs[p.Reference] = append(b.refs[p.Reference], key)
 	}
-	b.payments[key] = p
-	b.order = append(b.order, key)
+	if _, ok := b.payments[key]; !ok {
+		b.payments[key] = p
+	}
+	b.order = append(b.order, p)
+	rec.Outcome, rec.Effect, rec.PaymentID = OutcomeApplied, true, p.ID
+	if p.Status == StatusFailed {
+		rec.Outcome = OutcomeDeclined
+	}
 	b.effects[key]++
 	b.stats.Applied++
 	return answer(p, http.StatusCreated)

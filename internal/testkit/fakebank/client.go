@@ -33,8 +33,9 @@ func NewClient(baseURL string, hc *http.Client) *Client {
 //
 // On error, classify before acting: IsDeclined (permanent), IsNotProcessed (safe to resend),
 // IsConflict (a bug: the key was used for another payment); anything else is ambiguous and the
-// payment may have been applied. Note that net/http may itself resend a request carrying an
-// Idempotency-Key when a kept-alive connection dies before the answer; the key makes that safe.
+// payment may have been applied. The client never resends by itself (net/http would replay a
+// request carrying an Idempotency-Key on a dead kept-alive connection; the body is made
+// non-rewindable to stop it): a bank that does not deduplicate would pay twice.
 func (c *Client) Pay(ctx context.Context, key string, req PaymentRequest) (*Payment, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -153,12 +154,19 @@ func (r *result) err() *Error {
 func (c *Client) do(ctx context.Context, op, key, method, path string, hdr http.Header, body []byte) (*result, error) {
 	var rd io.Reader
 	if body != nil {
-		// bytes.Reader lets net/http set GetBody, which it needs to resend safely.
-		rd = bytes.NewReader(body)
+		// Wrapped so that net/http cannot rewind it (no GetBody): net/http replays a request
+		// carrying an Idempotency-Key by itself when a reused connection dies before the
+		// answer, and at a bank that does not deduplicate that replay is a second payment
+		// that no ledger decided. Resending is the operation ledger's call, never the
+		// transport's.
+		rd = io.NopCloser(bytes.NewReader(body))
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, rd)
 	if err != nil {
 		return nil, &Error{Op: op, Key: key, NotProcessed: true, Err: fmt.Errorf("building request: %w", err)}
+	}
+	if body != nil {
+		req.ContentLength = int64(len(body)) // unknown for a wrapped reader; keep it exact
 	}
 	for k, vs := range hdr {
 		req.Header[k] = vs
@@ -191,4 +199,21 @@ func bankCode(body string) string {
 		return ""
 	}
 	return eb.Code
+}
+
+// Requests returns the bank's request log (Bank.Requests), for checking send discipline from
+// another process.
+func (c *Client) Requests(ctx context.Context) ([]Request, error) {
+	res, err := c.do(ctx, "requests", "", http.MethodGet, "/admin/requests", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if res.status != http.StatusOK {
+		return nil, res.err()
+	}
+	out, err := decodeResult[[]Request](res)
+	if err != nil {
+		return nil, err
+	}
+	return *out, nil
 }

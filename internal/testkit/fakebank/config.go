@@ -45,6 +45,22 @@ type Config struct {
 	// Defaults to time.Now.
 	Now func() time.Time
 
+	// Strict makes the bank forget idempotency keys: every POST /payments that gets as far as
+	// being applied is a new payment, even under a key it has seen, as at a bank that does not
+	// deduplicate (refusals, validation errors and rate limits are often not remembered per key,
+	// and two concurrent requests with one key can both pass). A second send then shows up as
+	// a second effect in Applied, Effects and the request log instead of being absorbed.
+	// Lookups find the first payment under a key. The chaos suite runs strict.
+	//
+	// Defaults to false: each key is applied at most once and replays get the stored answer.
+	Strict bool
+
+	// Profile draws a processing latency or an answer stall per POST /payments request, on
+	// top of Latency. See LatencyProfile.
+	//
+	// Defaults to the zero profile: no latency.
+	Profile LatencyProfile
+
 	// Seed seeds the random source that draws faults from Faults, so that a run reproduces: the
 	// same seed and the same sequence of requests draw the same faults.
 	//
@@ -80,6 +96,9 @@ func (c *Config) validate() error {
 	}
 	if c.Latency < 0 {
 		return fmt.Errorf("fakebank: config: Latency %s is negative", c.Latency)
+	}
+	if err := c.Profile.Validate(); err != nil {
+		return fmt.Errorf("fakebank: config: %w", err)
 	}
 	if err := c.Faults.Validate(); err != nil {
 		return fmt.Errorf("fakebank: config: %w", err)

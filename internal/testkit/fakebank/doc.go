@@ -23,10 +23,22 @@ Start a bank on a free loopback port, program a fault, and check what it applied
 A process (the sample settlement service's bank subcommand) serves the same API; other processes
 reach it with a Client.
 
+# Strict mode, request log, latency
+
+A bank that deduplicates is friendlier than many real ones: a second send of one operation is
+absorbed and counted nowhere. Config.Strict makes every request that gets as far as being
+applied a payment of its own, so a second send is a second effect (Effects, Applied, the
+statement). Whatever the mode, the bank logs every POST /payments (Requests, GET
+/admin/requests): operation id, amount, arrival, decision, answer and the caller hanging up,
+the evidence workflowtest.CheckInvariants judges the send discipline on. Config.Profile draws a
+latency per request: slow requests are decided after it even if the caller gave up (as a real
+bank would), stalled ones are applied at once and answered late (ProfileSlow, ProfileStalls).
+The chaos suite runs strict; the deduplicating default stays for the tests of replays.
+
 # API
 
   - POST /payments with an Idempotency-Key header and a JSON PaymentRequest: 201 with the Payment
-    the first time, 200 with the same Payment on a replay. A replay with a different body is 409.
+    the first time, 200 with the same Payment on a replay (strict mode: 201 with a new Payment). A replay with a different body is 409.
     A declined payment (amount <= 0, or an account starting with "closed-") is recorded with
     status "failed" and answered 422, on the first attempt and every replay. A missing key,
     invalid JSON, an empty account or a malformed currency is 400 and records nothing.

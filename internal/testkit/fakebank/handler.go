@@ -1,8 +1,11 @@
 package fakebank
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -46,6 +49,7 @@ func (b *Bank) newHandler() http.Handler {
 	h.mux.HandleFunc("GET /statement", h.statement)
 	h.mux.HandleFunc("GET /admin/ledger", h.ledger)
 	h.mux.HandleFunc("POST /admin/faults", h.setFaults)
+	h.mux.HandleFunc("GET /admin/requests", h.requests)
 	return h
 }
 
@@ -55,46 +59,100 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer h.b.inflight.Done()
+	// The arrival is stamped before any latency, so the request log shows when the caller's
+	// request was already at the bank, not when the bank got round to it.
+	if r.Method == http.MethodPost && r.URL.Path == "/payments" {
+		r = r.WithContext(context.WithValue(r.Context(), arrivedKey{}, time.Now()))
+	}
 	if !strings.HasPrefix(r.URL.Path, "/admin/") && !h.b.sleep(r.Context(), h.b.cfg.Latency) {
 		return // the caller or the bank went away while the request waited
 	}
 	h.mux.ServeHTTP(w, r)
 }
 
+type arrivedKey struct{}
+
 func (h *handler) pay(w http.ResponseWriter, r *http.Request) {
 	h.b.countRequest()
+	arrived, ok := r.Context().Value(arrivedKey{}).(time.Time)
+	if !ok {
+		arrived = time.Now()
+	}
+	rec := h.b.arrive(arrived)
+	// The caller hanging up is part of the record: it is when the request ended for the
+	// caller, which a resend must wait for (plus the grace period).
+	stopWatch := context.AfterFunc(r.Context(), func() {
+		h.b.update(rec, func(rec *Request) {
+			if rec.Answered.IsZero() {
+				rec.Abandoned = time.Now()
+			}
+		})
+	})
+	defer stopWatch()
+	w = &answerStamp{ResponseWriter: w, b: h.b, rec: rec}
+	defer func() {
+		h.b.update(rec, func(rec *Request) {
+			if rec.Outcome == "" {
+				rec.Outcome = OutcomeAbandoned
+			}
+			if rec.Answered.IsZero() && rec.Abandoned.IsZero() {
+				rec.Answered = time.Now()
+			}
+		})
+	}()
 	key := r.Header.Get("Idempotency-Key")
+	h.b.update(rec, func(rec *Request) { rec.OperationID = key })
 	if key == "" {
+		h.b.update(rec, func(rec *Request) { rec.Outcome, rec.Decided = OutcomeMalformed, time.Now() })
 		writeJSON(w, http.StatusBadRequest, errorBody{Code: codeBadRequest,
 			Message: "the Idempotency-Key header is required: the bank applies each key at most once"})
 		return
 	}
 	var req PaymentRequest
 	if err := decodeJSON(w, r, &req); err != nil {
+		h.b.update(rec, func(rec *Request) { rec.Outcome, rec.Decided = OutcomeMalformed, time.Now() })
 		writeJSON(w, http.StatusBadRequest, errorBody{Code: codeBadRequest,
 			Message: fmt.Sprintf("payment under idempotency key %q: %v", key, err)})
 		return
 	}
+	h.b.update(rec, func(rec *Request) {
+		rec.Account, rec.Amount, rec.Currency, rec.Reference = req.Account, req.Amount, req.Currency, req.Reference
+	})
 	if msg := malformed(req); msg != "" {
+		h.b.update(rec, func(rec *Request) { rec.Outcome, rec.Decided = OutcomeMalformed, time.Now() })
 		writeJSON(w, http.StatusBadRequest, errorBody{Code: codeBadRequest,
 			Message: fmt.Sprintf("payment under idempotency key %q: %s", key, msg)})
 		return
 	}
 
+	latency, stall := h.b.drawLatency()
+	h.b.update(rec, func(rec *Request) { rec.Latency, rec.Stall = latency, stall })
+	// A slow request is decided after its latency even if the caller hung up meanwhile: a
+	// real bank does not cancel a payment because its client timed out. Only Close cuts it.
+	if !h.b.sleep(context.WithoutCancel(r.Context()), latency) {
+		return
+	}
+
 	fault := h.b.takeFault(key)
+	h.b.update(rec, func(rec *Request) { rec.Fault = fault })
 	switch fault {
 	case RefuseBeforeApply:
+		h.b.update(rec, func(rec *Request) { rec.Outcome, rec.Decided = OutcomeRefused, time.Now() })
 		w.Header().Set(HeaderNotProcessed, "true")
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusTooManyRequests, errorBody{Code: codeNotProcessed,
 			Message: fmt.Sprintf("too many requests; payment under idempotency key %q was not processed, resend it", key)})
 		return
 	case Error5xxBeforeApply:
+		h.b.update(rec, func(rec *Request) { rec.Outcome, rec.Decided = OutcomeRefused, time.Now() })
 		writeJSON(w, h.b.error5xxStatus(), errorBody{Code: codeInternal, Message: "internal error"})
 		return
 	}
 
-	status, body := h.b.apply(key, req)
+	status, body := h.b.apply(key, req, rec)
+	if !h.b.sleep(r.Context(), stall) {
+		return // a stalled answer: the caller gave up (or the bank closed) first
+	}
 
 	switch fault {
 	case Error5xxAfterApply:
@@ -167,6 +225,41 @@ func (h *handler) statement(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) ledger(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, h.b.Ledger())
+}
+
+func (h *handler) requests(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, h.b.Requests())
+}
+
+// answerStamp stamps the request record when the answer is written or the connection dropped.
+type answerStamp struct {
+	http.ResponseWriter
+	b   *Bank
+	rec *Request
+}
+
+func (a *answerStamp) Write(p []byte) (int, error) {
+	n, err := a.ResponseWriter.Write(p)
+	a.b.update(a.rec, func(rec *Request) {
+		if rec.Answered.IsZero() {
+			rec.Answered = time.Now()
+		}
+	})
+	return n, err
+}
+
+// Hijack keeps DropAfterApply working through the wrapper; the drop is the answer.
+func (a *answerStamp) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := a.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, http.ErrNotSupported
+	}
+	a.b.update(a.rec, func(rec *Request) {
+		if rec.Answered.IsZero() {
+			rec.Answered = time.Now()
+		}
+	})
+	return hj.Hijack()
 }
 
 func (h *handler) setFaults(w http.ResponseWriter, r *http.Request) {

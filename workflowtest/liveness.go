@@ -1,0 +1,211 @@
+package workflowtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+)
+
+// Interval is a span of time; a zero To means it had not ended when the record was read.
+type Interval struct {
+	From, To time.Time
+}
+
+func (i Interval) overlaps(from, to time.Time) bool {
+	return !i.From.After(to) && (i.To.IsZero() || !i.To.Before(from))
+}
+
+// WorkerLife is one worker process's life as a fault-injection harness saw it: when it
+// started and died, and when it was paused (SIGSTOP) or cut off from the database. RunChaos
+// records one per process it starts (ChaosReport.Workers).
+type WorkerLife struct {
+	// ID is the prefix of the lease owners of the process: the River client ID it was
+	// started with (workflow lease owners are "<client id>/job-<id>/attempt-<n>").
+	ID  string
+	Pid int
+	// Started and Died bound the process's life; a zero Died means it was alive at the end.
+	Started, Died time.Time
+	// Paused are the SIGSTOP..SIGCONT spans, CutOff the spans it could not reach the database.
+	Paused, CutOff []Interval
+}
+
+// interrupted reports why the process could not have been working its run at some point in
+// [from, to], or "" if it was alive, running and connected throughout.
+func (w *WorkerLife) interrupted(from, to time.Time) string {
+	switch {
+	case !w.Died.IsZero() && !w.Died.After(to):
+		return "killed at " + stamp(w.Died)
+	}
+	for _, p := range w.Paused {
+		if p.overlaps(from, to) {
+			return "paused at " + stamp(p.From)
+		}
+	}
+	for _, c := range w.CutOff {
+		if c.overlaps(from, to) {
+			return "cut off at " + stamp(c.From)
+		}
+	}
+	return ""
+}
+
+// Liveness is what a harness knows about its worker processes, for the takeover checks of
+// CheckInvariants (CheckOpts.Liveness).
+type Liveness struct {
+	// Workers are every worker process of the test, dead ones included.
+	Workers []WorkerLife
+
+	// Window is how long before a takeover an interruption of the holder (kill, pause, cut
+	// off) still explains it: the lease plus the maintenance interval, with slack for a
+	// loaded machine. Required.
+	Window time.Duration
+
+	// MaxAttempts is the River job's MaxAttempts: a run may be failed for crashing or
+	// erroring that many times, not fewer. Defaults to river.MaxAttemptsDefault.
+	MaxAttempts int
+}
+
+// TakeoverCount sums up the takeovers of a run (stepwise_event 'run.takeover').
+type TakeoverCount struct {
+	// Takeovers is every takeover.
+	Takeovers int
+	// Needless are takeovers of a run whose holder was alive, running and connected.
+	Needless int
+	// UnknownHolder are takeovers whose holder is none of the known workers (or that had
+	// no holder: the worker died before it claimed); they count as justified.
+	UnknownHolder int
+}
+
+// takeover is one run.takeover event with the owner of the run's last claim before it.
+type takeover struct {
+	key, holder string
+	// fetchedBy is the River client that last fetched the run's old job: a worker killed
+	// after fetching it and before claiming leaves the last claim to an earlier, healthy
+	// holder, and it is the fetcher's death that the takeover answers.
+	fetchedBy string
+	id        int64
+	at        time.Time
+}
+
+// failedRun is a run that ended failed, with what its last events say.
+type failedRun struct {
+	key, lastError, by string
+	stepErrors         int
+	deliberate         bool // the step returned workflow.Fail: the user's decision
+}
+
+const (
+	NameNeedlessTakeover = "no takeover of a run whose worker was alive, running and connected"
+	NameFailedEarly      = "a run is failed only after MaxAttempts crashes or errors"
+)
+
+// loadLiveness reads the takeovers and failed runs the liveness checks judge.
+func loadLiveness(ctx context.Context, q Querier) ([]takeover, []failedRun, error) {
+	rows, err := q.Query(ctx, `
+		SELECT t.subject, t.id, t.at,
+		       coalesce((SELECT c.actor FROM stepwise_event c WHERE c.subject = t.subject AND c.kind = 'lease.claim' AND c.id < t.id
+		                  ORDER BY c.id DESC LIMIT 1), ''),
+		       coalesce((SELECT j.attempted_by[cardinality(j.attempted_by)] FROM river_job j
+		                  WHERE j.id = (t.detail->>'old_job')::bigint), '')
+		  FROM stepwise_event t WHERE t.kind = 'run.takeover' ORDER BY t.id`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading takeovers: %w", err)
+	}
+	var tos []takeover
+	var t takeover
+	if _, err := pgx.ForEachRow(rows, []any{&t.key, &t.id, &t.at, &t.holder, &t.fetchedBy}, func() error {
+		tos = append(tos, t)
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("reading takeovers: %w", err)
+	}
+	rows, err = q.Query(ctx, `
+		SELECT r.key, coalesce(r.last_error, ''), coalesce(f.actor, ''), coalesce(f.detail ? 'steps', false),
+		       (SELECT count(*) FROM stepwise_event e WHERE e.subject = r.key AND e.kind = 'run.step_error')
+		  FROM stepwise_run r
+		  LEFT JOIN LATERAL (SELECT actor, detail FROM stepwise_event f WHERE f.subject = r.key AND f.kind = 'run.finish'
+		                      ORDER BY f.id DESC LIMIT 1) f ON true
+		 WHERE r.status = 'failed' ORDER BY r.key`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading failed runs: %w", err)
+	}
+	var frs []failedRun
+	var f failedRun
+	if _, err := pgx.ForEachRow(rows, []any{&f.key, &f.lastError, &f.by, &f.deliberate, &f.stepErrors}, func() error {
+		frs = append(frs, f)
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("reading failed runs: %w", err)
+	}
+	return tos, frs, nil
+}
+
+// CountTakeovers counts the takeovers in the database and judges each against l, returning
+// a violation per needless one (and per run failed too early).
+func CountTakeovers(ctx context.Context, q Querier, l *Liveness) (TakeoverCount, []Violation, error) {
+	tos, frs, err := loadLiveness(ctx, q)
+	if err != nil {
+		return TakeoverCount{}, nil, err
+	}
+	c, vs := checkLiveness(tos, frs, l)
+	return c, vs, nil
+}
+
+// checkLiveness is pure, so each check can be shown to fail on hand-made records.
+func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount, []Violation) {
+	maxAttempts := l.MaxAttempts
+	if maxAttempts <= 0 {
+		maxAttempts = river.MaxAttemptsDefault
+	}
+	byID := map[string]*WorkerLife{}
+	for i := range l.Workers {
+		byID[l.Workers[i].ID] = &l.Workers[i]
+	}
+	var c TakeoverCount
+	var out []Violation
+	justified := map[string]int{}
+	needless := map[string]int{}
+	for _, t := range tos {
+		c.Takeovers++
+		holderID, _, _ := strings.Cut(t.holder, "/")
+		w := byID[holderID]
+		if w == nil {
+			c.UnknownHolder++
+			justified[t.key]++
+			continue
+		}
+		from := t.at.Add(-l.Window)
+		if w.interrupted(from, t.at) != "" {
+			justified[t.key]++
+			continue
+		}
+		if f := byID[t.fetchedBy]; t.fetchedBy != "" && t.fetchedBy != holderID && (f == nil || f.interrupted(from, t.at) != "") {
+			justified[t.key]++ // the job's fetcher died (or is unknown) before it claimed
+			continue
+		}
+		c.Needless++
+		needless[t.key]++
+		out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
+			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before",
+			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window)})
+	}
+	for _, f := range frs {
+		if f.deliberate {
+			continue
+		}
+		crashes := justified[f.key]
+		if f.by == "maintenance" {
+			crashes++ // maintenance fails a run it finds stuck: count that as a crash too
+		}
+		if crashes+f.stepErrors < maxAttempts {
+			out = append(out, Violation{Invariant: 5, Name: NameFailedEarly, Evidence: fmt.Sprintf(
+				"run %s failed (by %s: %q) after %d crash(es) and %d step error(s), fewer than MaxAttempts %d (needless takeovers: %d)",
+				f.key, f.by, f.lastError, crashes, f.stepErrors, maxAttempts, needless[f.key])})
+		}
+	}
+	return c, out
+}

@@ -1,0 +1,95 @@
+package workflowtest_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflowtest"
+)
+
+// TestLivenessChecksFailOnNeedlessTakeovers: takeovers of runs held by a worker that was
+// alive, running and connected are violations; takeovers after a kill, a pause or a cut-off are
+// not; a run failed after fewer crashes than MaxAttempts is a violation, one failed after
+// MaxAttempts crashes or by its own step's Fail is not.
+func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	run := func(key, status string) {
+		_, err := pool.Exec(ctx, `INSERT INTO stepwise_checkpoint (key) VALUES ($1)`, key)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, status, last_error) VALUES ($1, 'w', '{}', $2, 'boom')`, key, status)
+		require.NoError(t, err)
+	}
+	event := func(key, kind, actor string, s float64, detail string) {
+		_, err := pool.Exec(ctx, `INSERT INTO stepwise_event (subject, kind, actor, detail, at) VALUES ($1, $2, $3, $4::jsonb, $5)`,
+			key, kind, actor, detail, at(s))
+		require.NoError(t, err)
+	}
+	claim := func(key, owner string, s float64) { event(key, "lease.claim", owner, s, `{}`) }
+	takeover := func(key string, s float64) { event(key, "run.takeover", "maintenance", s, `{}`) }
+
+	live := &workflowtest.Liveness{
+		Window:      5 * time.Second,
+		MaxAttempts: 3,
+		Workers: []workflowtest.WorkerLife{
+			{ID: "healthy", Pid: 101, Started: at(0)},
+			{ID: "killed", Pid: 102, Started: at(0), Died: at(20)},
+			{ID: "paused", Pid: 103, Started: at(0), Paused: []workflowtest.Interval{{From: at(30), To: at(34)}}},
+			{ID: "cut", Pid: 104, Started: at(0), CutOff: []workflowtest.Interval{{From: at(40), To: at(41)}}},
+		},
+	}
+	// needless: held by "healthy" at each takeover, and failed after them.
+	run("needless", "failed")
+	for i := range 3 {
+		claim("needless", "healthy/job-1/attempt-1", float64(10*i))
+		takeover("needless", float64(10*i+5))
+	}
+	event("needless", "run.finish", "maintenance", 40, `{"error": "vanished"}`)
+	// justified: held by the killed, paused and cut-off workers; failed after 3 crashes.
+	run("justified", "failed")
+	claim("justified", "killed/job-2/attempt-1", 15)
+	takeover("justified", 22)
+	claim("justified", "paused/job-3/attempt-1", 29)
+	takeover("justified", 35)
+	claim("justified", "cut/job-4/attempt-1", 39)
+	takeover("justified", 42)
+	event("justified", "run.finish", "maintenance", 50, `{"error": "vanished"}`)
+	// fetched: last claimed by "healthy", but its job was then fetched by "killed", which died
+	// before claiming: the takeover answers that death.
+	run("fetched", "running")
+	claim("fetched", "healthy/job-6/attempt-1", 10)
+	var job int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (kind, args, max_attempts, queue, state, attempted_by, priority)
+		VALUES ('w', '{}', 25, 'default', 'running', ARRAY['healthy', 'killed'], 1) RETURNING id`).Scan(&job))
+	event("fetched", "run.takeover", "maintenance", 23, fmt.Sprintf(`{"old_job": %d}`, job))
+	// deliberate: the step failed the run.
+	run("deliberate", "failed")
+	claim("deliberate", "healthy/job-5/attempt-1", 1)
+	event("deliberate", "run.finish", "healthy/job-5/attempt-1", 2, `{"steps": 3}`)
+
+	count, vs, err := workflowtest.CountTakeovers(ctx, pool, live)
+	require.NoError(t, err)
+	t.Log(workflowtest.FormatViolations(vs))
+	require.Equal(t, workflowtest.TakeoverCount{Takeovers: 7, Needless: 3}, count)
+	require.Len(t, vs, 4)
+	for _, v := range vs[:3] {
+		require.Equal(t, "no takeover of a run whose worker was alive, running and connected", v.Name)
+		require.Contains(t, v.Evidence, "run needless taken over")
+		require.Contains(t, v.Evidence, "healthy/job-1/attempt-1 (pid 101")
+	}
+	require.Equal(t, "a run is failed only after MaxAttempts crashes or errors", vs[3].Name)
+	require.Contains(t, vs[3].Evidence, "run needless failed")
+	require.Contains(t, vs[3].Evidence, "1 crash(es) and 0 step error(s), fewer than MaxAttempts 3 (needless takeovers: 3)")
+
+	// The same through CheckInvariants.
+	all, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Liveness: live})
+	require.NoError(t, err)
+	require.Equal(t, vs, all)
+}

@@ -1,0 +1,21 @@
+-- The operator's console (package console) lists operations newest first with keyset
+-- pagination, filtered by state or by run, on tables of millions of rows. Without these an
+-- operator's "show me the FAILED_PERMANENT payouts" or "the payouts of this run" reads the
+-- whole ledger and sorts it on the same database that settles.
+--
+-- State filter (and the unfiltered list, merged per state): one index range scan per state.
+CREATE INDEX stepwise_operation_console_state_idx ON stepwise_operation (state, created_at, operation_id);
+-- Run filter: a settle shard's run holds hundreds of thousands of payouts; (run_key, state)
+-- finds them but not in page order.
+CREATE INDEX stepwise_operation_console_run_idx ON stepwise_operation (run_key, created_at, operation_id)
+    WHERE run_key IS NOT NULL;
+
+-- "Recent takeovers and refused commits" and the console's own audit trail, without scanning
+-- every event ever written (one per claim, transition, release): partial, so the hot event
+-- kinds pay nothing for it.
+CREATE INDEX stepwise_event_console_kind_idx ON stepwise_event (kind, id)
+    WHERE kind IN ('run.takeover', 'lease.fenced', 'console.action');
+
+-- Runs by status, newest first (the runs list and the overview's counts): a run row changes
+-- per step, not per item, so this costs little; without it "failed runs" reads all history.
+CREATE INDEX stepwise_run_console_status_idx ON stepwise_run (status, created_at, key);

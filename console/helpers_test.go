@@ -209,4 +209,3 @@ func requireNoInternals(t testing.TB, body string) {
 		require.NotContains(t, body, s)
 	}
 }
-

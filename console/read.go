@@ -120,7 +120,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	for i := range d.Schedules {
-		if d.Schedules[i].Slots, err = workflow.ListSlots(ctx, h.db, d.Schedules[i].Name, 5); err != nil {
+		if d.Schedules[i].Slots, err = h.latestSlots(ctx, d.Schedules[i].Name, 5); err != nil {
 			h.internal(w, r, "reading slots", err)
 			return
 		}
@@ -132,8 +132,8 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	if len(kinds) > 0 {
-		// Counts per kind and state, each capped: served by stepwise_operation_console_state_idx
-		// (state, created_at, operation_id), or the partial index of the state.
+		// Counts per kind and state, each capped: at most countCap+1 entries of
+		// stepwise_operation_console_state_idx (kind, state, ...) per cell.
 		rows, err = h.db.Query(ctx, `SELECT k.kind, s.state,
 				(SELECT count(*) FROM (SELECT 1 FROM stepwise_operation o WHERE o.state = s.state AND o.kind = k.kind LIMIT $3) x)::int
 			FROM unnest($1::text[]) k(kind) CROSS JOIN unnest($2::text[]) s(state)`, kinds, d.States, countCap+1)
@@ -157,8 +157,9 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 			h.internal(w, r, "counting operations", err)
 			return
 		}
-		// Ages: the oldest PENDING by created_at is the first entry of the state index; the
-		// oldest UNKNOWN_EXTERNAL reads the (few) rows of the partial unknown index.
+		// Ages: the oldest PENDING by created_at is the first entry of its (kind, state) range
+		// of the state index; the oldest UNKNOWN_EXTERNAL reads the rows of the partial
+		// unknown index (few, unless the external system is down: then it is the point).
 		rows, err = h.db.Query(ctx, `SELECT k.kind,
 				(SELECT min(unknown_since) FROM stepwise_operation o WHERE o.state = 'UNKNOWN_EXTERNAL' AND o.kind = k.kind),
 				(SELECT created_at FROM stepwise_operation o WHERE o.state = 'PENDING' AND o.kind = k.kind ORDER BY created_at LIMIT 1)
@@ -402,9 +403,11 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 	// Newest first, keyset on (created_at, operation_id); each filter has its index:
 	//   business key: the unique (kind, business_key) index, per kind (at most one row each);
 	//   run:          stepwise_operation_console_run_idx (run_key, created_at, operation_id);
-	//   state:        stepwise_operation_console_state_idx (state, created_at, operation_id);
+	//   kind + state: stepwise_operation_console_state_idx (kind, state, created_at, operation_id);
+	//   state:        the same index, one range per kind, merged;
 	//   kind:         stepwise_operation_created_idx (kind, created_at);
-	//   nothing:      the state index, one range per state, merged.
+	//   nothing:      the same index, one range per kind, merged.
+	// Each branch reads at most a page (plus one) of index entries, however large the ledger.
 	var conds []string
 	args := []any{}
 	arg := func(v any) string { args = append(args, v); return "$" + strconv.Itoa(len(args)) }
@@ -415,29 +418,30 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 		}
 		conds = append(conds, "(o.kind, o.business_key) IN (SELECT k, "+arg(f.BusinessKey)+"::text FROM unnest("+arg(ks)+"::text[]) k)")
 	}
-	if f.Kind != "" {
-		conds = append(conds, "o.kind = "+arg(f.Kind))
-	}
 	if f.Run != "" {
 		conds = append(conds, "o.run_key = "+arg(f.Run))
 	}
+	if f.State != "" {
+		conds = append(conds, "o.state = "+arg(f.State))
+	}
 	if f.After != nil {
 		id, _ := uuid.Parse(f.After.Key) // validated by parseOpFilter
-		conds = append(conds, "(o.created_at, o.operation_id) < ("+arg(f.After.At)+"::timestamptz, "+arg(id)+"::uuid)")
+		at := arg(f.After.At)
+		// The plain bound lets an index on created_at alone (without the id) start at the
+		// cursor; the row comparison then breaks ties exactly.
+		conds = append(conds, "o.created_at <= "+at+"::timestamptz",
+			"(o.created_at, o.operation_id) < ("+at+"::timestamptz, "+arg(id)+"::uuid)")
 	}
 	limit := arg(h.cfg.PageSize + 1)
-	states := []string{f.State}
-	if f.State == "" && f.BusinessKey == "" && f.Run == "" && f.Kind == "" {
-		states = nil
-		for _, s := range outbox.States() {
-			states = append(states, string(s))
-		}
+	perKind := []string{f.Kind}
+	if f.Kind == "" && f.BusinessKey == "" && f.Run == "" {
+		perKind = kinds // merged per kind, so that each range is an index range
 	}
 	var parts []string
-	for _, s := range states {
+	for _, k := range perKind {
 		c := conds
-		if s != "" {
-			c = append([]string{"o.state = '" + s + "'"}, conds...) // s is a validated state
+		if k != "" {
+			c = append([]string{"o.kind = " + arg(k)}, conds...)
 		}
 		where := "true"
 		if len(c) > 0 {
@@ -446,8 +450,13 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 		parts = append(parts, `(SELECT `+outbox.Columns("o")+` FROM stepwise_operation o WHERE `+where+
 			` ORDER BY o.created_at DESC, o.operation_id DESC LIMIT `+limit+`)`)
 	}
-	sql := parts[0]
-	if len(parts) > 1 {
+	var sql string
+	switch len(parts) {
+	case 0: // no operation at all yet
+		sql = `SELECT ` + outbox.Columns("o") + ` FROM stepwise_operation o WHERE false`
+	case 1:
+		sql = parts[0]
+	default:
 		sql = `SELECT * FROM (` + strings.Join(parts, " UNION ALL ") + `) u ORDER BY created_at DESC, operation_id DESC LIMIT ` + limit
 	}
 	rows, err := h.db.Query(ctx, sql, args...)
@@ -653,4 +662,71 @@ func (h *Handler) badRequest(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	h.internal(w, r, "reading the request", fmt.Errorf("unexpected: %w", err))
+}
+
+// latestSlots reports the newest n slots of a schedule with their batch status derived from
+// evidence by workflow.DeriveBatchStatus, as workflow.ListSlots does, except that operations
+// are counted up to countCap per state: ListSlots counts every operation of the slot, which
+// on a slot of a million payouts takes seconds, and the status needs only "any?" per state.
+// Index use: the slot's primary key backwards, stepwise_run_slot_idx, and
+// stepwise_operation_run_key_idx (run_key, state) per state.
+func (h *Handler) latestSlots(ctx context.Context, schedule string, n int) ([]*workflow.SlotReport, error) {
+	rows, err := h.db.Query(ctx, `SELECT slot, status, coalesce(reason, ''), coalesce(detail, ''), shards,
+			created_at, materialized_at, started_at, runs_done_at
+		FROM stepwise_schedule_slot WHERE schedule = $1 ORDER BY slot DESC LIMIT $2`, schedule, n)
+	if err != nil {
+		return nil, err
+	}
+	reports, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*workflow.SlotReport, error) {
+		r := &workflow.SlotReport{Schedule: schedule, Runs: map[string]int{}, Operations: map[string]int{}}
+		err := row.Scan(&r.Slot, &r.Decision, &r.Reason, &r.Detail, &r.Shards, &r.DecidedAt, &r.MaterializedAt, &r.StartedAt, &r.RunsDoneAt)
+		r.Slot = r.Slot.UTC()
+		return r, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var states []string
+	for _, s := range outbox.States() {
+		states = append(states, string(s))
+	}
+	for _, r := range reports {
+		rows, err := h.db.Query(ctx, `SELECT key, status FROM stepwise_run WHERE schedule = $1 AND slot = $2`, schedule, r.Slot)
+		if err != nil {
+			return nil, err
+		}
+		var keys []string
+		var key, status string
+		if _, err := pgx.ForEachRow(rows, []any{&key, &status}, func() error {
+			keys = append(keys, key)
+			r.Runs[status]++
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		if r.Decision == workflow.SlotMaterialized && len(keys) < r.Shards {
+			r.Runs[workflow.RunMissing] = r.Shards - len(keys)
+		}
+		if len(keys) > 0 {
+			rows, err = h.db.Query(ctx, `SELECT s.state,
+					(SELECT count(*) FROM (SELECT 1 FROM stepwise_operation o WHERE o.run_key = ANY($1) AND o.state = s.state LIMIT $3) x)::int
+				FROM unnest($2::text[]) s(state)`, keys, states, countCap+1)
+			if err != nil {
+				return nil, err
+			}
+			var state string
+			var c int
+			if _, err := pgx.ForEachRow(rows, []any{&state, &c}, func() error {
+				if c > 0 {
+					r.Operations[state] = c
+				}
+				return nil
+			}); err != nil {
+				return nil, err
+			}
+		}
+		r.NeedsAttention = r.Operations[string(outbox.StateManual)]
+		r.Status = workflow.DeriveBatchStatus(r.Decision, r.Shards, r.Runs, r.Operations)
+	}
+	return reports, nil
 }

@@ -3,8 +3,9 @@
 -- operator's "show me the FAILED_PERMANENT payouts" or "the payouts of this run" reads the
 -- whole ledger and sorts it on the same database that settles.
 --
--- State filter (and the unfiltered list, merged per state): one index range scan per state.
-CREATE INDEX stepwise_operation_console_state_idx ON stepwise_operation (state, created_at, operation_id);
+-- State filter, per kind (a state alone: one range per kind, merged; kinds are few), and
+-- the overview's capped counts per kind and state.
+CREATE INDEX stepwise_operation_console_state_idx ON stepwise_operation (kind, state, created_at, operation_id);
 -- Run filter: a settle shard's run holds hundreds of thousands of payouts; (run_key, state)
 -- finds them but not in page order.
 CREATE INDEX stepwise_operation_console_run_idx ON stepwise_operation (run_key, created_at, operation_id)

@@ -179,7 +179,7 @@ func shoot(t *testing.T, ctx context.Context, name string) {
 		return
 	}
 	var png []byte
-	require.NoError(t, chromedp.Run(ctx, chromedp.FullScreenshot(&png, 80)))
+	require.NoError(t, chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "console-"+name+".png"), png, 0o644))
 }
 

@@ -131,7 +131,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// Takeover from every process, not only River's leader: when the process that dies is
 	// the leader, the leader-run job would wait for a new election (measured: ~17s).
 	go func() { _ = svc.Engine.RunMaintenance(runCtx, svc.Client) }()
-	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /riverui/; %d shards, schedule %q in %s (on: %t), bank %s\n",
+	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /riverui/ /console/; %d shards, schedule %q in %s (on: %t), bank %s\n",
 		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, f.bank.url)
 
 	select {
@@ -186,6 +186,12 @@ func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Servi
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/riverui/", requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")))
+	// The operator's console checks credentials, origin and CSRF itself (package console).
+	cons, err := newConsole(pool, svc, logger)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/console/", cons)
 	return readOnlyUnlessAuthorized(mux), nil
 }
 
@@ -193,7 +199,7 @@ func serveHandler(ctx context.Context, pool *pgxpool.Pool, svc *settlement.Servi
 // checks credentials itself): metrics and health are read-only.
 func readOnlyUnlessAuthorized(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") && !isUnder(r.URL.Path, "/console/") {
 			http.Error(w, "read-only endpoint", http.StatusMethodNotAllowed)
 			return
 		}

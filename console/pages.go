@@ -65,16 +65,39 @@ var funcs = template.FuncMap{
 		}
 		return ""
 	},
-	"money": func(amount int64, currency string) string {
-		if currency == "" {
-			return strconv.FormatInt(amount, 10)
-		}
-		sign := ""
-		if amount < 0 {
-			sign, amount = "-", -amount
-		}
-		return fmt.Sprintf("%s%d.%02d %s", sign, amount/100, amount%100, currency)
-	},
+	"money": money,
+}
+
+// minorDigits are the ISO 4217 currencies whose minor unit is not a hundredth; amounts are
+// stored in minor units, so 1000 JPY is 1000, not 10.00.
+var minorDigits = map[string]int{
+	"BIF": 0, "CLP": 0, "DJF": 0, "GNF": 0, "ISK": 0, "JPY": 0, "KMF": 0, "KRW": 0, "PYG": 0,
+	"RWF": 0, "UGX": 0, "UYI": 0, "VND": 0, "VUV": 0, "XAF": 0, "XOF": 0, "XPF": 0,
+	"BHD": 3, "IQD": 3, "JOD": 3, "KWD": 3, "LYD": 3, "OMR": 3, "TND": 3,
+}
+
+// money renders an amount in minor units with its currency's decimals.
+func money(amount int64, currency string) string {
+	if currency == "" {
+		return strconv.FormatInt(amount, 10)
+	}
+	digits, ok := minorDigits[currency]
+	if !ok {
+		digits = 2
+	}
+	sign := ""
+	u := uint64(amount)
+	if amount < 0 {
+		sign, u = "-", uint64(-amount)
+	}
+	if digits == 0 {
+		return fmt.Sprintf("%s%d %s", sign, u, currency)
+	}
+	div := uint64(100)
+	if digits == 3 {
+		div = 1000
+	}
+	return fmt.Sprintf("%s%d.%0*d %s", sign, u/div, digits, u%div, currency)
 }
 
 func parsePages() (*pages, error) {

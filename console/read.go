@@ -283,13 +283,16 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if f.Status != "" {
 		statuses = []string{f.Status}
 	}
+	// Each status's page of runs first, then their checkpoints by primary key: joining
+	// before the LIMIT would read every checkpoint of the history.
 	var parts []string
 	for _, s := range statuses {
 		c := append([]string{"r.status = '" + s + "'"}, conds...) // s is one of runStatuses
-		parts = append(parts, `(SELECT `+runColumns+` FROM stepwise_run r LEFT JOIN stepwise_checkpoint c ON c.key = r.key
-			WHERE `+strings.Join(c, " AND ")+` ORDER BY r.created_at DESC, r.key DESC LIMIT `+limit+`)`)
+		parts = append(parts, `(SELECT r.* FROM stepwise_run r WHERE `+strings.Join(c, " AND ")+
+			` ORDER BY r.created_at DESC, r.key DESC LIMIT `+limit+`)`)
 	}
-	sql := `SELECT * FROM (` + strings.Join(parts, " UNION ALL ") + `) u ORDER BY created_at DESC, key DESC LIMIT ` + limit
+	sql := `SELECT ` + runColumns + ` FROM (` + strings.Join(parts, " UNION ALL ") + `) r
+		LEFT JOIN stepwise_checkpoint c ON c.key = r.key ORDER BY r.created_at DESC, r.key DESC LIMIT ` + limit
 	rows, err := h.db.Query(r.Context(), sql, args...)
 	if err != nil {
 		h.internal(w, r, "listing runs", err)

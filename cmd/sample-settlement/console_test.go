@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -56,4 +58,17 @@ func TestServeMountsTheConsole(t *testing.T) {
 	require.NoError(t, err)
 	code, _ = do(h, http.MethodGet, "/console/")
 	require.Equal(t, http.StatusUnauthorized, code)
+
+	// The demo serves the same console on --console-addr and prints where.
+	t.Setenv("CONSOLE_USER", "")
+	var printed string
+	stop, err := serveDemoConsole(pool, svc, quietLogger(), "127.0.0.1:0", func(format string, args ...any) { printed = fmt.Sprintf(format, args...) })
+	require.NoError(t, err)
+	defer stop()
+	m := regexp.MustCompile(`^console: (http://127\.0\.0\.1:\d+/console/) `).FindStringSubmatch(printed)
+	require.NotNil(t, m, printed)
+	resp, err := http.Get(m[1])
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

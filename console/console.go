@@ -98,7 +98,8 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/")) {
+	// "//host" would make every link of the console point at another site.
+	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.HasPrefix(c.Prefix, "//") || strings.HasSuffix(c.Prefix, "/")) {
 		return nil, fmt.Errorf("console.New: Prefix %q: want a path such as /console (leading slash, no trailing slash)", c.Prefix)
 	}
 	switch {

@@ -441,6 +441,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}{
 		{console.Config{Prefix: "console"}, "leading slash"},
 		{console.Config{Prefix: "/console/"}, "no trailing slash"},
+		{console.Config{Prefix: "//evil.test"}, "leading slash"},
 		{console.Config{PageSize: 501}, "want 1 to 500"},
 		{console.Config{CSRFKey: []byte("short")}, "at least 16"},
 		{console.Config{Statements: map[string]reconcile.Statement{"payout": nil}}, `Statements["payout"] is nil`},

@@ -405,7 +405,8 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 	}
 	// Newest first, keyset on (created_at, operation_id); each filter has its index:
 	//   business key: the unique (kind, business_key) index, per kind (at most one row each);
-	//   run:          stepwise_operation_console_run_idx (run_key, created_at, operation_id);
+	//   run (+state): stepwise_operation_console_run_idx (run_key, state, created_at, operation_id);
+	//                 a run alone: one range per state, merged;
 	//   kind + state: stepwise_operation_console_state_idx (kind, state, created_at, operation_id);
 	//   state:        the same index, one range per kind, merged;
 	//   kind:         stepwise_operation_created_idx (kind, created_at);
@@ -420,6 +421,9 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 			ks = []string{f.Kind}
 		}
 		conds = append(conds, "(o.kind, o.business_key) IN (SELECT k, "+arg(f.BusinessKey)+"::text FROM unnest("+arg(ks)+"::text[]) k)")
+	}
+	if f.Kind != "" {
+		conds = append(conds, "o.kind = "+arg(f.Kind))
 	}
 	if f.Run != "" {
 		conds = append(conds, "o.run_key = "+arg(f.Run))
@@ -436,16 +440,24 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 			"(o.created_at, o.operation_id) < ("+at+"::timestamptz, "+arg(id)+"::uuid)")
 	}
 	limit := arg(h.cfg.PageSize + 1)
-	perKind := []string{f.Kind}
-	if f.Kind == "" && f.BusinessKey == "" && f.Run == "" {
-		perKind = kinds // merged per kind, so that each range is an index range
+	// branches are the extra conditions of each merged range.
+	branches := [][]string{nil}
+	switch {
+	case f.BusinessKey != "":
+	case f.Run != "" && f.State == "":
+		branches = nil
+		for _, st := range outbox.States() {
+			branches = append(branches, []string{"o.state = '" + string(st) + "'"}) // a constant
+		}
+	case f.Run == "" && f.Kind == "":
+		branches = nil
+		for _, k := range kinds {
+			branches = append(branches, []string{"o.kind = " + arg(k)})
+		}
 	}
 	var parts []string
-	for _, k := range perKind {
-		c := conds
-		if k != "" {
-			c = append([]string{"o.kind = " + arg(k)}, conds...)
-		}
+	for _, extra := range branches {
+		c := append(append([]string{}, extra...), conds...)
 		where := "true"
 		if len(c) > 0 {
 			where = strings.Join(c, " AND ")

@@ -44,6 +44,7 @@ type demoFlags struct {
 	bankSeed          uint64
 	timeout           time.Duration
 	verbose           bool
+	consoleAddr       string
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -61,6 +62,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&f.bankSeed, "bank-seed", 1, "seed of the bank's fault draws")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up if the date is not at rest after this long")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
+	fs.StringVar(&f.consoleAddr, "console-addr", "127.0.0.1:0", "serve the operator's console here while the demo runs (loopback, read-only unless CONSOLE_USER/CONSOLE_PASSWORD); empty: no console")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -173,6 +175,13 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	}
 	step("workers: %d River clients, each working up to %d settle runs and sending %d payouts at once",
 		f.workers, plan.Shards, f.payoutConcurrency)
+	if f.consoleAddr != "" {
+		stopConsole, err := serveDemoConsole(pool, services[0], logger, f.consoleAddr, step)
+		if err != nil {
+			return err
+		}
+		defer stopConsole()
+	}
 
 	// 5. Settle the date: one run per shard, keyed like the daily schedule's.
 	date, _ := settlement.ParseDate(f.seed.date)

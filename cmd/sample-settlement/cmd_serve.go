@@ -175,7 +175,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	go func() { _ = svc.Engine.RunMaintenance(runCtx, svc.Client) }()
 	go func() { _ = svc.Outbox.RunMaintenance(runCtx, svc.Client) }()
 	go func() { _ = svc.Reconciler.RunMaintenance(runCtx, svc.Client) }()
-	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
+	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/ /console/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
 		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
 
 	select {
@@ -328,6 +328,12 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
+	// The operator's console checks credentials, origin and CSRF itself (package console).
+	cons, err := newConsole(svc.Pool, svc, logger)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/console/", limitInFlight(o.maxUIRequests, cons))
 	return limitBodies(readOnlyUnlessAuthorized(mux)), nil
 }
 
@@ -342,7 +348,7 @@ type serveOps struct {
 // checks credentials itself): metrics and health are read-only.
 func readOnlyUnlessAuthorized(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") && !isUnder(r.URL.Path, "/console/") {
 			http.Error(w, "read-only endpoint", http.StatusMethodNotAllowed)
 			return
 		}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// newConsole is the operator's console of the sample service, mounted at /console/. With
+// CONSOLE_USER and CONSOLE_PASSWORD set, operators sign in with them and may cancel runs and
+// resolve MANUAL payouts; without, the console is read-only and answers loopback only.
+// Totals compare payouts with the bank's statement.
+func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger) (http.Handler, error) {
+	cfg := &console.Config{
+		Prefix:     "/console",
+		Reconciler: svc.Reconciler,
+		Logger:     logger,
+	}
+	if svc.Sender != nil && svc.Sender.Bank != nil {
+		cfg.Statements = map[string]reconcile.Statement{settlement.PayoutKind: bankops.Statement(svc.Sender.Bank)}
+	}
+	if user, password := os.Getenv("CONSOLE_USER"), os.Getenv("CONSOLE_PASSWORD"); user != "" && password != "" {
+		cfg.Authenticate = console.BasicAuth(user, password)
+	}
+	// Resume continues a failed or cancelled run from its last committed cursor, audited
+	// with the signed-in operator as actor.
+	cfg.Resume = func(ctx context.Context, key, actor, reason string) error {
+		return workflow.Resume(ctx, svc.Client, key, actor, reason)
+	}
+	// Requests shows the requests actually started per operation, so an operator can tell a
+	// payout sent twice from one merely claimed twice.
+	cfg.Requests = func(ctx context.Context, id uuid.UUID) ([]console.Request, error) {
+		rs, err := outbox.Requests(ctx, pool, id)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]console.Request, 0, len(rs))
+		for _, r := range rs {
+			cr := console.Request{Attempt: r.Claim, EndedAt: r.EndedAt, Outcome: string(r.Outcome), Detail: r.Error}
+			if r.StartedAt != nil {
+				cr.StartedAt = *r.StartedAt
+			} else {
+				cr.Detail = "claimed by " + r.Actor + "; its dispatcher died holding the claim: the request may or may not have begun"
+			}
+			out = append(out, cr)
+		}
+		return out, nil
+	}
+	return console.New(pool, cfg)
+}
+
+// serveDemoConsole serves the console for the demo's lifetime and says where.
+func serveDemoConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger, addr string, step func(string, ...any)) (func(), error) {
+	h, err := newConsole(pool, svc, logger)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on --console-addr %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/console/", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	step("console: http://%s/console/ (while the demo runs)", ln.Addr())
+	return func() { _ = srv.Close() }, nil
+}

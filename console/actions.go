@@ -1,0 +1,197 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// ActionEvent is the stepwise_event kind of every console action.
+const ActionEvent = "console.action"
+
+// reason reads and checks an action's reason: required (the audit trail says why), one
+// line, bounded.
+func (h *Handler) reason(w http.ResponseWriter, r *http.Request) (string, bool) {
+	reason := strings.TrimSpace(r.PostForm.Get("reason"))
+	switch {
+	case reason == "":
+		h.fail(w, r, http.StatusBadRequest, "reason is required: the audit trail says why (a ticket, what the bank said)")
+		return "", false
+	case utf8.RuneCountInString(reason) > maxReason || !utf8.ValidString(reason):
+		h.fail(w, r, http.StatusBadRequest, "reason: at most %d characters of valid UTF-8", maxReason)
+		return "", false
+	case strings.IndexFunc(reason, unicode.IsControl) >= 0:
+		h.fail(w, r, http.StatusBadRequest, "reason: one line, without control characters")
+		return "", false
+	}
+	return reason, true
+}
+
+// audit records a console action in tx: who, what, on which subject, why, from where.
+func audit(ctx context.Context, tx pgx.Tx, subject, action, from, to, actor, reason string, r *http.Request) error {
+	_, err := tx.Exec(ctx, `INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
+		VALUES ($1, $2, nullif($3, ''), nullif($4, ''), $5, jsonb_build_object('action', $6::text, 'reason', $7::text, 'peer', $8::text))`,
+		subject, ActionEvent, from, to, actor, action, reason, r.RemoteAddr)
+	return err
+}
+
+func (h *Handler) redirect(w http.ResponseWriter, r *http.Request, page string, q url.Values) {
+	// 303: the browser GETs the page, so a reload does not re-post the action.
+	http.Redirect(w, r, h.cfg.Prefix+page+"?"+q.Encode(), http.StatusSeeOther)
+}
+
+// cancelRun requests cancellation of a run, only if it is still in the status the operator
+// saw: a run that finished meanwhile is not "cancelled" in the audit trail.
+func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
+	key, seen := r.PostForm.Get("key"), r.PostForm.Get("seen")
+	if key == "" || textParam("key", key, 255) != nil {
+		h.fail(w, r, http.StatusBadRequest, "key: the run's key is required")
+		return
+	}
+	if seen != string(workflow.StatusPending) && seen != string(workflow.StatusRunning) {
+		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: only a pending or running run can be cancelled; the form sends the status you saw", seen)
+		return
+	}
+	reason, ok := h.reason(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	status := ""
+	err := pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+		// Lock the run row: a worker finishing the run between the check and the request
+		// would otherwise turn "cancel what I saw running" into a cancel of a finished run.
+		if err := tx.QueryRow(ctx, `SELECT status FROM stepwise_run WHERE key = $1 FOR UPDATE`, key).Scan(&status); err != nil {
+			return err
+		}
+		if status != seen {
+			return errMoved
+		}
+		if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+v.Actor+" in the console: "+reason); err != nil {
+			return err
+		}
+		return audit(ctx, tx, key, "run.cancel", status, "cancel_requested", v.Actor, reason, r)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		h.fail(w, r, http.StatusNotFound, "no run with key %q", key)
+		return
+	case errors.Is(err, errMoved):
+		h.fail(w, r, http.StatusConflict, "run %q is %s now, not %s as you saw it: nothing was done; reload the run and decide again", key, status, seen)
+		return
+	case err != nil:
+		h.internal(w, r, "cancelling the run", err)
+		return
+	}
+	h.logger.Info("console: run cancel requested", "run", key, "actor", v.Actor, "reason", reason)
+	h.redirect(w, r, "/run", url.Values{"key": {key}})
+}
+
+var errMoved = errors.New("moved since seen")
+
+// resumeRun calls the Resume adapter (see Config.Resume) and audits it.
+func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
+	if h.cfg.Resume == nil {
+		h.fail(w, r, http.StatusNotFound, "resume is not available here: Config.Resume is not set")
+		return
+	}
+	key := r.PostForm.Get("key")
+	if key == "" || textParam("key", key, 255) != nil {
+		h.fail(w, r, http.StatusBadRequest, "key: the run's key is required")
+		return
+	}
+	reason, ok := h.reason(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	if err := h.cfg.Resume(ctx, key, v.Actor, reason); err != nil {
+		// Resume's refusals (not found, not resumable) are the operator's to read; they
+		// name the run and its state, not the server.
+		h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
+		h.fail(w, r, http.StatusConflict, "run %q was not resumed: %v", key, err)
+		return
+	}
+	// Resume commits on its own; the console's audit row follows it (a crash between the two
+	// loses the console row, not Resume's own audit).
+	if err := pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+		return audit(ctx, tx, key, "run.resume", "", "resumed", v.Actor, reason, r)
+	}); err != nil {
+		h.internal(w, r, "auditing the resume", err)
+		return
+	}
+	h.logger.Info("console: run resumed", "run", key, "actor", v.Actor, "reason", reason)
+	h.redirect(w, r, "/run", url.Values{"key": {key}})
+}
+
+// resolveOperation records a person's decision on a MANUAL operation through
+// reconcile.ResolveTx, conditional on the state the operator saw, with the console's audit
+// row in the same transaction.
+func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *viewer) {
+	if h.cfg.Reconciler == nil {
+		h.fail(w, r, http.StatusNotFound, "resolving is not available here: Config.Reconciler is not set")
+		return
+	}
+	id, err := uuid.Parse(r.PostForm.Get("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "id: want the operation_id (a UUID)")
+		return
+	}
+	seen := outbox.State(r.PostForm.Get("seen"))
+	if seen != outbox.StateManual {
+		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: the console resolves MANUAL operations; the form sends the state you saw", seen)
+		return
+	}
+	outcome := outbox.State(r.PostForm.Get("outcome"))
+	if outcome != outbox.StateSucceeded && outcome != outbox.StateFailedPermanent && outcome != outbox.StateRetryable {
+		h.fail(w, r, http.StatusBadRequest, "outcome=%.40q: want SUCCEEDED (it happened), FAILED_PERMANENT (it did not and will not) or RETRYABLE (send it again under the same id)", outcome)
+		return
+	}
+	ref := strings.TrimSpace(r.PostForm.Get("external_ref"))
+	if err := textParam("external_ref", ref, 255); err != nil {
+		h.badRequest(w, r, err)
+		return
+	}
+	reason, ok := h.reason(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	err = pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+		// ResolveTx moves the operation only if it is still in the state the operator saw
+		// (another operator or the reconciler may have settled it meanwhile).
+		if _, err := h.cfg.Reconciler.ResolveTx(ctx, tx, &reconcile.ResolveParams{
+			OperationID: id, Outcome: outcome, ExpectedState: seen, Actor: v.Actor, Reason: reason, ExternalRef: ref,
+		}); err != nil {
+			return err
+		}
+		return audit(ctx, tx, "op:"+id.String(), "operation.resolve", string(seen), string(outcome), v.Actor, reason, r)
+	})
+	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		h.fail(w, r, http.StatusNotFound, "no operation %s", id)
+		return
+	case errors.Is(err, outbox.ErrStateChanged):
+		h.fail(w, r, http.StatusConflict, "operation %s is no longer %s: nothing was done; reload it and decide again (%v)", id, seen, err)
+		return
+	case errors.Is(err, reconcile.ErrInvalidResolution), errors.Is(err, outbox.ErrInvalidTransition):
+		h.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	case err != nil:
+		h.internal(w, r, "resolving the operation", err)
+		return
+	}
+	h.logger.Info("console: operation resolved", "operation", id, "outcome", outcome, "actor", v.Actor, "reason", reason)
+	h.redirect(w, r, "/operation", url.Values{"id": {id.String()}})
+}

@@ -1,0 +1,232 @@
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+)
+
+// Config configures the console. Every field is optional; a nil field hides what it enables.
+type Config struct {
+	// Prefix is the path the handler is mounted under, e.g. "/console" (no trailing slash).
+	// Links and form actions are built with it. Default: "" (mounted at the root).
+	Prefix string
+
+	// Authenticate names the user of a request, or reports false when the request carries
+	// no valid credentials. With it, every request needs credentials and actions are
+	// allowed; the name is the actor of the audit trail. Without it the console is
+	// read-only and answers loopback peers only. See BasicAuth.
+	Authenticate func(r *http.Request) (actor string, ok bool)
+
+	// Reconciler enables resolving MANUAL operations (reconcile.Reconciler.ResolveTx).
+	Reconciler *reconcile.Reconciler
+
+	// Statements enables the Totals page: the external statement of each operation kind.
+	Statements map[string]reconcile.Statement
+	// Location is the time zone of the Totals page's dates. Default: UTC.
+	Location *time.Location
+
+	// Resume, when set, offers Resume on failed and cancelled runs: it continues a run from
+	// its cursor. ADAPTER: main's workflow package has no Resume yet; wire
+	// workflow.Resume(ctx, client, key, actor, reason) here once it exists. The console
+	// audits the action itself after Resume returns (Resume runs its own transaction).
+	Resume func(ctx context.Context, key, actor, reason string) error
+
+	// Requests, when set, lists the requests actually started for an operation (one per
+	// send) on its page. ADAPTER for the outbox's request-record table; without it the page
+	// shows the attempt counter only.
+	Requests func(ctx context.Context, operationID uuid.UUID) ([]Request, error)
+
+	// PageSize is the number of rows per list page. Default 50, at most 500.
+	PageSize int
+
+	// CSRFKey signs the forms' CSRF tokens. Default: 32 random bytes per handler, so tokens
+	// do not survive a restart (a form left open over a deploy is refused; reload it). Set
+	// it when several processes serve the console behind one balancer.
+	CSRFKey []byte
+
+	// Logger receives internal errors (never shown to the browser) and every action.
+	// Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Request is one request started for an operation, as the Requests adapter reports it.
+type Request struct {
+	Attempt   int
+	StartedAt time.Time
+	EndedAt   *time.Time
+	Outcome   string
+	Detail    string
+}
+
+// Handler is the console. It is safe for concurrent use.
+type Handler struct {
+	db     outbox.DB
+	cfg    Config
+	pages  *pages
+	logger *slog.Logger
+	errSeq atomic.Int64
+}
+
+const (
+	defaultPageSize = 50
+	maxPageSize     = 500
+	// maxBody bounds a form: a reason and a few ids. Anything bigger is not a form of ours.
+	maxBody = 16 << 10
+	// maxReason bounds an action's reason: a sentence and a ticket number, not an essay.
+	maxReason = 500
+)
+
+// New returns the console reading and writing through db (a *pgxpool.Pool).
+func New(db outbox.DB, cfg *Config) (*Handler, error) {
+	if db == nil {
+		return nil, errors.New("console.New: db is nil")
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	// "//host" would make every link of the console point at another site.
+	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.HasPrefix(c.Prefix, "//") || strings.HasSuffix(c.Prefix, "/")) {
+		return nil, fmt.Errorf("console.New: Prefix %q: want a path such as /console (leading slash, no trailing slash)", c.Prefix)
+	}
+	switch {
+	case c.PageSize == 0:
+		c.PageSize = defaultPageSize
+	case c.PageSize < 1 || c.PageSize > maxPageSize:
+		return nil, fmt.Errorf("console.New: PageSize %d: want 1 to %d", c.PageSize, maxPageSize)
+	}
+	if c.Location == nil {
+		c.Location = time.UTC
+	}
+	for kind, s := range c.Statements {
+		if s == nil {
+			return nil, fmt.Errorf("console.New: Statements[%q] is nil", kind)
+		}
+	}
+	if len(c.CSRFKey) == 0 {
+		c.CSRFKey = make([]byte, 32)
+		if _, err := rand.Read(c.CSRFKey); err != nil {
+			return nil, fmt.Errorf("console.New: generating the CSRF key: %w", err)
+		}
+	} else if len(c.CSRFKey) < 16 {
+		return nil, fmt.Errorf("console.New: CSRFKey has %d bytes: want at least 16 random bytes", len(c.CSRFKey))
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	p, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger}, nil
+}
+
+// ServeHTTP checks who is asking and whether they may, then serves the page or action.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	setSecurityHeaders(w)
+	// A form of ours is a few hundred bytes; an unbounded body is a way to hold memory.
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+
+	path, ok := strings.CutPrefix(r.URL.Path, h.cfg.Prefix)
+	if !ok {
+		h.fail(w, r, http.StatusNotFound, "no such page: %s is outside the console's prefix %s", r.URL.Path, h.cfg.Prefix)
+		return
+	}
+	if path == "" {
+		path = "/"
+	}
+	v, ok := h.authorize(w, r)
+	if !ok {
+		return
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		// r.URL.Query() drops what it cannot parse: "state=MANUAL&%%" would quietly list
+		// everything, and an operator would act on the wrong list.
+		if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+			h.fail(w, r, http.StatusBadRequest, "malformed query string: %v", err)
+			return
+		}
+		h.serveRead(w, r, v, path)
+	case http.MethodPost:
+		if !h.authorizeAction(w, r, v) {
+			return
+		}
+		h.serveAction(w, r, v, path)
+	default:
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		h.fail(w, r, http.StatusMethodNotAllowed, "method %s: the console answers GET, and POST for its forms", r.Method)
+	}
+}
+
+func (h *Handler) serveRead(w http.ResponseWriter, r *http.Request, v *viewer, path string) {
+	switch path {
+	case "/":
+		h.overview(w, r, v)
+	case "/runs":
+		h.runs(w, r, v)
+	case "/run":
+		h.run(w, r, v)
+	case "/operations":
+		h.operations(w, r, v)
+	case "/operation":
+		h.operation(w, r, v)
+	case "/totals":
+		h.totals(w, r, v)
+	case "/audit":
+		h.audit(w, r, v)
+	default:
+		h.fail(w, r, http.StatusNotFound, "no such page %q: see the overview at %s/", path, h.cfg.Prefix)
+	}
+}
+
+func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, v *viewer, path string) {
+	switch path {
+	case "/run/cancel":
+		h.cancelRun(w, r, v)
+	case "/run/resume":
+		h.resumeRun(w, r, v)
+	case "/operation/resolve":
+		h.resolveOperation(w, r, v)
+	default:
+		h.fail(w, r, http.StatusNotFound, "no such action %q", path)
+	}
+}
+
+// setSecurityHeaders: no script may run, nothing is fetched from elsewhere, no other site may
+// frame the console (clickjacking an action button), and no page is cached by a shared proxy.
+func setSecurityHeaders(w http.ResponseWriter) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("Referrer-Policy", "same-origin")
+	hd.Set("Cache-Control", "no-store")
+}
+
+// fail answers a client error with a page that says what was wrong and how to fix it.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, format string, args ...any) {
+	h.renderError(w, r, status, fmt.Sprintf(format, args...))
+}
+
+// internal answers a server-side failure without its details (which may name hosts, users
+// or SQL), and logs them under a reference the operator can quote.
+func (h *Handler) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
+	ref := h.errSeq.Add(1)
+	h.logger.Error("console: "+what, "ref", ref, "path", r.URL.Path, "error", err)
+	h.renderError(w, r, http.StatusInternalServerError,
+		fmt.Sprintf("internal error while %s (reference %d): the details are in the server's log", what, ref))
+}

@@ -1,0 +1,38 @@
+// Package console is an operator's web console for a Stepwise service: an http.Handler to
+// mount beside River UI that shows schedules and their slots' evidence-based status, runs
+// and their event trail, operations and their audit rows, and totals against an external
+// statement; and that lets a person cancel a run, resume one (when wired) and resolve a
+// MANUAL operation.
+//
+// # Mounting
+//
+//	h, err := console.New(pool, &console.Config{
+//		Prefix:       "/console",
+//		Reconciler:   reconciler,                                  // enables Resolve
+//		Authenticate: console.BasicAuth(user, password),           // enables every action
+//		Statements:   map[string]reconcile.Statement{"payout": s}, // enables Totals
+//	})
+//	mux.Handle("/console/", h)
+//
+// Pages are server-rendered (html/template), with no script and no asset fetched from
+// anywhere: the console works on an air-gapped operations network.
+//
+// # Security
+//
+//   - Without Authenticate, the console is read-only and answers only requests from a
+//     loopback peer that carry no forwarding header (a reverse proxy on the same host would
+//     otherwise make every visitor "local"); anything else gets 403 with the fix.
+//   - With Authenticate, every request needs credentials, reads included.
+//   - Every action is a POST that needs credentials, a same-origin request (Sec-Fetch-Site
+//     "same-origin", or an Origin equal to the request's own) and the CSRF token of the page
+//     it was made from (bound to the user). The actor recorded is the authenticated user,
+//     never a form field.
+//   - Every action writes a 'console.action' event (actor, reason, peer) in the same
+//     transaction as the change where the underlying API allows it.
+//
+// # Cost on a large ledger
+//
+// Lists use keyset pagination (never OFFSET), and every filter is served by an index; see
+// the comments on the queries and docs/console.md for the plans. Counts on the overview are
+// capped (10,000+) so that the overview's cost does not grow with history.
+package console

@@ -1,0 +1,135 @@
+package console
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"unicode"
+)
+
+// viewer is who is asking: Actor is empty for an anonymous loopback reader.
+type viewer struct {
+	Actor string
+	CSRF  string
+}
+
+// CanAct reports whether the viewer may see action forms.
+func (v *viewer) CanAct() bool { return v.Actor != "" }
+
+// BasicAuth returns an Authenticate function accepting HTTP basic-auth credentials equal
+// to user and password (compared in constant time). The actor is user. It panics if user or
+// password is empty: an empty password would be a console open to anyone who guesses that.
+func BasicAuth(user, password string) func(*http.Request) (string, bool) {
+	if user == "" || password == "" {
+		panic("console.BasicAuth: user and password must both be set")
+	}
+	return func(r *http.Request) (string, bool) {
+		u, p, ok := r.BasicAuth()
+		if !ok {
+			return "", false
+		}
+		// Both compared whatever the first gives: no timing signal for "user exists".
+		okU := subtle.ConstantTimeCompare([]byte(u), []byte(user))
+		okP := subtle.ConstantTimeCompare([]byte(p), []byte(password))
+		return user, okU&okP == 1
+	}
+}
+
+// authorize decides whether the request may read at all, and names its viewer.
+func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bool) {
+	if h.cfg.Authenticate == nil {
+		// Read-only without credentials, and only for this host's own users: anyone who can
+		// reach a wider bind would otherwise read every payout and business key.
+		if !loopbackPeer(r) {
+			h.fail(w, r, http.StatusForbidden, "the console has no credentials configured, so it answers loopback only (and not through a proxy): configure Config.Authenticate (the sample: CONSOLE_USER and CONSOLE_PASSWORD)")
+			return nil, false
+		}
+		return &viewer{}, true
+	}
+	actor, ok := h.cfg.Authenticate(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="stepwise console", charset="UTF-8"`)
+		h.fail(w, r, http.StatusUnauthorized, "credentials required")
+		return nil, false
+	}
+	// The actor goes into the audit trail verbatim: a newline or control character there
+	// could forge a second line in a log or a report.
+	if actor == "" || len(actor) > 200 || strings.IndexFunc(actor, unicode.IsControl) >= 0 {
+		h.fail(w, r, http.StatusForbidden, "the authenticated user's name is empty, longer than 200 bytes or holds control characters; it cannot name an actor in the audit trail")
+		return nil, false
+	}
+	return &viewer{Actor: actor, CSRF: h.csrfToken(actor)}, true
+}
+
+// authorizeAction checks what a change needs beyond reading: credentials, a request made by
+// a page of this origin, and the CSRF token of a form this console rendered for this user.
+func (h *Handler) authorizeAction(w http.ResponseWriter, r *http.Request, v *viewer) bool {
+	if !v.CanAct() {
+		// Anonymous loopback readers cannot act: the audit trail must name a person.
+		h.fail(w, r, http.StatusForbidden, "the console is read-only without credentials: configure Config.Authenticate (the sample: CONSOLE_USER and CONSOLE_PASSWORD) to act")
+		return false
+	}
+	// Same origin: a page on another site can make the browser POST here with the user's
+	// basic-auth credentials attached (CSRF); browsers say where a request comes from in
+	// Sec-Fetch-Site and Origin, which a page cannot forge.
+	if !sameOrigin(r) {
+		h.fail(w, r, http.StatusForbidden, "cross-origin request refused: actions are accepted only from the console's own pages (Sec-Fetch-Site same-origin, or an Origin equal to %s); from a script, send the header Origin: http://%s", r.Host, r.Host)
+		return false
+	}
+	// The CSRF token as well: it also stops an old browser that sends neither header, and a
+	// same-site page of another application on this host.
+	if err := r.ParseForm(); err != nil {
+		h.fail(w, r, http.StatusBadRequest, "unreadable form (at most %d bytes): %v", maxBody, err)
+		return false
+	}
+	if got := r.PostForm.Get("csrf"); subtle.ConstantTimeCompare([]byte(got), []byte(v.CSRF)) != 1 {
+		h.fail(w, r, http.StatusForbidden, "missing or stale CSRF token: reload the page and submit the form again")
+		return false
+	}
+	return true
+}
+
+// csrfToken is bound to the user: a token seen by one user is no use to another.
+func (h *Handler) csrfToken(actor string) string {
+	m := hmac.New(sha256.New, h.cfg.CSRFKey)
+	m.Write([]byte("stepwise-console-csrf\x00"))
+	m.Write([]byte(actor))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// sameOrigin: Sec-Fetch-Site when the browser sends it; otherwise Origin's host must be the
+// request's; neither is a refusal (every current browser sends Origin on a form POST).
+func sameOrigin(r *http.Request) bool {
+	if s := r.Header.Get("Sec-Fetch-Site"); s != "" {
+		if s != "same-origin" {
+			return false
+		}
+	}
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return r.Header.Get("Sec-Fetch-Site") == "same-origin"
+	}
+	u, err := url.Parse(o)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return false // includes "null": a sandboxed frame or a file
+	}
+	return strings.EqualFold(u.Host, r.Host)
+}
+
+// loopbackPeer: the TCP peer is this host and no proxy says it forwards someone else.
+func loopbackPeer(r *http.Request) bool {
+	if r.Header.Get("X-Forwarded-For") != "" || r.Header.Get("Forwarded") != "" || r.Header.Get("X-Real-Ip") != "" {
+		return false
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -630,15 +630,23 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if env["CHAOS_WORKLOAD"] == "steps" {
 		return stepsWorkerMain(ctx, env, lease)
 	}
-	timeout, err := time.ParseDuration(env["CHAOS_PAYOUT_TIMEOUT"])
+	// The send settings default to the classic suite's, so drivers that predate them (the
+	// drills) start workers as before.
+	or := func(name, def string) string {
+		if v := env[name]; v != "" {
+			return v
+		}
+		return def
+	}
+	timeout, err := time.ParseDuration(or("CHAOS_PAYOUT_TIMEOUT", "1s"))
 	if err != nil {
 		return fmt.Errorf("CHAOS_PAYOUT_TIMEOUT: %w", err)
 	}
-	grace, err := time.ParseDuration(env["CHAOS_RECONCILE_GRACE"])
+	grace, err := time.ParseDuration(or("CHAOS_RECONCILE_GRACE", "3s"))
 	if err != nil {
 		return fmt.Errorf("CHAOS_RECONCILE_GRACE: %w", err)
 	}
-	concurrency, err := strconv.Atoi(env["CHAOS_PAYOUT_CONCURRENCY"])
+	concurrency, err := strconv.Atoi(or("CHAOS_PAYOUT_CONCURRENCY", "32"))
 	if err != nil {
 		return fmt.Errorf("CHAOS_PAYOUT_CONCURRENCY: %w", err)
 	}

@@ -33,9 +33,10 @@ func NewClient(baseURL string, hc *http.Client) *Client {
 //
 // On error, classify before acting: IsDeclined (permanent), IsNotProcessed (safe to resend),
 // IsConflict (a bug: the key was used for another payment); anything else is ambiguous and the
-// payment may have been applied. The client never resends by itself (net/http would replay a
-// request carrying an Idempotency-Key on a dead kept-alive connection; the body is made
-// non-rewindable to stop it): a bank that does not deduplicate would pay twice.
+// payment may have been applied. The client never resends a request the bank may have read
+// (net/http would replay one carrying a canonical Idempotency-Key on a dead kept-alive
+// connection; the header goes out under a lower-case name to stop it): a bank that does not
+// deduplicate would pay twice.
 func (c *Client) Pay(ctx context.Context, key string, req PaymentRequest) (*Payment, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -154,21 +155,24 @@ func (r *result) err() *Error {
 func (c *Client) do(ctx context.Context, op, key, method, path string, hdr http.Header, body []byte) (*result, error) {
 	var rd io.Reader
 	if body != nil {
-		// Wrapped so that net/http cannot rewind it (no GetBody): net/http replays a request
-		// carrying an Idempotency-Key by itself when a reused connection dies before the
-		// answer, and at a bank that does not deduplicate that replay is a second payment
-		// that no ledger decided. Resending is the operation ledger's call, never the
-		// transport's.
-		rd = io.NopCloser(bytes.NewReader(body))
+		// bytes.Reader lets net/http set GetBody, so a request it never wrote (a stale
+		// kept-alive connection) is retried on a fresh one: nothing reached the bank.
+		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, rd)
 	if err != nil {
 		return nil, &Error{Op: op, Key: key, NotProcessed: true, Err: fmt.Errorf("building request: %w", err)}
 	}
-	if body != nil {
-		req.ContentLength = int64(len(body)) // unknown for a wrapped reader; keep it exact
-	}
 	for k, vs := range hdr {
+		if k == "Idempotency-Key" {
+			// Sent under a lower-case name (HTTP header names are case-insensitive, the bank
+			// reads it all the same) because net/http treats a request carrying the
+			// canonical Idempotency-Key as replayable and resends it by itself when a reused
+			// connection dies after it was written. At a bank that does not deduplicate
+			// that replay is a second payment no ledger decided: resending is the operation
+			// ledger's call, never the transport's.
+			k = "idempotency-key"
+		}
 		req.Header[k] = vs
 	}
 	resp, err := c.hc.Do(req)

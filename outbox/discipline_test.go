@@ -78,7 +78,7 @@ func TestPausedDispatcherSendsNothingItNoLongerHolds(t *testing.T) {
 	ob, err := outbox.New(pool, &outbox.Config{ID: "parent", Logger: slog.New(slog.DiscardHandler),
 		Kinds: map[string]*outbox.KindConfig{"payout": pausableKind(nop)}})
 	require.NoError(t, err)
-	registerKinds(t, pool, ob)
+	registerKinds(t, ob)
 	enqueue(t, pool, payout("paused/a", "acct-a", 100), payout("paused/b", "acct-b", 200))
 	ids := []uuid.UUID{outbox.OperationID("payout", "paused/a"), outbox.OperationID("payout", "paused/b")}
 
@@ -131,9 +131,8 @@ func TestPausedDispatcherSendsNothingItNoLongerHolds(t *testing.T) {
 }
 
 // registerKinds makes the kinds of ob known to Enqueue in the test's database.
-func registerKinds(t testing.TB, pool *pgxpool.Pool, ob *outbox.Outbox) {
+func registerKinds(t testing.TB, ob *outbox.Outbox) {
 	t.Helper()
-	_ = pool
 	require.NoError(t, ob.Register(context.Background()))
 }
 
@@ -155,7 +154,7 @@ func TestAttemptsCountRequestsNotClaims(t *testing.T) {
 		return outbox.Receipt{ExternalRef: "ref-" + op.ID.String()[:8]}, nil
 	})
 	ob := newOutbox(t, pool, sender, func(k *outbox.KindConfig) { k.Concurrency, k.BatchSize = 1, 2 })
-	registerKinds(t, pool, ob)
+	registerKinds(t, ob)
 	enqueue(t, pool, payout("req/a", "acct-a", 100), payout("req/b", "acct-b", 200))
 
 	dctx, cancel := context.WithCancel(ctx)

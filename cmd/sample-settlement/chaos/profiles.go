@@ -27,7 +27,7 @@ func ProfileDoc(name string) string { return profileDocs[name] }
 
 // SmallMerchants is the size of the date the bounded settle profiles settle: small enough that
 // a slow bank gets through it in seconds.
-const SmallMerchants = 300
+const SmallMerchants = 150
 
 // ProfileConfig returns the config of a named profile. bounded gives the size run in
 // `go test` (seconds); otherwise the command's size (minutes, at least 500 slices a long

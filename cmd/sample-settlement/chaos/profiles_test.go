@@ -36,7 +36,7 @@ func runProfile(t *testing.T, name string) {
 		require.NoError(t, err, "STEPWISE_CHAOS_SEED")
 		cfg.Seed = v
 	}
-	cfg.DatabaseURL = testkit.TemplateDBURL(t, "chaos_small_v2", func(ctx context.Context, pool *pgxpool.Pool) error {
+	cfg.DatabaseURL = testkit.TemplateDBURL(t, "chaos_small_v3", func(ctx context.Context, pool *pgxpool.Pool) error {
 		return chaos.Prepare(ctx, pool, &chaos.Config{Merchants: chaos.SmallMerchants})
 	})
 	cfg.StartWorker = func(env []string) (workflowtest.Worker, error) {

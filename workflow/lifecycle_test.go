@@ -355,11 +355,11 @@ func TestStepErrorBackoffHonoured(t *testing.T) {
 	e := &env{pool: pool, engine: engine, client: client, workers: workers}
 	maintainLoop(t, e, 10*time.Millisecond)
 
-	run, err := workflow.Start(ctx, client, "backoff", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
+	_, err = workflow.Start(ctx, client, "backoff", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return steps.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
 	time.Sleep(3 * time.Second) // the step's 1.2s, River's completer, many maintenance passes
-	run, err = workflow.GetRun(ctx, pool, "backoff")
+	run, err := workflow.GetRun(ctx, pool, "backoff")
 	require.NoError(t, err)
 	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'backoff' AND kind = 'run.takeover'`)
 	job, err := client.JobGet(ctx, *run.RiverJobID)

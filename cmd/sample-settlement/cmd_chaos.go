@@ -94,7 +94,8 @@ Flags:
 			return nil, usageError("%v", err)
 		}
 		classic := name == "classic"
-		if classic || set["duration"] {
+		// Under mix, --duration is the whole soak: each profile keeps its own length.
+		if classic || (set["duration"] && *profile != "mix") {
 			cfg.Duration = flags.Duration
 		}
 		if classic || set["workers"] {

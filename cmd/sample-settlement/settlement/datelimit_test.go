@@ -53,5 +53,7 @@ func TestDatePayoutsReadOnlyTheDate(t *testing.T) {
 	now := explain(settlement.DatePayoutsSQL, settlement.PayoutKind, testDate.Format("2006-01-02"), keys)
 	t.Logf("616d8b1's query:\n%s\nnow:\n%s", plan616, now)
 	require.NotContains(t, now, "Seq Scan on stepwise_operation", "the date's payouts must not scan the whole ledger")
-	require.Contains(t, now, "stepwise_operation_run_key_idx")
+	// Any index on run_key serves it (migration 006 replaced the first one with the
+	// console's (run_key, state, created_at) index).
+	require.Contains(t, now, "Index Cond: (run_key")
 }

@@ -46,8 +46,9 @@ import (
 // if the check's snapshot came after our commit it sees the operations and does not complete;
 // if it came before, our insert finds the completed job (or waits on its row until that
 // completion commits) and, the job no longer being in a unique state, queues a new one. If the
-// process dies between the commit and the wake, the poll (Config.PollInterval, on River's
-// leader) finds the PENDING operations, as it always did.
+// process dies between the commit and the wake, the poll (Config.PollInterval: the periodic
+// job on River's leader, and Outbox.RunMaintenance in every process that runs it) finds the
+// PENDING operations, as it always did.
 const (
 	// wakeTick is how long the waker waits between two looks at the noted transactions: the
 	// wake's added latency, and the rate at which an enqueueing process queries for it.

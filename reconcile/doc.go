@@ -41,7 +41,9 @@ transaction as the state change.
 
 # Overlapping passes
 
-The pass is a River periodic job run by the leader every Config.Interval; it can also be run on
+The pass is a River periodic job run by the leader every Config.Interval, and
+Reconciler.RunMaintenance runs the same pass in every process that calls it, so a dead or
+frozen leader does not hold reconciliation back until the next election; it can also be run on
 demand (RunOnce) for one operation, one kind or everything, by a CLI say. Passes that overlap
 are safe. Claiming a batch counts the check (checks + 1) and pushes next_check_at past the
 lookups, in one short statement, so another pass skips those operations, and nothing stays

@@ -170,8 +170,10 @@ func (f *bankFlags) client(timeout time.Duration) (*fakebank.Client, error) {
 }
 
 // newBankClient is the HTTP client payouts go through: keep-alive on, as a service would.
-// net/http may resend a request carrying an Idempotency-Key on a kept-alive connection that
-// died before the answer; the key makes that safe, and then the bank's replay is the proof.
+// The fake bank's client sends its idempotency key under a header name that keeps net/http
+// from replaying the POST by itself when a kept-alive connection dies after the request was
+// written: a replay is a second request the ledger never started, and a bank that does not
+// deduplicate would pay twice. Requests that were never written are still retried.
 func newBankClient(bankURL string, timeout time.Duration) *fakebank.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 128

@@ -148,6 +148,9 @@ Flags:
 			return err
 		}
 		cfg.Duration = min(cfg.Duration, share, max(time.Until(soakEnd), 5*time.Second))
+		// Long runs live no longer than their profile's chaos, or they would still be working
+		// when the run is judged for rest.
+		cfg.LongLifetime = min(cfg.LongLifetime, cfg.Duration)
 		fmt.Fprintf(stdout, "mix: run %d: profile %s seed %d for %s\n", i+1, name, cfg.Seed, cfg.Duration)
 		res, err := runChaosOnce(ctx, cfg, stdout, stderr)
 		if err != nil {

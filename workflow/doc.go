@@ -56,7 +56,11 @@
 //     purpose is left to River for one Lease past the release.
 //  6. Outcomes: Continue, Done, Sleep/Until, Fail; an error or panic rolls back and River
 //     retries with backoff. The run fails when its failures (crashes taken over plus step
-//     errors, never slices) reach its job's MaxAttempts; Resume continues it later.
+//     errors, never slices) reach its job's MaxAttempts in a row without progress: a
+//     failure recorded after the run committed steps since the previous one restarts the
+//     count at 1. A poison run (an item that kills the worker, a step that always errors)
+//     makes no progress and still fails after MaxAttempts failures; a long run on machines
+//     that crash now and then does not. Resume continues a failed run later.
 //
 // Every change of a run's state is one transition of runstate.go, conditional on the
 // state its caller saw.

@@ -369,3 +369,94 @@ func TestStepErrorBackoffHonoured(t *testing.T) {
 	require.Equal(t, int32(1), steps.Load(), "the step ran again before River's backoff")
 	require.Equal(t, "retryable", string(job.State))
 }
+
+// The crash-loop guard counts failures in a row without progress (a 10-minute chaos soak
+// failed a run that had committed 6,676 steps because its workers were SIGKILLed 25 times).
+// Takeovers are simulated deterministically: a stalled attempt with a lapsed lease, then a
+// maintenance pass. With steps committed between the takeovers the run is taken over twice
+// its MaxAttempts and stays running, its count back at 1 each time; without progress it fails
+// on its MaxAttempts-th failure in a row, as a crash loop.
+func TestCrashLoopGuardCountsFailuresWithoutProgress(t *testing.T) {
+	t.Parallel()
+	const maxAttempts = 3
+	for _, tc := range []struct {
+		name     string
+		progress bool
+	}{{"progress between takeovers", true}, {"no progress", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t, testkit.DB(t), &workflow.Config{Lease: time.Second}, nil, map[string]river.QueueConfig{})
+			_, err := workflow.Start(ctx, e.client, "flaky", countArgs{Total: 1000, Batch: 1, Table: "items"},
+				&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: maxAttempts}})
+			require.NoError(t, err)
+			var failures []int
+			for kill := 1; kill <= 2*maxAttempts; kill++ {
+				fakeAttempt(t, e, "flaky")
+				if tc.progress { // the attempt committed steps before its worker was killed
+					_, err := e.pool.Exec(ctx, `UPDATE stepwise_checkpoint SET steps = steps + 7 WHERE key = 'flaky'`)
+					require.NoError(t, err)
+				}
+				res, err := e.engine.Maintain(ctx, e.client)
+				require.NoError(t, err)
+				run, err := workflow.GetRun(ctx, e.pool, "flaky")
+				require.NoError(t, err)
+				t.Logf("kill %d: taken over %v, failed %v; status %s, failures %d", kill, res.TakenOver, res.Failed, run.Status, run.Failures)
+				if tc.progress {
+					require.Equal(t, workflow.StatusRunning, run.Status, "kill %d: a run progressing between crashes is not a crash loop", kill)
+					require.Equal(t, []string{"flaky"}, res.TakenOver, "kill %d", kill)
+					failures = append(failures, run.Failures)
+					continue
+				}
+				if kill < maxAttempts {
+					require.Equal(t, []string{"flaky"}, res.TakenOver, "kill %d", kill)
+					require.Equal(t, kill, run.Failures)
+					continue
+				}
+				require.Equal(t, []string{"flaky"}, res.Failed, "kill %d", kill)
+				require.Equal(t, workflow.StatusFailed, run.Status)
+				require.Equal(t, maxAttempts, run.Failures)
+				require.Contains(t, *run.LastError, "a crash loop")
+				return
+			}
+			require.True(t, tc.progress, "the run without progress was never failed")
+			require.Equal(t, []int{1, 1, 1, 1, 1, 1}, failures, "progress since the last failure restarts the count")
+		})
+	}
+}
+
+// The same rule for step errors: errors with steps committed between them restart the count;
+// errors in a row fail the run on its MaxAttempts-th, whatever the job's own attempt.
+func TestCrashLoopGuardStepErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const maxFailures = 3
+	e := newEnv(t, testkit.DB(t), &workflow.Config{Lease: time.Second}, nil, map[string]river.QueueConfig{})
+	_, err := workflow.Start(ctx, e.client, "erring", countArgs{Total: 1000, Batch: 1, Table: "items"}, nil)
+	require.NoError(t, err)
+	fakeAttempt(t, e, "erring")
+	run, err := workflow.GetRun(ctx, e.pool, "erring")
+	require.NoError(t, err)
+	for i := 1; i <= 2*maxFailures; i++ {
+		_, err := e.pool.Exec(ctx, `UPDATE stepwise_checkpoint SET steps = steps + 3 WHERE key = 'erring'`)
+		require.NoError(t, err)
+		status, err := workflow.MarkStepErrorForTest(ctx, e.engine, "erring", *run.RiverJobID, "flaky upstream", maxFailures)
+		require.NoError(t, err)
+		require.Equal(t, workflow.StatusRunning, status, "error %d, after progress", i)
+		got, err := workflow.GetRun(ctx, e.pool, "erring")
+		require.NoError(t, err)
+		require.Equal(t, 1, got.Failures, "error %d, after progress", i)
+	}
+	for i := 2; i <= maxFailures; i++ { // no progress: 2, 3 in a row after the last one
+		status, err := workflow.MarkStepErrorForTest(ctx, e.engine, "erring", *run.RiverJobID, "poison item", maxFailures)
+		require.NoError(t, err)
+		got, err := workflow.GetRun(ctx, e.pool, "erring")
+		require.NoError(t, err)
+		require.Equal(t, i, got.Failures)
+		if i < maxFailures {
+			require.Equal(t, workflow.StatusRunning, status)
+		} else {
+			require.Equal(t, workflow.StatusFailed, status, "errors in a row without progress are a crash loop")
+		}
+	}
+}

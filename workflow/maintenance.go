@@ -185,7 +185,8 @@ type stuckRun struct {
 
 func scanStuck(row pgx.CollectableRow) (stuckRun, error) {
 	var s stuckRun
-	err := row.Scan(&s.key, &s.jobID, &s.jobState, &s.failures, &s.token, &s.kind, &s.input, &s.queue, &s.priority, &s.maxAttempts, &s.wakeAt)
+	err := row.Scan(&s.key, &s.jobID, &s.jobState, &s.failures, &s.token, &s.kind, &s.input, &s.queue, &s.priority, &s.maxAttempts, &s.wakeAt,
+		&s.steps, &s.failedAtSteps)
 	return s, err
 }
 
@@ -195,18 +196,23 @@ func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pg
 	if s.maxAttempts != nil {
 		maxAttempts = *s.maxAttempts
 	}
-	// A run whose job River discarded or cancelled, or whose crashes and step errors reach
-	// the attempts its job allows, ends failed and visible: re-enqueueing a crash loop
-	// forever would hide it. Slices are not counted: an hour-long run is claimed once a slice.
+	// A run whose job River discarded or cancelled, or whose crashes and step errors in a row,
+	// without committed progress between them, reach the attempts its job allows, ends failed
+	// and visible: re-enqueueing a crash loop forever would hide it. Slices are not counted (an
+	// hour-long run is claimed once a slice), and neither are failures before the run's last
+	// progress: a long run on machines that crash now and then is not a crash loop. The rule
+	// is the one takeOver and markStepError record (failureCount).
 	reason := ""
-	switch {
+	switch next := s.failuresNext(); {
 	case s.jobState != nil && (*s.jobState == "discarded" || *s.jobState == "cancelled"):
 		reason = fmt.Sprintf("its River job %d ended %s without finishing the run", *s.jobID, *s.jobState)
-	case s.failures+1 >= maxAttempts:
-		reason = fmt.Sprintf("its worker vanished and it has failed %d times, its job's max attempts (%d): a crash loop", s.failures+1, maxAttempts)
+	case next >= maxAttempts:
+		reason = fmt.Sprintf("its worker vanished and it has failed %d times in a row without progress (at %d steps), its job's max attempts (%d): a crash loop",
+			next, s.steps, maxAttempts)
 	}
-	// Guards: a worker that renewed its lease (or a claim) after the scan. Failing also moves
-	// the token on, so that worker, should it wake, can neither renew nor commit.
+	// Guards: a worker that renewed its lease (or a claim, or a commit) after the scan.
+	// Failing also moves the token on, so that worker, should it wake, can neither renew nor
+	// commit.
 	ok, err := lockLapsed(ctx, tx, s.seenRun, reason != "")
 	if err != nil || !ok {
 		return errors.Join(err, errSkip)
@@ -265,7 +271,7 @@ func (e *Engine) cancelIdle(ctx context.Context, client *river.Client[pgx.Tx], r
 	}
 	idle, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (seenRun, error) {
 		var s seenRun
-		return s, row.Scan(&s.key, &s.jobID, &s.token, &s.failures)
+		return s, row.Scan(&s.key, &s.jobID, &s.token, &s.failures, &s.steps, &s.failedAtSteps)
 	})
 	if err != nil {
 		return fmt.Errorf("finding idle runs to cancel: %w", err)
@@ -343,7 +349,7 @@ const (
 	// Expired leases: a worker killed or frozen while it held the run.
 	expiredScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
-		       j.queue, j.priority, j.max_attempts, r.wake_at
+		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps
 		  FROM stepwise_checkpoint c
 		  JOIN stepwise_run r ON r.key = c.key AND r.status IN ('pending', 'running')
 		  JOIN river_job j ON j.id = r.river_job_id
@@ -361,7 +367,7 @@ const (
 	// The page's jobs whose run has no lease at all and was not released just now.
 	unleasedScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
-		       j.queue, j.priority, j.max_attempts, r.wake_at
+		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps
 		  FROM river_job j
 		  JOIN stepwise_run r ON r.river_job_id = j.id AND r.status IN ('pending', 'running')
 		  JOIN stepwise_checkpoint c ON c.key = r.key
@@ -372,13 +378,13 @@ const (
 		        OR r.released_at < now() - $1 * interval '1 millisecond')`
 	sweepScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
-		       j.queue, j.priority, j.max_attempts, r.wake_at
+		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps
 		  FROM (SELECT * FROM stepwise_run WHERE status IN ('pending', 'running') AND key > $1 ORDER BY key LIMIT $2) r
 		  JOIN stepwise_checkpoint c ON c.key = r.key
 		  LEFT JOIN river_job j ON j.id = r.river_job_id
 		 ORDER BY r.key`
 	cancelScanSQL = `
-		SELECT r.key, r.river_job_id, c.fencing_token, r.failures
+		SELECT r.key, r.river_job_id, c.fencing_token, r.failures, c.steps, r.failed_at_steps
 		  FROM stepwise_run r
 		  JOIN stepwise_checkpoint c ON c.key = r.key
 		  LEFT JOIN river_job j ON j.id = r.river_job_id

@@ -37,7 +37,8 @@ type Run struct {
 	// Attempts counts claims: one per attempt of the run's jobs, so one per slice.
 	Attempts int
 	// Failures counts what the crash-loop guard counts: takeovers of a worker that vanished,
-	// and step errors. The run fails when they reach its job's MaxAttempts.
+	// and step errors, in a row since the run last committed a step (a failure after
+	// progress restarts the count at 1). The run fails when they reach its job's MaxAttempts.
 	Failures  int
 	LastError *string
 	// WakeAt is when a run that released its lease on purpose (Sleep, Until) is due again.

@@ -19,7 +19,7 @@ import (
 // else made meanwhile.
 //
 //	pending ──claim──▶ running ──release (slice end, Sleep, step error)──▶ running (released)
-//	   │                  │  ╰──takeover (worker vanished: failures+1)──▶ running, new job
+//	   │                  │  ╰──takeover (worker vanished: a failure)──▶ running, new job
 //	   │                  ╰──finish──▶ succeeded | failed | cancelled ──resume──▶ pending
 //	   ╰──────────────────────finish (cancel, job ended, crash loop)──────▶ failed | cancelled
 //
@@ -32,6 +32,17 @@ import (
 // that, the process died between releasing and River recording it, and the run is taken over
 // (bounded: released_at + Lease + MaintenanceInterval), under a new job scheduled at wake_at,
 // so a Sleep still holds to its wake time.
+//
+// The rule for counting failures (issue: a chaos soak failed a run that had committed 6,676
+// steps as "a crash loop" because its workers were killed 25 times). failures counts the
+// failures (takeovers of a vanished worker, step errors) recorded since the run last made
+// progress: each transition that records one compares the checkpoint's committed steps with
+// failed_at_steps, the steps when the previous failure was recorded, in the same statement,
+// and restarts the count at 1 if the run committed steps in between (failureCountSQL). A
+// poison run (an item that kills the worker, a step that always errors) commits nothing
+// between failures and still fails after its job's MaxAttempts failures in a row; a long run
+// on flaky machines, progressing between crashes, does not. Nothing is read or written per
+// step for this: only the transition that records a failure reads the checkpoint's steps.
 
 // RunStatus is the status of a run as stored in stepwise_run.status.
 type RunStatus string
@@ -169,26 +180,47 @@ func markReleased(ctx context.Context, tx pgx.Tx, key string, by stepActor, reas
 	return err
 }
 
+// failureCount is the failures a run has once one more is recorded, given the checkpoint's
+// committed steps now (steps) and the run's columns: failures in a row since the run last made
+// progress, so 1 again when it committed steps since the last failure was recorded.
+func failureCount(failures int, failedAtSteps, steps int64) int {
+	if steps != failedAtSteps {
+		return 1
+	}
+	return failures + 1
+}
+
+// failureCountSQL is failureCount in SQL, for the UPDATE of stepwise_run that records the
+// failure, with the checkpoint's steps as c.steps (and failures, failed_at_steps the run's
+// values before the update). The same statement sets failed_at_steps = c.steps.
+const failureCountSQL = `(CASE WHEN c.steps <> stepwise_run.failed_at_steps THEN 1 ELSE stepwise_run.failures + 1 END)`
+
+// checkpointStepsSQL is a CTE "c" with the run's committed steps (0 before its first claim).
+const checkpointStepsSQL = `c AS (SELECT coalesce((SELECT steps FROM stepwise_checkpoint WHERE key = $1), 0) AS steps)`
+
 // markStepError records a step that did not commit: one more failure for the crash-loop
-// guard, the error, and the release (River retries after its backoff). The run ends failed
-// when lastAttempt (River will not retry the job) or when its failures reach maxFailures.
+// guard (failures in a row without progress, see failureCountSQL), the error, and the release
+// (River retries after its backoff). The run ends failed when lastAttempt (River will not
+// retry the job) or when its failures reach maxFailures.
 // Guards: a run taken over or finished meanwhile (then nothing is recorded). It returns the
 // run's status afterwards.
 func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg string, lastAttempt bool, maxFailures int) (RunStatus, error) {
 	var status RunStatus
 	err := q.QueryRow(ctx, `
-		WITH r AS (
+		WITH `+checkpointStepsSQL+`, r AS (
 			UPDATE stepwise_run
-			   SET failures = failures + 1, last_error = $3, released_at = clock_timestamp(), wake_at = NULL, updated_at = now(),
-			       status      = CASE WHEN $4 OR failures + 1 >= $5 THEN 'failed' ELSE status END,
-			       finished_at = CASE WHEN $4 OR failures + 1 >= $5 THEN now() ELSE finished_at END
+			   SET failures = `+failureCountSQL+`, failed_at_steps = c.steps,
+			       last_error = $3, released_at = clock_timestamp(), wake_at = NULL, updated_at = now(),
+			       status      = CASE WHEN $4 OR `+failureCountSQL+` >= $5 THEN 'failed' ELSE status END,
+			       finished_at = CASE WHEN $4 OR `+failureCountSQL+` >= $5 THEN now() ELSE finished_at END
+			  FROM c
 			 WHERE key = $1 AND status IN ('pending', 'running') AND river_job_id = $2
-			RETURNING key, status, failures
+			RETURNING key, status, failures, c.steps
 		), ev AS (
 			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, token, attempt, detail)
 			SELECT key, CASE WHEN status = 'failed' THEN 'run.finish' ELSE 'run.step_error' END, 'running',
 			       CASE WHEN status = 'failed' THEN 'failed' END, $6, $7, $8,
-			       jsonb_build_object('error', $3::text, 'failures', failures) FROM r
+			       jsonb_build_object('error', $3::text, 'failures', failures, 'steps', steps) FROM r
 		)
 		SELECT status FROM r`, key, by.jobID, msg, lastAttempt, maxFailures, by.owner, by.token, by.attempt).Scan(&status)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -242,15 +274,21 @@ func requestCancel(ctx context.Context, q execer, key, reason string) error {
 // seenRun is what maintenance saw of a run when it decided to act on it; its transitions
 // hold only if all of it still holds.
 type seenRun struct {
-	key      string
-	jobID    *int64
-	token    int64
-	failures int
+	key           string
+	jobID         *int64
+	token         int64
+	steps         int64 // the checkpoint's committed steps
+	failures      int
+	failedAtSteps int64
 }
 
-// lockLapsed locks the run's checkpoint row if its token is still the one seen and its lease
-// is still lapsed, so no claim or renewal can slip between maintenance's decision and its
-// commit. With fence it also moves the token on, so a worker that would renew or commit
+// failuresNext is the run's failures once one more is recorded, as seen (failureCount).
+func (s seenRun) failuresNext() int { return failureCount(s.failures, s.failedAtSteps, s.steps) }
+
+// lockLapsed locks the run's checkpoint row if its token and committed steps are still the
+// ones seen and its lease is still lapsed, so no claim, renewal or commit can slip between
+// maintenance's decision and its commit (a commit since the scan is progress: it changes
+// what the crash-loop guard counts). With fence it also moves the token on, so a worker that would renew or commit
 // later (a zombie of the run being failed or cancelled) is refused. Guards: maintenance
 // acting on a run whose worker renewed (or that someone claimed) after the scan.
 func lockLapsed(ctx context.Context, tx pgx.Tx, s seenRun, fence bool) (bool, error) {
@@ -258,55 +296,65 @@ func lockLapsed(ctx context.Context, tx pgx.Tx, s seenRun, fence bool) (bool, er
 		return changed(ctx, tx, `
 			WITH c AS (
 				UPDATE stepwise_checkpoint SET fencing_token = fencing_token + 1, owner = NULL, lease_until = NULL, updated_at = now()
-				 WHERE key = $1 AND fencing_token = $2 AND (lease_until IS NULL OR lease_until < clock_timestamp())
+				 WHERE key = $1 AND fencing_token = $2 AND steps = $3 AND (lease_until IS NULL OR lease_until < clock_timestamp())
 				RETURNING key
 			)
-			SELECT count(*) FROM c`, s.key, s.token)
+			SELECT count(*) FROM c`, s.key, s.token, s.steps)
 	}
 	return changed(ctx, tx, `
 		WITH c AS (
 			SELECT key FROM stepwise_checkpoint
-			 WHERE key = $1 AND fencing_token = $2 AND (lease_until IS NULL OR lease_until < clock_timestamp())
+			 WHERE key = $1 AND fencing_token = $2 AND steps = $3 AND (lease_until IS NULL OR lease_until < clock_timestamp())
 			   FOR UPDATE
 		)
-		SELECT count(*) FROM c`, s.key, s.token)
+		SELECT count(*) FROM c`, s.key, s.token, s.steps)
 }
 
-// takeOver moves a run to a new job after its worker vanished, counting the crash.
-// Guards: two maintenance passes re-enqueueing the same run (compare-and-set on the job id),
-// and a run that finished meanwhile.
+// takeOver moves a run to a new job after its worker vanished, counting the crash (in a row
+// since the run last made progress: failureCountSQL). Guards: two maintenance passes
+// re-enqueueing the same run (compare-and-set on the job id and the failures seen), and a run
+// that finished meanwhile. The caller has locked the checkpoint (lockLapsed), so its steps
+// are the ones seen.
 func takeOver(ctx context.Context, tx pgx.Tx, s seenRun, newJob int64, why string, wakeAt *time.Time) (bool, error) {
 	return changed(ctx, tx, `
-		WITH r AS (
-			UPDATE stepwise_run SET river_job_id = $3, failures = failures + 1, released_at = NULL, updated_at = now()
+		WITH `+checkpointStepsSQL+`, r AS (
+			UPDATE stepwise_run SET river_job_id = $3, failures = `+failureCountSQL+`, failed_at_steps = c.steps,
+			       released_at = NULL, updated_at = now()
+			  FROM c
 			 WHERE key = $1 AND river_job_id IS NOT DISTINCT FROM $2 AND status IN ('pending', 'running') AND failures = $4
-			RETURNING key, failures
+			RETURNING key, failures, c.steps
 		), ev AS (
 			INSERT INTO stepwise_event (subject, kind, actor, detail)
 			SELECT key, 'run.takeover', 'maintenance', jsonb_strip_nulls(jsonb_build_object('old_job', $2::bigint, 'new_job', $3::bigint,
-			       'failures', failures, 'reason', $5::text, 'wake_at', $6::timestamptz)) FROM r
+			       'failures', failures, 'steps', steps, 'reason', $5::text, 'wake_at', $6::timestamptz)) FROM r
 		)
 		SELECT count(*) FROM r`, s.key, s.jobID, newJob, s.failures, why, wakeAt)
 }
 
 // finishByMaintenance ends a run nobody is working: failed (its job ended without finishing
 // it, or its crashes used up its attempts) or cancelled (CancelRun on a run that sleeps or
-// waits for a retry). Guards: a run taken over or finished meanwhile. The caller has fenced
-// the checkpoint with lockLapsed(fence=true) in the same transaction.
+// waits for a retry). Failing records one more failure by the same rule as takeOver
+// (failureCountSQL). Guards: a run taken over or finished meanwhile, and when failing, a run
+// whose failures changed since they were seen (a step error recorded meanwhile: the decision
+// was made on the count seen). The caller has fenced the checkpoint with
+// lockLapsed(fence=true) in the same transaction, so its steps are the ones seen.
 func finishByMaintenance(ctx context.Context, tx pgx.Tx, s seenRun, to RunStatus, reason string) (bool, error) {
 	return changed(ctx, tx, `
 		WITH before AS (
 			SELECT status FROM stepwise_run WHERE key = $1
-		), r AS (
+		), `+checkpointStepsSQL+`, r AS (
 			UPDATE stepwise_run SET status = $3, last_error = $4, finished_at = now(), updated_at = now(),
-			       failures = failures + CASE WHEN $3 = 'failed' THEN 1 ELSE 0 END
+			       failures        = CASE WHEN $3 = 'failed' THEN `+failureCountSQL+` ELSE failures END,
+			       failed_at_steps = CASE WHEN $3 = 'failed' THEN c.steps ELSE failed_at_steps END
+			  FROM c
 			 WHERE key = $1 AND river_job_id IS NOT DISTINCT FROM $2 AND status IN ('pending', 'running')
+			   AND ($3 <> 'failed' OR failures = $5)
 			RETURNING key
 		), ev AS (
 			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
 			SELECT r.key, 'run.finish', before.status, $3, 'maintenance', jsonb_build_object('error', $4::text) FROM r, before
 		)
-		SELECT count(*) FROM r`, s.key, s.jobID, string(to), reason)
+		SELECT count(*) FROM r`, s.key, s.jobID, string(to), reason, s.failures)
 }
 
 // resumeRun puts a failed or cancelled run back to pending under a new job, from its last

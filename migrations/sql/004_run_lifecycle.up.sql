@@ -3,7 +3,13 @@
 -- failures counts what the crash-loop guard is about: takeovers of a worker that vanished and
 -- step errors. It is not the number of claims: a long run is claimed once per slice, and
 -- counting slices failed healthy hour-long runs on their first crash.
+-- It counts failures in a row: failed_at_steps is the checkpoint's steps when the last failure
+-- was recorded, and a failure recorded after the run committed steps since then restarts the
+-- count at 1. A poison run (an item that kills the worker, a step that always errors) makes no
+-- progress between failures and still fails after its job's max attempts; a long run on
+-- machines that crash now and then, progressing in between, does not.
 ALTER TABLE stepwise_run ADD COLUMN failures integer NOT NULL DEFAULT 0;
+ALTER TABLE stepwise_run ADD COLUMN failed_at_steps bigint NOT NULL DEFAULT 0;
 -- released_at is set when a worker gives the lease up on purpose (end of a slice, Sleep, a
 -- step error) and cleared at the next claim. Until River records the job's new state the job
 -- still looks 'running' with no lease; maintenance leaves such a run alone for a grace of one

@@ -1,0 +1,5 @@
+//go:build !race
+
+package fakebank
+
+const raceEnabled = false

@@ -677,8 +677,12 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 		ReconcileInterval: time.Second,
 		ReconcileGrace:    grace,
 		ReconcileBackoff:  func(int) time.Duration { return time.Second },
-		Workflow:          &workflow.Config{Lease: lease, Logger: logger},
-		Logger:            logger,
+		// Likewise resends after a refusal (429, 503 before processing): the production
+		// back-off doubles to 10 minutes, and a payout refused 8 times (SIGSTOPs count as lost
+		// claims) sat RETRYABLE past the 3-minute wait for rest in a soak (seed 5153).
+		PayoutRetryBackoff: func(attempt int) time.Duration { return min(time.Duration(attempt)*time.Second, 5*time.Second) },
+		Workflow:           &workflow.Config{Lease: lease, Logger: logger},
+		Logger:             logger,
 	})
 	if err != nil {
 		return err

@@ -58,6 +58,10 @@ type ServiceConfig struct {
 	// then. Must exceed PayoutTimeout. Defaults to 1m.
 	ReconcileGrace time.Duration
 
+	// PayoutRetryBackoff is the wait before the attempt-th resend of a RETRYABLE payout (one
+	// the bank refused without processing it, e.g. 429). Defaults to
+	// outbox.DefaultRetryBackoff (1s doubling to 10m).
+	PayoutRetryBackoff func(attempt int) time.Duration
 	// ReconcileBackoff is the wait before the next lookup after a failed or pending one.
 	// Defaults to reconcile.DefaultCheckBackoff (5s doubling to 1h).
 	ReconcileBackoff func(check int) time.Duration
@@ -176,6 +180,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 				Concurrency:    cfg.PayoutConcurrency,
 				Timeout:        cfg.PayoutTimeout,
 				Lease:          cfg.PayoutLease,
+				RetryBackoff:   cfg.PayoutRetryBackoff,
 			},
 		},
 	})

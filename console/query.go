@@ -152,6 +152,20 @@ func onlyParams(q url.Values, known ...string) error {
 	return nil
 }
 
+// beforeParam reads an event page's keyset cursor: the id below which to list (all events when
+// absent).
+func beforeParam(q url.Values) (int64, error) {
+	b := q.Get("before")
+	if b == "" {
+		return 1<<63 - 1, nil
+	}
+	n, err := strconv.ParseInt(b, 10, 64)
+	if err != nil || n < 1 {
+		return 0, badInput("before=%.40q: want an event id, as in the Older link", b)
+	}
+	return n, nil
+}
+
 func textParam(name, v string, max int) error {
 	switch {
 	case len(v) > max:

@@ -338,14 +338,10 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.badRequest(w, r, err)
 		return
 	}
-	before := int64(1<<63 - 1)
-	if b := q.Get("before"); b != "" {
-		n, err := strconv.ParseInt(b, 10, 64)
-		if err != nil || n < 1 {
-			h.fail(w, r, http.StatusBadRequest, "before=%.40q: want an event id, as in the Older link", b)
-			return
-		}
-		before = n
+	before, err := beforeParam(q)
+	if err != nil {
+		h.badRequest(w, r, err)
+		return
 	}
 	ctx := r.Context()
 	run, err := scanRun(h.db.QueryRow(ctx, `SELECT `+runColumns+` FROM stepwise_run r LEFT JOIN stepwise_checkpoint c ON c.key = r.key WHERE r.key = $1`, key))
@@ -642,14 +638,10 @@ func (h *Handler) audit(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.badRequest(w, r, err)
 		return
 	}
-	before := int64(1<<63 - 1)
-	if b := q.Get("before"); b != "" {
-		n, err := strconv.ParseInt(b, 10, 64)
-		if err != nil || n < 1 {
-			h.fail(w, r, http.StatusBadRequest, "before=%.40q: want an event id, as in the Older link", b)
-			return
-		}
-		before = n
+	before, err := beforeParam(q)
+	if err != nil {
+		h.badRequest(w, r, err)
+		return
 	}
 	// stepwise_event_console_kind_idx (kind, id), partial on the console's own kind.
 	rows, err := h.db.Query(r.Context(), `SELECT `+eventColumns+` FROM stepwise_event WHERE kind = 'console.action' AND id < $1 ORDER BY id DESC LIMIT $2`,

@@ -125,6 +125,7 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		{"delivery", r.deliverySection},
 		{"reconcile", r.reconcileSection},
 		{"takeover", r.takeoverSection},
+		{"maintenance", r.maintenanceSection},
 		{"scale", r.scaleSection},
 		{"size", r.sizeSection},
 	}

@@ -12,7 +12,7 @@ import (
 )
 
 // Sections are the parts of the bench, in the order they run. --only picks some of them.
-var Sections = []string{"floor", "stepwise", "river", "concurrent", "delivery", "reconcile", "takeover", "scale", "size"}
+var Sections = []string{"floor", "stepwise", "river", "concurrent", "delivery", "reconcile", "takeover", "maintenance", "scale", "size"}
 
 // options are the bench's flags after defaults (and --quick) were applied.
 type options struct {

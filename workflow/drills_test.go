@@ -87,11 +87,11 @@ func TestDrillHotFailingRun(t *testing.T) {
 	hot := waitRun(t, pool, "hot", 30*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
 	require.Equal(t, workflow.StatusFailed, hot.Status)
 	require.Equal(t, 6, hot.Attempts)
-	require.Contains(t, *hot.LastError, "last attempt (6 of 6): upstream file for hot is corrupt")
-	// The run is failed in the last attempt; River discards the job right after.
+	require.Contains(t, *hot.LastError, "6 failures in a row without progress (the job's max attempts): upstream file for hot is corrupt")
+	// The run is failed in the last attempt; the worker cancels its job (River would discard it).
 	require.Eventually(t, func() bool {
 		job, err := e.client.JobGet(ctx, *hot.RiverJobID)
-		return err == nil && job.State == "discarded"
+		return err == nil && job.State == "cancelled"
 	}, 10*time.Second, 20*time.Millisecond)
 	perN, _ := itemCounts(t, pool, "items", "hot")
 	require.Empty(t, perN, "every failed step rolled back")

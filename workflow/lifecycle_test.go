@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -459,4 +460,49 @@ func TestCrashLoopGuardStepErrors(t *testing.T) {
 			require.Equal(t, workflow.StatusFailed, status, "errors in a row without progress are a crash loop")
 		}
 	}
+}
+
+// A run that keeps committing steps between step errors is not a crash loop, even when its
+// River job has used up its attempts: River counts every error of the job, the guard only
+// failures in a row without progress. Here the job may be attempted 3 times and the step
+// errors once after every second committed step (5 errors in all, with progress between
+// each): before, the third error came on the job's last attempt, River discarded the job
+// and the run ended failed; now the worker snoozes the job instead (a snooze is not an
+// attempt) and the run completes.
+func TestStepErrorsWithProgressOutliveTheJobsAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	var mu sync.Mutex
+	failedAt := map[int]bool{}
+	errorsSeen := 0
+	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if n := s.Cursor.Next; n%2 == 1 && !failedAt[n] {
+			failedAt[n] = true
+			errorsSeen++
+			return fmt.Errorf("upstream hiccup before item %d", n)
+		}
+		return nil
+	}}
+	e := newEnv(t, pool, &workflow.Config{Lease: time.Second}, w, nil)
+	_, err := workflow.Start(ctx, e.client, "hiccups", countArgs{Total: 10, Batch: 1, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 3}})
+	require.NoError(t, err)
+	run := waitRun(t, pool, "hiccups", 60*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	mu.Lock()
+	t.Logf("run %s after %d step errors; last error: %v", run.Status, errorsSeen, ptrString(run.LastError))
+	mu.Unlock()
+	require.Equal(t, workflow.StatusSucceeded, run.Status, "a run progressing between step errors was failed by River's attempt budget")
+	perN, _ := itemCounts(t, pool, "items", "hiccups")
+	requireExactlyOnce(t, perN, 10)
+}
+
+func ptrString(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
 }

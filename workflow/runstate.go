@@ -200,17 +200,24 @@ const checkpointStepsSQL = `c AS (SELECT coalesce((SELECT steps FROM stepwise_ch
 
 // markStepError records a step that did not commit: one more failure for the crash-loop
 // guard (failures in a row without progress, see failureCountSQL), the error, and the release
-// (River retries after its backoff). The run ends failed when lastAttempt (River will not
-// retry the job) or when its failures reach maxFailures.
+// (River retries after its backoff). The run ends failed when its failures reach maxFailures
+// (or when lastAttempt says River will not retry the job; the worker never says so, it
+// snoozes a progressing run's job instead).
 // Guards: a run taken over or finished meanwhile (then nothing is recorded). It returns the
 // run's status afterwards.
-func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg string, lastAttempt bool, maxFailures int) (RunStatus, error) {
-	var status RunStatus
+func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg string, lastAttempt bool, maxFailures int) (RunStatus, int, error) {
+	var (
+		status   RunStatus
+		failures int
+	)
 	err := q.QueryRow(ctx, `
 		WITH `+checkpointStepsSQL+`, r AS (
 			UPDATE stepwise_run
 			   SET failures = `+failureCountSQL+`, failed_at_steps = c.steps,
-			       last_error = $3, released_at = clock_timestamp(), wake_at = NULL, updated_at = now(),
+			       last_error = CASE WHEN $4 OR `+failureCountSQL+` >= $5
+			                         THEN 'failed after ' || `+failureCountSQL+` || ' failures in a row without progress (the job''s max attempts): ' || $3
+			                         ELSE $3 END,
+			       released_at = clock_timestamp(), wake_at = NULL, updated_at = now(),
 			       status      = CASE WHEN $4 OR `+failureCountSQL+` >= $5 THEN 'failed' ELSE status END,
 			       finished_at = CASE WHEN $4 OR `+failureCountSQL+` >= $5 THEN now() ELSE finished_at END
 			  FROM c
@@ -222,11 +229,11 @@ func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg st
 			       CASE WHEN status = 'failed' THEN 'failed' END, $6, $7, $8,
 			       jsonb_build_object('error', $3::text, 'failures', failures, 'steps', steps) FROM r
 		)
-		SELECT status FROM r`, key, by.jobID, msg, lastAttempt, maxFailures, by.owner, by.token, by.attempt).Scan(&status)
+		SELECT status, failures FROM r`, key, by.jobID, msg, lastAttempt, maxFailures, by.owner, by.token, by.attempt).Scan(&status, &failures)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", errRunMoved
+		return "", 0, errRunMoved
 	}
-	return status, err
+	return status, failures, err
 }
 
 // finishByWorker ends a run from its worker: succeeded or failed in the step's transaction,

@@ -362,28 +362,46 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	e.logger.WarnContext(ctx, "stepwise: step failed and was rolled back; River retries it",
 		"run", a.key, "step", step, "attempt", a.job.Attempt, "workflow", a.job.Kind, "error", stepErr)
 	// The crash-loop guard counts this failure on the run (crashes and step errors, never
-	// slices). The last attempt's failure also ends the run: River discards the job, and a
-	// run left 'running' with no job would look alive forever.
+	// slices) and fails the run on the job's MaxAttempts-th failure in a row without progress.
+	// River counts differently: every error of the job, progress or not. So on the job's last
+	// attempt a run that is not in a crash loop must not return its error, or River would
+	// discard the job and the run would die of a budget spent on failures it recovered from
+	// (a run living hundreds of slices meets a few hiccups). It snoozes instead — a snooze is
+	// not an attempt — after River's own back-off for the failures in a row.
 	last := a.job.Attempt >= a.job.MaxAttempts
 	msg := stepErr.Error()
-	if last {
-		msg = fmt.Sprintf("failed on its last attempt (%d of %d): %s", a.job.Attempt, a.job.MaxAttempts, msg)
-	}
-	status, err := markStepError(cctx, e.pool, a.key, a.actor(), *truncate(&msg), last, a.job.MaxAttempts)
+	status, failures, err := markStepError(cctx, e.pool, a.key, a.actor(), *truncate(&msg), false, a.job.MaxAttempts)
 	_ = e.store.Release(cctx, a.lease)
 	switch {
 	case errors.Is(err, errRunMoved):
 		return nil // the run is someone else's now
 	case err != nil:
 		e.logger.ErrorContext(ctx, "stepwise: recording step error", "run", a.key, "error", err)
+		if last {
+			// Unknown whether the failure was recorded: keep the job alive rather than let
+			// River discard it and leave the run 'running' with no job; the next attempt's
+			// claim or maintenance sorts it out.
+			return river.JobSnooze(retryBackoff(a.job.JobRow, 1))
+		}
 	case status == StatusFailed:
 		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusFailed)).Inc()
-		e.logger.WarnContext(ctx, "stepwise: run failed: its failures reached the job's max attempts", "run", a.key, "max_attempts", a.job.MaxAttempts)
-		if !last {
-			return river.JobCancel(stepErr) // River must not retry a run that has ended
-		}
+		e.logger.WarnContext(ctx, "stepwise: run failed: its failures in a row reached the job's max attempts", "run", a.key, "max_attempts", a.job.MaxAttempts)
+		return river.JobCancel(stepErr) // River must not retry a run that has ended
+	case last:
+		wait := retryBackoff(a.job.JobRow, failures)
+		e.logger.InfoContext(ctx, "stepwise: the job's attempts are spent but the run progressed since its last failures; snoozing instead of failing",
+			"run", a.key, "failures_in_a_row", failures, "max_attempts", a.job.MaxAttempts, "retry_in", wait)
+		return river.JobSnooze(wait)
 	}
 	return stepErr
+}
+
+// retryBackoff is River's default back-off (failures^4 seconds, ±10%) for a run's failures in
+// a row, used where the worker snoozes a job in place of River's retry.
+func retryBackoff(row *rivertype.JobRow, failures int) time.Duration {
+	r := *row
+	r.Errors = make([]rivertype.AttemptError, max(failures-1, 0))
+	return max(time.Until((&river.DefaultClientRetryPolicy{}).NextRetry(&r)), 0)
 }
 
 // watchCancel polls for CancelRun every Heartbeat and cancels the step's context when asked.

@@ -259,7 +259,7 @@ func TestOutcomes(t *testing.T) {
 	// An always-failing run backs off through River's attempts and ends dead, visibly.
 	run = waitRun(t, pool, "dead", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
 	require.Equal(t, workflow.StatusFailed, run.Status)
-	require.Contains(t, *run.LastError, "last attempt (3 of 3): always failing")
+	require.Contains(t, *run.LastError, "3 failures in a row without progress (the job's max attempts): always failing")
 	require.Equal(t, 3, run.Attempts)
 }
 

@@ -149,7 +149,7 @@ func TestDrillHotFailingRunOnSample(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, workflow.StatusFailed, hot.Status)
 	require.Equal(t, 3, hot.Attempts)
-	require.Contains(t, *hot.LastError, "last attempt (3 of 3)")
+	require.Contains(t, *hot.LastError, "3 failures in a row without progress")
 	require.Contains(t, *hot.LastError, "shard 9 of 8")
 	t.Logf("healthy runs finished after %s; the hot run failed after %d attempts (%s in all): %s",
 		healthyDone.Round(time.Millisecond), hot.Attempts, time.Since(began).Round(time.Millisecond), *hot.LastError)

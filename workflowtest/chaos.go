@@ -52,7 +52,19 @@ type ChaosConfig struct {
 	Until func(ctx context.Context) (bool, error)
 
 	// QuietTimeout bounds the wait for Until after the chaos phase. Defaults to 2 minutes.
+	// With Progress set it bounds the wait without progress instead.
 	QuietTimeout time.Duration
+
+	// Progress, when set, returns a count of work done that grows while the system drains
+	// (steps committed, operations settled, runs finished). The wait for quiet then fails
+	// only after QuietTimeout passes with the count standing still, or after QuietMax in
+	// all: a large backlog behind a slow external system drains slowly, and a fixed timeout
+	// sized for a small one would call it a hang.
+	Progress func(ctx context.Context) (int64, error)
+
+	// QuietMax bounds the whole wait for quiet when Progress is set. Defaults to 10 times
+	// QuietTimeout.
+	QuietMax time.Duration
 
 	// Logf receives one line per hit. Defaults to discarding.
 	Logf func(format string, args ...any)
@@ -125,6 +137,9 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 	}
 	if c.QuietTimeout <= 0 {
 		c.QuietTimeout = 2 * time.Minute
+	}
+	if c.QuietMax <= 0 {
+		c.QuietMax = 10 * c.QuietTimeout
 	}
 	if c.Logf == nil {
 		c.Logf = func(string, ...any) {}
@@ -260,19 +275,47 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 			}
 		}
 	}
-	quietCtx, cancel := context.WithTimeout(ctx, c.QuietTimeout)
+	report.Quiet, report.QuietErr = c.waitQuiet(ctx)
+	return report, nil
+}
+
+// waitQuiet waits for Until with every worker alive: for QuietTimeout, or, with Progress,
+// for as long as the work done keeps growing (QuietTimeout at most between two increases,
+// QuietMax in all).
+func (c *ChaosConfig) waitQuiet(ctx context.Context) (bool, error) {
+	limit := c.QuietTimeout
+	if c.Progress != nil {
+		limit = c.QuietMax
+	}
+	quietCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	began := time.Now()
+	lastDone, lastMoved := int64(-1), time.Now()
 	for {
 		quiet, err := c.Until(quietCtx)
 		if err == nil && quiet {
-			report.Quiet = true
-			return report, nil
+			return true, nil
+		}
+		if c.Progress != nil {
+			if done, perr := c.Progress(quietCtx); perr == nil && done > lastDone {
+				lastDone, lastMoved = done, time.Now()
+			}
+			if time.Since(lastMoved) > c.QuietTimeout {
+				return false, fmt.Errorf("not quiet after %s: no progress for %s (work done stands at %d)%s",
+					time.Since(began).Round(100*time.Millisecond), c.QuietTimeout, lastDone, untilErr(err))
+			}
 		}
 		select {
 		case <-quietCtx.Done():
-			report.QuietErr = fmt.Errorf("not quiet after %s: %v", c.QuietTimeout, err)
-			return report, nil
+			return false, fmt.Errorf("not quiet after %s%s", limit, untilErr(err))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+func untilErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return ": " + err.Error()
 }

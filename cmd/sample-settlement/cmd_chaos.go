@@ -151,9 +151,10 @@ Flags:
 		// Long runs live no longer than their profile's chaos, or they would still be working
 		// when the run is judged for rest.
 		cfg.LongLifetime = min(cfg.LongLifetime, cfg.Duration)
-		// And a settle profile's date stays small enough to drain within the quiet timeout at a
-		// slow bank's pace: measured, 5,000 merchants (~12k payouts) against the slow-bank
-		// profile still had 3,680 payouts open, draining at 15-20/s, when judged after 3 minutes.
+		// And a settle profile's date stays small enough for a soak to keep to its duration:
+		// 5,000 merchants (~12k payouts) against the slow-bank profile drain at 15-20 payouts/s,
+		// many minutes beyond a profile's share. (Run alone, `chaos --profile slow-bank` keeps
+		// its full size: its wait for rest follows progress, see ChaosConfig.Progress.)
 		if cfg.Merchants > 0 && !set["merchants"] {
 			cfg.Merchants = min(cfg.Merchants, 1000)
 		}

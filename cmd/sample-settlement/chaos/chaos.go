@@ -125,7 +125,9 @@ type Config struct {
 	SleepFor        time.Duration
 	SleeperWork     time.Duration // how long a sleeper's first step works before it sleeps
 
-	// QuietTimeout bounds the wait for rest after the chaos. Defaults to 3 minutes.
+	// QuietTimeout bounds the wait for rest after the chaos without progress (no step
+	// committed, no run finished, no operation settled); the whole wait is bounded at ten
+	// times it. Defaults to 3 minutes.
 	QuietTimeout time.Duration
 }
 
@@ -436,6 +438,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		Duration:     cfg.Duration,
 		Until:        until,
 		QuietTimeout: cfg.QuietTimeout,
+		Progress:     func(ctx context.Context) (int64, error) { return workDone(ctx, pool) },
 		Logf:         cfg.Logf,
 		WorkerID:     func(w workflowtest.Worker) string { return workerID(w.Pid()) },
 		Target:       target,
@@ -578,6 +581,17 @@ func atRest(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		(SELECT count(*) FROM stepwise_run WHERE status IN ('pending', 'running')) +
 		(SELECT count(*) FROM stepwise_operation WHERE state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT', 'MANUAL'))`).Scan(&open)
 	return err == nil && open == 0, err
+}
+
+// workDone counts what the system has done, growing while it drains: steps committed, runs
+// finished and operations settled. The wait for rest gives up only when it stands still.
+func workDone(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT
+		(SELECT coalesce(sum(steps), 0) FROM stepwise_checkpoint) +
+		(SELECT count(*) FROM stepwise_run WHERE status NOT IN ('pending', 'running')) +
+		(SELECT count(*) FROM stepwise_operation WHERE state IN ('SUCCEEDED', 'FAILED_PERMANENT', 'MANUAL'))`).Scan(&n)
+	return n, err
 }
 
 // progress prints a one-line summary every 2 seconds until stopped.

@@ -91,12 +91,20 @@ func (h *handler) pay(w http.ResponseWriter, r *http.Request) {
 	defer stopWatch()
 	w = &answerStamp{ResponseWriter: w, b: h.b, rec: rec}
 	defer func() {
+		// The hang-up is recorded here too, not only by the AfterFunc above: that runs in a
+		// goroutine of its own, and a stalled handler woken by the same cancellation could
+		// reach this point first and log the hang-up as an answer (seen under -race).
+		hungUp := r.Context().Err() != nil
 		h.b.update(rec, func(rec *Request) {
 			if rec.Outcome == "" {
 				rec.Outcome = OutcomeAbandoned
 			}
 			if rec.Answered.IsZero() && rec.Abandoned.IsZero() {
-				rec.Answered = time.Now()
+				if hungUp {
+					rec.Abandoned = time.Now()
+				} else {
+					rec.Answered = time.Now()
+				}
 			}
 		})
 	}()

@@ -78,12 +78,6 @@ func TestSlowRequestAppliesAfterTheCallerGaveUp(t *testing.T) {
 
 // TestStallAppliesAtOnce: a stalled request is applied on arrival and its answer held back.
 func TestStallAppliesAtOnce(t *testing.T) {
-	if raceEnabled {
-		// Under the race detector (Go 1.26) the server does not report the caller's hang-up
-		// while the handler stalls, even alone on a quiet machine; without it, it always
-		// does. Left visible here rather than weakened: the plain `go test ./...` runs it.
-		t.Skip("the hang-up during a stall is not observed under -race; covered by the run without it")
-	}
 	t.Parallel()
 	ctx := context.Background()
 	bank := New(&Config{Strict: true, Profile: LatencyProfile{Stall: 1, StallFor: 5 * time.Second}})

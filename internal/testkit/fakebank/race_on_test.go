@@ -1,5 +1,0 @@
-//go:build race
-
-package fakebank
-
-const raceEnabled = true

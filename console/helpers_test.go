@@ -52,7 +52,7 @@ func newReconciler(t testing.TB, pool *pgxpool.Pool) *reconcile.Reconciler {
 	// The fixtures enqueue payouts: the kind must be registered, as a service's outbox does.
 	require.NoError(t, ob.Register(context.Background()))
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{
-		"payout": {Querier: reconcile.QuerierFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+		"payout": {Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
 			return reconcile.LookupResult{Status: reconcile.NotFound}, nil
 		})},
 	}})

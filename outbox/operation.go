@@ -107,7 +107,7 @@ type Operation struct {
 	// ID is the operation_id and the idempotency key sent to the external system.
 	// Defaults to OperationID(Kind, BusinessKey) when zero.
 	ID uuid.UUID
-	// Kind selects the Sender (and reconcile's Querier), e.g. "payout".
+	// Kind selects the Sender (and reconcile's Checker), e.g. "payout".
 	Kind string
 	// BusinessKey identifies the effect in the caller's terms, e.g. "settle/2026-03-01/m-42".
 	// (Kind, BusinessKey) is unique.

@@ -28,7 +28,7 @@ const (
 	NotFound Status = "not_found"
 )
 
-// LookupResult is the answer of a Querier.
+// LookupResult is the answer of a Checker.
 type LookupResult struct {
 	Status Status
 	// ExternalRef is the external system's reference for a found operation.
@@ -42,26 +42,26 @@ type LookupResult struct {
 	Reason string
 }
 
-// Querier asks the external system of one kind what became of an operation, by its
+// Checker asks the external system of one kind what became of an operation, by its
 // operation_id (op.IdempotencyKey()). Return an error only when the question itself failed
 // (a timeout, a 5xx): the reconciler then asks again later. "No such operation" is NotFound,
 // not an error.
-type Querier interface {
+type Checker interface {
 	Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error)
 }
 
-// QuerierFunc adapts a function to Querier.
-type QuerierFunc func(ctx context.Context, op *outbox.Operation) (LookupResult, error)
+// CheckerFunc adapts a function to Checker.
+type CheckerFunc func(ctx context.Context, op *outbox.Operation) (LookupResult, error)
 
 // Lookup calls f.
-func (f QuerierFunc) Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error) {
+func (f CheckerFunc) Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error) {
 	return f(ctx, op)
 }
 
 // KindConfig configures the reconciliation of one kind of operation.
 type KindConfig struct {
-	// Querier looks operations up. Required.
-	Querier Querier
+	// Checker looks operations up. Required.
+	Checker Checker
 
 	// BatchSize is how many due operations one pass claims at a time.
 	//
@@ -215,7 +215,7 @@ func (c *Config) validate() error {
 		return errors.New("reconcile: Config.Outbox is nil; pass the *outbox.Outbox whose operations it settles (its outcome callbacks must run on every transition)")
 	}
 	if len(c.Kinds) == 0 {
-		return errors.New("reconcile: Config.Kinds is empty; configure at least one kind with its Querier")
+		return errors.New("reconcile: Config.Kinds is empty; configure at least one kind with its Checker")
 	}
 	names := make([]string, 0, len(c.Kinds))
 	for name := range c.Kinds {
@@ -225,10 +225,10 @@ func (c *Config) validate() error {
 	for _, name := range names {
 		k := c.Kinds[name]
 		if k == nil {
-			return fmt.Errorf("reconcile: Config.Kinds[%q] is nil; give it a KindConfig with a Querier", name)
+			return fmt.Errorf("reconcile: Config.Kinds[%q] is nil; give it a KindConfig with a Checker", name)
 		}
-		if k.Querier == nil {
-			return fmt.Errorf("reconcile: Config.Kinds[%q].Querier is nil; every kind needs a Querier", name)
+		if k.Checker == nil {
+			return fmt.Errorf("reconcile: Config.Kinds[%q].Checker is nil; every kind needs a Checker", name)
 		}
 		ok := c.Outbox.KindConfig(name)
 		if ok == nil {

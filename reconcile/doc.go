@@ -7,7 +7,7 @@ never got it, or handed to a person (MANUAL). It never sends a new operation.
 # Rules
 
 A pass takes the UNKNOWN_EXTERNAL operations whose next check is due, in batches (FOR UPDATE
-SKIP LOCKED), asks the kind's Querier about each (at most Concurrency at once, RatePerSecond
+SKIP LOCKED), asks the kind's Checker about each (at most Concurrency at once, RatePerSecond
 per second, Timeout each), and records what each answer proves:
 
 	lookup                                      the operation
@@ -78,7 +78,7 @@ or assert on.
 	rec, err := reconcile.New(pool, &reconcile.Config{
 		Outbox: ob, // its outcome callbacks run on every transition
 		Kinds: map[string]*reconcile.KindConfig{
-			"payout": {Querier: bankLookup, Grace: 10 * time.Minute, RatePerSecond: 50},
+			"payout": {Checker: bankLookup, Grace: 10 * time.Minute, RatePerSecond: 50},
 		},
 	})
 	if err := rec.Install(riverConfig); err != nil { // worker, periodic pass, queue

@@ -75,7 +75,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: quiet, Kinds: map[string]*reconcile.KindConfig{
-		"payout": {Querier: bank},
+		"payout": {Checker: bank},
 	}})
 	if err != nil {
 		log.Fatal(err)

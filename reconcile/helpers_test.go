@@ -28,7 +28,7 @@ func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 type (
 	payoutPayload = bankops.Payload
 	bankSender    = bankops.Sender
-	bankQuerier   = bankops.Querier
+	bankChecker   = bankops.Checker
 )
 
 var bankStatement = bankops.Statement
@@ -70,7 +70,7 @@ func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, 
 		},
 	}
 	rkc := &reconcile.KindConfig{
-		Querier:      bankQuerier{Client: client},
+		Checker:      bankChecker{Client: client},
 		Grace:        time.Hour, // tests move last_sent_at back instead of waiting
 		CheckBackoff: func(int) time.Duration { return time.Hour },
 	}

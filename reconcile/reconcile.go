@@ -253,7 +253,7 @@ func (r *Reconciler) lookupOne(ctx context.Context, ks *kindState, op *outbox.Op
 		}
 	}()
 	cp := *op
-	return ks.cfg.Querier.Lookup(lctx, &cp)
+	return ks.cfg.Checker.Lookup(lctx, &cp)
 }
 
 // apply records a batch's decisions in one transaction: the transitions (with the outcome

@@ -57,7 +57,7 @@ func TestEachLookupResult(t *testing.T) {
 		},
 	}
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
-		rk.Querier = reconcile.QuerierFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 			return answers[op.BusinessKey]()
 		})
 	})
@@ -190,8 +190,8 @@ func TestOverlappingPassesProcessEachOperationOnce(t *testing.T) {
 	)
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
 		rk.BatchSize, rk.Concurrency = 10, 10
-		inner := rk.Querier
-		rk.Querier = reconcile.QuerierFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+		inner := rk.Checker
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 			mu.Lock()
 			lookups[op.BusinessKey]++
 			mu.Unlock()
@@ -251,8 +251,8 @@ func TestForcedCheckDuringAPassFencesTheSlowerDecision(t *testing.T) {
 	var calls atomic.Int64
 	slowEntered, slowRelease := make(chan struct{}), make(chan struct{})
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
-		inner := rk.Querier
-		rk.Querier = reconcile.QuerierFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+		inner := rk.Checker
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 			if calls.Add(1) == 1 {
 				close(slowEntered)
 				<-slowRelease

@@ -14,17 +14,18 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/stepwise-go/stepwise"
 )
 
-// DB is what the Outbox needs of a database handle; *pgxpool.Pool satisfies it.
+// DB is what the Outbox (and the Reconciler and the console) need of a database handle:
+// stepwise.DBTX plus Begin, because they open transactions of their own (to claim a batch, to
+// record its outcomes). *pgxpool.Pool satisfies it; pass the pool your River client uses.
 type DB interface {
+	stepwise.DBTX
 	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // PollQueue is the River queue of the poll job.

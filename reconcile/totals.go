@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -149,7 +150,7 @@ func (t *Totals) String() string {
 // external system's statement for it, effect by effect (matched by idempotency key), and
 // returns the totals per currency and every difference. It reads only; what to do about a
 // difference is a person's decision (Resolve).
-func CompareTotals(ctx context.Context, q outbox.Querier, stmt Statement, params *TotalsParams) (*Totals, error) {
+func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
 	if params == nil || params.Kind == "" || params.From.IsZero() || params.To.IsZero() || !params.From.Before(params.To) {
 		return nil, errors.New("reconcile.CompareTotals: TotalsParams needs a Kind and a period with From before To")
 	}
@@ -230,7 +231,7 @@ func CompareTotals(ctx context.Context, q outbox.Querier, stmt Statement, params
 	return t, nil
 }
 
-func statesOf(ctx context.Context, q outbox.Querier, entries []StatementEntry) (map[string]*outbox.Operation, error) {
+func statesOf(ctx context.Context, q stepwise.DBTX, entries []StatementEntry) (map[string]*outbox.Operation, error) {
 	var ids []uuid.UUID
 	for _, e := range entries {
 		if id, err := uuid.Parse(e.Key); err == nil {

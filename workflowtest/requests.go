@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise"
 )
 
 // Request is one request an external system received for an operation, as that system's own
@@ -81,7 +83,7 @@ type opRow struct {
 var terminalStates = map[string]bool{"SUCCEEDED": true, "FAILED_PERMANENT": true, "MANUAL": true}
 
 // loadLedger reads the operations and their transitions that the request checks compare with.
-func loadLedger(ctx context.Context, q Querier) (map[string]opRow, []opEvent, error) {
+func loadLedger(ctx context.Context, q stepwise.DBTX) (map[string]opRow, []opEvent, error) {
 	rows, err := q.Query(ctx, `SELECT operation_id::text, amount, state FROM stepwise_operation`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading operations: %w", err)

@@ -16,15 +16,15 @@ A step writes its operations with Enqueue, on the step's own transaction:
 			Payload:     mustJSON(PayoutPayload{Account: s.Account}),
 			Amount:      s.Amount, // minor units
 			Currency:    "EUR",
-			RunKey:      runKey,
 		}
 	}
 	if _, err := outbox.Enqueue(ctx, s.Tx, ops...); err != nil {
 		return workflow.Next{}, err
 	}
 
-If the step rolls back, its operations vanish with it: nothing is sent for a step that did not
-commit. The operation_id defaults to OperationID(kind, business key), a UUID v5, so a step that
+Enqueue records the step's run key on each operation (Operation.RunKey), so that a batch is
+complete only when its operations are. If the step rolls back, its operations vanish with it:
+nothing is sent for a step that did not commit. The operation_id defaults to OperationID(kind, business key), a UUID v5, so a step that
 runs twice enqueues the same operations twice, which is a no-op. The same id (or kind and
 business key) with a different payload, amount or currency is ErrOperationConflict: two pieces
 of code disagree about one external effect, and sending either could pay the wrong amount.

@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/internal/runctx"
 )
 
 // EnqueueResult reports what Enqueue did.
@@ -39,6 +41,10 @@ type EnqueueResult struct {
 // mistyped kind would otherwise wait PENDING forever. The check reads the database once per
 // kind and process.
 //
+// Inside a workflow step, an operation without a RunKey gets the step's run key, and one with
+// another run's key is refused (ErrInvalidOperation): the run's batch must not count as
+// complete while operations it enqueued are unfinished.
+//
 // An operation whose ID is zero gets OperationID(Kind, BusinessKey). Enqueueing an operation
 // that already exists with the same payload (and amount and currency) is a no-op; with
 // anything different, under the same id or the same kind and business key, it fails with a
@@ -60,9 +66,19 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, 
 	}
 	// Validate everything before the first statement, so that a bad operation leaves tx as
 	// it was (a failed statement would abort the caller's whole transaction).
+	stepRun, inStep := runctx.From(ctx)
 	prepared := make([]Operation, 0, len(ops))
 	for i := range ops {
 		op := ops[i]
+		if inStep {
+			if op.RunKey == "" {
+				op.RunKey = stepRun
+			} else if op.RunKey != stepRun {
+				return nil, fmt.Errorf("%w: kind %q, business key %q: RunKey %q is not the key of the run whose step enqueues it, %q; "+
+					"leave RunKey empty inside a step (Enqueue fills it in), or enqueue the operation outside the step",
+					ErrInvalidOperation, op.Kind, op.BusinessKey, op.RunKey, stepRun)
+			}
+		}
 		if err := op.prepare(); err != nil {
 			return nil, err
 		}

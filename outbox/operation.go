@@ -121,7 +121,9 @@ type Operation struct {
 	Amount   int64
 	Currency string
 	// RunKey is the key of the workflow run that enqueued the operation, so that a batch is
-	// complete only when the operations of its runs are. Optional.
+	// complete only when the operations of its runs are (see UnfinishedForRuns). Inside a
+	// step Enqueue fills it in from the step's context, and refuses another run's key; set
+	// it only when enqueueing for a run from outside its steps.
 	RunKey string
 
 	State State

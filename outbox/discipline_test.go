@@ -213,7 +213,7 @@ func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 			return outbox.Receipt{}, nil
 		})}}})
 	require.NoError(t, err)
-	require.NoError(t, ob.AddWorkersSafely(river.NewWorkers()), "installing the outbox registers its kinds")
+	require.NoError(t, ob.Install(&river.Config{}), "installing the outbox registers its kinds")
 
 	enq := func(kind string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

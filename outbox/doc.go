@@ -115,7 +115,7 @@ kind with due work every Config.PollInterval: a River periodic job run by the le
 RunMaintenance in every process that calls it (so that a dead leader does not hold it up).
 
 Enqueue refuses, with ErrUnknownKind, a kind that no Outbox registered in the database
-(AddWorkers, Install and Register do): an operation nobody delivers would wait forever.
+(Install and Register do): an operation nobody delivers would wait forever.
 
 # Crash recovery
 
@@ -145,12 +145,13 @@ queues to its config:
 		},
 	})
 	riverConfig := &river.Config{Workers: workers, Queues: myQueues}
-	if err := ob.Install(riverConfig); err != nil { // or AddWorkers, PeriodicJobs, Queues
+	if err := ob.Install(riverConfig); err != nil {
 		return err
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
 	// ... client.Start(ctx), then in every process, not only River's leader:
 	go ob.RunMaintenance(ctx, client) // crash recovery, retries and takeovers
+	prometheus.MustRegister(ob.Metrics())
 
 # Reading the ledger
 

@@ -383,25 +383,17 @@ func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[ReconcileArgs
 	return err
 }
 
-// AddWorkers registers the reconciliation worker on workers. It panics if it is already
-// registered, like river.AddWorker.
-func (r *Reconciler) AddWorkers(workers *river.Workers) {
-	if err := r.AddWorkersSafely(workers); err != nil {
-		panic(err)
-	}
-}
-
-// AddWorkersSafely is AddWorkers returning an error instead of panicking.
-func (r *Reconciler) AddWorkersSafely(workers *river.Workers) error {
+// addWorkers registers the reconciliation worker on workers.
+func (r *Reconciler) addWorkers(workers *river.Workers) error {
 	if err := river.AddWorkerSafely[ReconcileArgs](workers, &reconcileWorker{r: r}); err != nil {
-		return fmt.Errorf("adding the reconciler: %w", err)
+		return fmt.Errorf("reconcile: Install: adding the reconciler: %w", err)
 	}
 	return nil
 }
 
-// PeriodicJobs returns the periodic pass, to add to the River client's Config.PeriodicJobs.
-// River runs periodic jobs on its elected leader only; passes that still overlap are safe.
-func (r *Reconciler) PeriodicJobs() []*river.PeriodicJob {
+// periodicJobs returns the periodic pass. River runs periodic jobs on its elected leader only
+// (hence RunMaintenance in every process); passes that still overlap are safe.
+func (r *Reconciler) periodicJobs() []*river.PeriodicJob {
 	interval := r.config.Interval
 	return []*river.PeriodicJob{river.NewPeriodicJob(
 		river.PeriodicInterval(interval),
@@ -415,28 +407,30 @@ func (r *Reconciler) PeriodicJobs() []*river.PeriodicJob {
 	)}
 }
 
-// Queues returns the River queue the pass runs in, to merge into the client's Config.Queues.
-func (r *Reconciler) Queues() map[string]river.QueueConfig {
+// queues returns the River queue the pass runs in.
+func (r *Reconciler) queues() map[string]river.QueueConfig {
 	return map[string]river.QueueConfig{Queue: {MaxWorkers: 2}}
 }
 
-// Install adds the reconciler's worker, periodic job and queue to a River client config,
-// before river.NewClient. A queue already in the config is left as configured.
+// Install adds the reconciler's worker, its periodic pass (every Config.Interval) and its
+// queue (Queue) to a River client config, before river.NewClient. It is the one way to wire a
+// Reconciler; a queue already in the config is left as configured. Then call RunMaintenance in
+// every process, and register Metrics with your Prometheus registry.
 func (r *Reconciler) Install(rc *river.Config) error {
 	if rc == nil {
-		return errors.New("reconcile: Install: river config is nil")
+		return errors.New("reconcile: Install: the River config is nil; pass the *river.Config you give river.NewClient")
 	}
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
-	if err := r.AddWorkersSafely(rc.Workers); err != nil {
+	if err := r.addWorkers(rc.Workers); err != nil {
 		return err
 	}
-	rc.PeriodicJobs = append(rc.PeriodicJobs, r.PeriodicJobs()...)
+	rc.PeriodicJobs = append(rc.PeriodicJobs, r.periodicJobs()...)
 	if rc.Queues == nil {
 		rc.Queues = map[string]river.QueueConfig{}
 	}
-	for name, qc := range r.Queues() {
+	for name, qc := range r.queues() {
 		if _, ok := rc.Queues[name]; !ok {
 			rc.Queues[name] = qc
 		}

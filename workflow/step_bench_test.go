@@ -219,7 +219,7 @@ func newOvhRig(b *testing.B, pool *pgxpool.Pool, rows int, ops bool, workers int
 			})},
 		}})
 		require.NoError(b, err)
-		ob.AddWorkers(ws)
+		require.NoError(b, ob.Install(&river.Config{Workers: ws})) // its workers only, into ws
 	}
 	rig.client, err = river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(b, err)

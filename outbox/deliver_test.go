@@ -302,17 +302,17 @@ func TestTransitionGuards(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 
-	_, err = ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
+	_, err = outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
 	require.ErrorIs(t, err, outbox.ErrStateChanged)
 	require.Contains(t, err.Error(), "UNKNOWN_EXTERNAL")
 
-	_, err = ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateSucceeded, To: outbox.StateRetryable, Actor: "alice"})
+	_, err = outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateSucceeded, To: outbox.StateRetryable, Actor: "alice"})
 	require.ErrorIs(t, err, outbox.ErrInvalidTransition)
 
-	_, err = ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: uuid.New(), From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
+	_, err = outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: uuid.New(), From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 
-	op, err := ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateUnknownExternal, To: outbox.StateSucceeded, Actor: "alice", ExternalRef: "found"})
+	op, err := outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateUnknownExternal, To: outbox.StateSucceeded, Actor: "alice", ExternalRef: "found"})
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateSucceeded, op.State)
 	require.Equal(t, "found", op.ExternalRef)

@@ -107,7 +107,7 @@ func TestPausedDispatcherSendsNothingItNoLongerHolds(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: waiting, From: outbox.StateUnknownExternal,
+		_, err := outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: waiting, From: outbox.StateUnknownExternal,
 			To: outbox.StateFailedPermanent, Actor: "test", Error: "the bank refused it"})
 		return err
 	})

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
+	"github.com/stepwise-go/stepwise/internal/ledger"
+
 	"github.com/stepwise-go/stepwise/internal/runctx"
 )
 
@@ -157,7 +159,7 @@ func wakeOnCommit(ctx context.Context, tx pgx.Tx, xid string, kinds []string) (b
 	// Without a pool of its own (a River driver built on a transaction only) the client
 	// cannot wake anything after the commit: wake in the transaction, as before.
 	if !wakeAfterCommit(client, xid, kinds) {
-		return Wake(ctx, tx, kinds...)
+		return wake(ctx, tx, kinds...)
 	}
 	return true, nil
 }
@@ -255,7 +257,7 @@ func checkExisting(ctx context.Context, tx pgx.Tx, ops []Operation, inserted []u
 	// Two lookups per operation (by id, by kind and business key) rather than one OR join,
 	// so that both use their unique index even for a replay of a large batch.
 	rows, err := tx.Query(ctx, `
-		SELECT `+Columns("o")+`, n.ord, sha256(convert_to(n.payload::text, 'UTF8')),
+		SELECT `+ledger.Columns("o")+`, n.ord, sha256(convert_to(n.payload::text, 'UTF8')),
 			o.operation_id = n.id AND o.kind = n.kind AND o.business_key = n.bk AND o.payload = n.payload
 				AND o.amount IS NOT DISTINCT FROM n.amount AND o.currency IS NOT DISTINCT FROM n.currency
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::bigint[], $6::text[])
@@ -350,7 +352,7 @@ func clientFrom(ctx context.Context) *river.Client[pgx.Tx] {
 	return nil
 }
 
-// Wake queues, in tx, a dispatcher for each kind, using the River client from ctx (a worker's
+// wake queues, in tx, a dispatcher for each kind, using the River client from ctx (a worker's
 // context, or ContextWithClient). It reports false, and does nothing, when ctx has no client:
 // the operations are then found by the next poll. Enqueue calls it; so does the reconciler
 // when it sends an operation back to RETRYABLE.
@@ -359,7 +361,7 @@ func clientFrom(ctx context.Context) *river.Client[pgx.Tx] {
 // takes a row lock on that job until tx commits, and the dispatcher cannot complete while the
 // lock is held; it then looks for due operations once more (see Outbox.dispatch). That is what
 // makes a wake during a running dispatcher never lost.
-func Wake(ctx context.Context, tx pgx.Tx, kinds ...string) (bool, error) {
+func wake(ctx context.Context, tx pgx.Tx, kinds ...string) (bool, error) {
 	client := clientFrom(ctx)
 	if client == nil || len(kinds) == 0 {
 		return false, nil

@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/ledger"
 )
 
 // MaxPayloadBytes is the largest Operation.Payload Enqueue accepts. The payload travels in
@@ -205,26 +206,10 @@ func (op *Operation) prepare() error {
 	return nil
 }
 
-// columnsTmpl is the select list scanOperation reads, in order, with {a} standing for a
-// table alias.
-const columnsTmpl = `{a}.operation_id, {a}.kind, {a}.business_key, {a}.payload, {a}.payload_hash,
-	coalesce({a}.amount, 0), coalesce({a}.currency, ''), coalesce({a}.run_key, ''), {a}.state, {a}.attempts,
-	{a}.checks, {a}.lease_until, coalesce({a}.leased_by, ''), {a}.next_attempt_at, {a}.next_check_at,
-	{a}.last_sent_at, {a}.unknown_since, coalesce({a}.external_ref, ''), coalesce({a}.last_error, ''),
-	coalesce({a}.last_lookup, ''), coalesce({a}.manual_reason, ''), {a}.created_at, {a}.updated_at,
-	{a}.finished_at, {a}.claims, {a}.claimed_at, {a}.in_flight_until`
+// columns is the select list scanOperation reads (see ledger.Columns).
+var columns = ledger.Columns("stepwise_operation")
 
-// Columns returns the select list that ScanOperation reads, with every column qualified by
-// alias (as "o"). Package reconcile uses it to read ledger rows in its own statements.
-func Columns(alias string) string { return strings.ReplaceAll(columnsTmpl, "{a}", alias) }
-
-var columns = Columns("stepwise_operation")
-
-// ScanOperation scans a row selected with Columns, followed by any extra destinations.
-func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
-	return scanOperation(row, extra...)
-}
-
+// scanOperation scans a row selected with ledger.Columns, followed by any extra destinations.
 func scanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	var op Operation
 	var payload []byte

@@ -36,8 +36,8 @@ Grace after that moment: an operation that waited its turn in the dispatcher and
 out is never resent while its first request can still land.
 
 The rules are one pure function, table tested; the SQL only guards it. Each transition goes
-through outbox.Outbox.TransitionTx: the kind's outcome callback and an audit event in the same
-transaction as the state change.
+through the Outbox, as the dispatcher's do: the kind's outcome callback and an audit event in the
+same transaction as the state change.
 
 # Overlapping passes
 

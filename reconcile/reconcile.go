@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
+	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -174,7 +175,7 @@ WITH c AS (
 )
 UPDATE stepwise_operation o SET checks = o.checks + 1, next_check_at = now() + $6::interval, updated_at = now()
 FROM c WHERE o.operation_id = c.operation_id
-RETURNING ` + outbox.Columns("o") + `, now()`
+RETURNING ` + ledger.Columns("o") + `, now()`
 
 func (r *Reconciler) batch(ctx context.Context, ks *kindState, opts *RunOpts, passStart time.Time) (*PassResult, int, error) {
 	res := newPassResult()
@@ -190,7 +191,7 @@ func (r *Reconciler) batch(ctx context.Context, ks *kindState, opts *RunOpts, pa
 	// clock runs fast must not cut a grace period short.
 	var dbNow time.Time
 	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Operation, error) {
-		return outbox.ScanOperation(row, &dbNow)
+		return ledger.Scan[*outbox.Operation](row, &dbNow)
 	})
 	if err != nil {
 		return res, 0, fmt.Errorf("claiming unknown operations of kind %q: %w", ks.name, err)
@@ -304,7 +305,7 @@ func (r *Reconciler) apply(ctx context.Context, ks *kindState, ops []*outbox.Ope
 
 func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops []*outbox.Operation, ds []decision) ([]outbox.OperationOutcome, int, error) {
 	var (
-		ts       []outbox.Transition
+		ts       []ledger.Move
 		stayIDs  []uuid.UUID
 		stayChk  []int32
 		stayNext []time.Time
@@ -317,13 +318,13 @@ func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops 
 			stayNext, stayLook = append(stayNext, d.next), append(stayLook, d.lookup)
 			continue
 		}
-		ts = append(ts, outbox.Transition{
-			OperationID: op.ID, From: outbox.StateUnknownExternal, To: d.to, Checks: op.Checks,
+		ts = append(ts, ledger.Move{
+			OperationID: op.ID, From: string(outbox.StateUnknownExternal), To: string(d.to), Checks: op.Checks,
 			Actor: r.config.Actor, ExternalRef: d.ref, Error: d.err, Reason: d.reason, Lookup: d.lookup,
 			Detail: map[string]any{"check": op.Checks},
 		})
 	}
-	moved, err := r.ob.TransitionTx(ctx, tx, ts)
+	moved, err := ledger.TransitionTx[outbox.OperationOutcome](ctx, r.ob, tx, ts)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -341,7 +342,7 @@ func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops 
 	}
 	for _, oo := range moved {
 		if oo.Outcome.To == outbox.StateRetryable {
-			if _, err := outbox.Wake(ctx, tx, ks.name); err != nil {
+			if _, err := ledger.Wake(ctx, tx, ks.name); err != nil {
 				return nil, 0, err
 			}
 			break

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -169,13 +170,13 @@ func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params 
 	}
 	here := map[string]*ours{}
 	var order []string
-	rows, err := q.Query(ctx, `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o
+	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o
 		WHERE kind = $1 AND state = 'SUCCEEDED' AND last_sent_at >= $2 AND last_sent_at < $3
 		ORDER BY last_sent_at, operation_id`, params.Kind, params.From, params.To)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return outbox.ScanOperation(r) })
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](r) })
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
@@ -242,11 +243,11 @@ func statesOf(ctx context.Context, q stepwise.DBTX, entries []StatementEntry) (m
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o WHERE operation_id = ANY($1)`, ids)
+	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o WHERE operation_id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return outbox.ScanOperation(r) })
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](r) })
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}

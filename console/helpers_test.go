@@ -88,7 +88,7 @@ func (f *fixture) enqueue(t testing.TB, prefix, run string, n int) {
 	ctx := context.Background()
 	for i := range n {
 		require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ctx, tx, outbox.Operation{Kind: "payout", BusinessKey: fmt.Sprintf("%s-%d", prefix, i),
+			_, err := outbox.Enqueue(ctx, tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: fmt.Sprintf("%s-%d", prefix, i),
 				Payload: []byte(`{"account":"acct"}`), Amount: int64(1000 + i), Currency: "EUR", RunKey: run})
 			return err
 		}))

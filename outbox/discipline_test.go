@@ -217,7 +217,7 @@ func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 
 	enq := func(kind string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ctx, tx, outbox.Operation{Kind: kind, BusinessKey: "t-1"})
+			_, err := outbox.Enqueue(ctx, tx, outbox.EnqueueParams{Kind: kind, BusinessKey: "t-1"})
 			return err
 		})
 	}

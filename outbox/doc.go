@@ -8,9 +8,9 @@ outcome.
 
 A step writes its operations with Enqueue, on the step's own transaction:
 
-	ops := make([]outbox.Operation, len(batch))
+	ops := make([]outbox.EnqueueParams, len(batch))
 	for i, s := range batch {
-		ops[i] = outbox.Operation{
+		ops[i] = outbox.EnqueueParams{
 			Kind:        "payout",
 			BusinessKey: fmt.Sprintf("settle/%s/%d", date, s.MerchantID),
 			Payload:     mustJSON(PayoutPayload{Account: s.Account}),

@@ -57,7 +57,7 @@ type EnqueueResult struct {
 // milliseconds), so delivery starts at once. It locks nothing that a concurrent run's
 // transaction could wait for: the wake is not part of tx. Rows are inserted with one
 // set-based statement whatever their number.
-func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, error) {
+func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResult, error) {
 	if tx == nil {
 		return nil, errors.New("outbox.Enqueue: tx is nil; pass the transaction of the step that writes the operations")
 	}
@@ -68,7 +68,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, 
 	// Validate everything before the first statement, so that a bad operation leaves tx as
 	// it was (a failed statement would abort the caller's whole transaction).
 	stepRun, inStep := runctx.From(ctx)
-	prepared := make([]Operation, 0, len(ops))
+	prepared := make([]EnqueueParams, 0, len(ops))
 	for i := range ops {
 		op := ops[i]
 		if inStep {
@@ -167,7 +167,7 @@ func wakeOnCommit(ctx context.Context, tx pgx.Tx, xid string, kinds []string) (b
 // dedupe drops repeats of an operation within one call, and refuses two different
 // operations under one id or one kind and business key: the database could only tell the
 // first from the second by position, which one INSERT does not report.
-func dedupe(ops []Operation) ([]Operation, error) {
+func dedupe(ops []EnqueueParams) ([]EnqueueParams, error) {
 	if len(ops) < 2 {
 		return ops, nil
 	}
@@ -189,7 +189,7 @@ func dedupe(ops []Operation) ([]Operation, error) {
 		first := out[i]
 		if first.ID != op.ID || first.Kind != op.Kind || first.BusinessKey != op.BusinessKey ||
 			first.Amount != op.Amount || first.Currency != op.Currency || !sameJSON(first.Payload, op.Payload) {
-			return nil, &ConflictError{New: op, Existing: first}
+			return nil, &ConflictError{New: op, Existing: Operation{EnqueueParams: first}}
 		}
 	}
 	return out, nil
@@ -221,7 +221,7 @@ type opArrays struct {
 	runKeys    []*string
 }
 
-func newOpArrays(ops []Operation) *opArrays {
+func newOpArrays(ops []EnqueueParams) *opArrays {
 	b := &opArrays{
 		ids:        make([]uuid.UUID, len(ops)),
 		kinds:      make([]string, len(ops)),
@@ -246,8 +246,8 @@ func newOpArrays(ops []Operation) *opArrays {
 
 // checkExisting compares the operations that were not inserted with the rows that stopped
 // them. Equal rows are the replay of a step (a no-op); anything else is a conflict.
-func checkExisting(ctx context.Context, tx pgx.Tx, ops []Operation, inserted []uuid.UUID) ([]*Operation, error) {
-	var rest []Operation
+func checkExisting(ctx context.Context, tx pgx.Tx, ops []EnqueueParams, inserted []uuid.UUID) ([]*Operation, error) {
+	var rest []EnqueueParams
 	for i := range ops {
 		if !slices.Contains(inserted, ops[i].ID) {
 			rest = append(rest, ops[i])

@@ -42,7 +42,7 @@ var ErrUnknownKind = errors.New("operation kind not configured")
 // ConflictError is the error of ErrOperationConflict: it names the operation being enqueued
 // and the one already in the ledger.
 type ConflictError struct {
-	New      Operation
+	New      EnqueueParams
 	Existing Operation
 	// NewPayloadHash is the sha256 of the new payload's canonical jsonb text, comparable with
 	// Existing.PayloadHash.

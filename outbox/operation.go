@@ -13,7 +13,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/ledger"
 )
 
-// MaxPayloadBytes is the largest Operation.Payload Enqueue accepts. The payload travels in
+// MaxPayloadBytes is the largest EnqueueParams.Payload Enqueue accepts. The payload travels in
 // every claim and is kept forever in the ledger; a larger document belongs in the caller's
 // own table, with its key in the payload.
 const MaxPayloadBytes = 64 << 10
@@ -102,9 +102,10 @@ func OperationID(kind, businessKey string) uuid.UUID {
 	return uuid.NewSHA1(namespace, []byte(kind+"\x00"+businessKey))
 }
 
-// Operation is one external side effect in the ledger. The caller fills the first group of
-// fields for Enqueue; the ledger fills the rest when it reads rows back.
-type Operation struct {
+// EnqueueParams is what a caller says about one external side effect when it enqueues it:
+// Kind, BusinessKey and Payload, Amount and Currency for money, and optionally the ID and the
+// RunKey (which Enqueue fills in).
+type EnqueueParams struct {
 	// ID is the operation_id and the idempotency key sent to the external system.
 	// Defaults to OperationID(Kind, BusinessKey) when zero.
 	ID uuid.UUID
@@ -126,6 +127,14 @@ type Operation struct {
 	// step Enqueue fills it in from the step's context, and refuses another run's key; set
 	// it only when enqueueing for a run from outside its steps.
 	RunKey string
+}
+
+// Operation is one external side effect in the ledger, as read back: the EnqueueParams it was
+// enqueued with (so a Sender reads op.Kind, op.Payload, op.Amount) and what the ledger has
+// recorded since (State, Attempts, ExternalRef, ...). Enqueue fills ID and RunKey when the
+// caller left them empty.
+type Operation struct {
+	EnqueueParams
 
 	State State
 	// Attempts counts requests: Send calls begun, plus claims lost with a dispatcher that
@@ -174,7 +183,7 @@ func validateKind(kind string) error {
 
 // prepare validates op and fills its defaults, before any SQL runs, so that a bad operation
 // leaves the caller's transaction exactly as it was.
-func (op *Operation) prepare() error {
+func (op *EnqueueParams) prepare() error {
 	if err := validateKind(op.Kind); err != nil {
 		return err
 	}

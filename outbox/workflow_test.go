@@ -42,7 +42,7 @@ func (w *payWorker) Step(ctx context.Context, s *workflow.Step[payArgs, payCurso
 	if s.Cursor.After >= s.Args.Merchants {
 		return workflow.Done(), nil
 	}
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	last := min(s.Cursor.After+10, s.Args.Merchants)
 	for m := s.Cursor.After + 1; m <= last; m++ {
 		merchant := fmt.Sprintf("m-%d", m)

@@ -83,7 +83,7 @@ func TestReconcile10000With20PercentDroppedAnswers(t *testing.T) {
 	start := time.Now()
 	wctx := outbox.ContextWithClient(ctx, rc)
 	for i := 0; i < total; i += 500 {
-		ops := make([]outbox.Operation, 0, 500)
+		ops := make([]outbox.EnqueueParams, 0, 500)
 		for j := i; j < i+500; j++ {
 			ops = append(ops, payout(key(j), fmt.Sprintf("acct-%d", j), int64(100+j)))
 		}

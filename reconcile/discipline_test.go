@@ -94,7 +94,7 @@ func TestSlowBankNoResendWhileTheFirstRequestIsOnTheWire(t *testing.T) {
 		rkc.CheckBackoff = func(int) time.Duration { return 10 * time.Millisecond }
 	})
 	keys := []string{"slow/1", "slow/2", "slow/3", "slow/4", "slow/5"}
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for _, k := range keys {
 		ops = append(ops, payout(k, "acct", 100))
 	}

@@ -86,12 +86,12 @@ func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, 
 	return &bundle{pool: pool, bank: bank, client: client, ob: ob, rec: rec}
 }
 
-func payout(key, account string, amount int64) outbox.Operation {
+func payout(key, account string, amount int64) outbox.EnqueueParams {
 	p, _ := json.Marshal(payoutPayload{Account: account})
-	return outbox.Operation{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
+	return outbox.EnqueueParams{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
 }
 
-func (b *bundle) enqueue(t testing.TB, ops ...outbox.Operation) {
+func (b *bundle) enqueue(t testing.TB, ops ...outbox.EnqueueParams) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {

@@ -17,7 +17,7 @@ import (
 
 // unknown makes operations UNKNOWN_EXTERNAL the honest way: their send meets an ambiguous 5xx
 // (before apply, so the bank holds nothing).
-func (b *bundle) unknown(t testing.TB, ops ...outbox.Operation) {
+func (b *bundle) unknown(t testing.TB, ops ...outbox.EnqueueParams) {
 	t.Helper()
 	for _, op := range ops {
 		b.bank.FailKey(outbox.OperationID(op.Kind, op.BusinessKey).String(), fakebank.Error5xxBeforeApply)
@@ -61,7 +61,7 @@ func TestEachLookupResult(t *testing.T) {
 			return answers[op.BusinessKey]()
 		})
 	})
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for k := range answers {
 		ops = append(ops, payout(k, "acct", 100))
 	}
@@ -200,7 +200,7 @@ func TestOverlappingPassesProcessEachOperationOnce(t *testing.T) {
 			return inner.Lookup(ctx, op)
 		})
 	})
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for i := range 40 {
 		ops = append(ops, payout(key(i), "acct", int64(100+i)))
 		b.bank.FailKey(outbox.OperationID("payout", key(i)).String(), fakebank.Error5xxAfterApply)

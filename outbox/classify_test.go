@@ -183,4 +183,6 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	return out
 }
 
-func outboxOp(key string) outbox.EnqueueParams { return outbox.EnqueueParams{Kind: "payout", BusinessKey: key} }
+func outboxOp(key string) outbox.EnqueueParams {
+	return outbox.EnqueueParams{Kind: "payout", BusinessKey: key}
+}

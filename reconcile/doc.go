@@ -84,6 +84,14 @@ or assert on.
 	if err := rec.Install(riverConfig); err != nil { // worker, periodic pass, queue
 		return err
 	}
+	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+	// ... client.Start(ctx), then in every process, not only River's leader:
+	go rec.RunMaintenance(ctx, client)
+	prometheus.MustRegister(rec.Metrics())
+
+Install is the only way to add the Reconciler to a River client, as for the Outbox and the
+workflow Engine. Every Config default is an exported constant (DefaultInterval, DefaultGrace,
+...).
 
 # Metrics
 

@@ -107,8 +107,8 @@ locked on behalf of the step, so concurrent runs enqueueing the same kind do not
 other. When that kind's dispatcher is already running, River swallows the insert; a dispatcher
 that found no more work completes its own job and then checks again for due operations, in one
 transaction: either that check sees the committed rows, or the wake that follows the commit
-finds the job completed and queues a new one. A wake is therefore never lost. (Wake, used by
-the reconciler, still queues the job inside the caller's transaction.)
+finds the job completed and queues a new one. A wake is therefore never lost. (The reconciler's
+resends and reconcile.Resolve still queue the job inside their own transaction.)
 
 Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll wakes every
 kind with due work every Config.PollInterval: a River periodic job run by the leader, and

@@ -336,8 +336,8 @@ func QueueName(kind string) string { return "stepwise_outbox_" + kind }
 type clientKey struct{}
 
 // ContextWithClient returns a context with which Enqueue outside a River worker can still
-// have the dispatcher woken once the caller's transaction commits (and Wake queue it in the
-// transaction). Inside a worker, River's own context already carries the client.
+// have the dispatcher woken once the caller's transaction commits (or, when the client has no
+// pool of its own, in the transaction). Inside a worker, River's own context already carries the client.
 func ContextWithClient(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
 	return context.WithValue(ctx, clientKey{}, client)
 }

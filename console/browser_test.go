@@ -28,8 +28,8 @@ import (
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // chromium finds a Chromium or Chrome binary ($STEPWISE_CHROMIUM first), or "" if none.

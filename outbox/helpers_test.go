@@ -16,8 +16,8 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // defaultBankURL is where "sample-settlement bank" listens by default.

@@ -11,9 +11,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Payload is a test payout's payload: what the bank needs beyond amount and currency.

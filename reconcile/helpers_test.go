@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
@@ -26,12 +25,12 @@ func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 
 // The fake bank wired to the ledger, shared with the other SDK test packages.
 type (
-	payoutPayload = bankops.Payload
-	bankSender    = bankops.Sender
-	bankQuerier   = bankops.Querier
+	payoutPayload = fakebank.Payload
+	bankSender    = fakebank.Sender
+	bankQuerier   = fakebank.Checker
 )
 
-var bankStatement = bankops.Statement
+var bankStatement = fakebank.Statement
 
 // bundle is what a reconciliation test works with.
 type bundle struct {

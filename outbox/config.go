@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/jitter"
 )
 
 // Sender performs operations of one kind against an external system.
@@ -200,12 +201,7 @@ func DefaultRetryBackoff(attempt int) time.Duration {
 		d *= 2
 	}
 	d = min(d, 10*time.Minute)
-	return jitter(d, 0.25)
-}
-
-// jitter spreads d uniformly over ±frac.
-func jitter(d time.Duration, frac float64) time.Duration {
-	return time.Duration(float64(d) * (1 - frac + 2*frac*rand.Float64()))
+	return jitter.Spread(d, 0.25)
 }
 
 // WithDefaults returns a copy of the config with every unset field at its default. Kind

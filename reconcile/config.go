@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"time"
 
+	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -155,7 +155,7 @@ func DefaultCheckBackoff(check int) time.Duration {
 		d *= 2
 	}
 	d = min(d, time.Hour)
-	return time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
+	return jitter.Spread(d, 0.25)
 }
 
 // WithDefaults returns a copy of the config with every unset field at its default.

@@ -65,21 +65,33 @@ func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*settlement.Servi
 	return settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Logger: quietLogger(), ID: "bench"})
 }
 
-func (r *runner) deliverySection(ctx context.Context) error {
-	pool, _, err := r.sectionDB(ctx, "delivery")
+// sampleSection is what the delivery and reconcile sections start from: the section's
+// database, a zero-latency fake bank and the sample's Service on them, not started. done
+// stops the bank and closes the pool.
+func (r *runner) sampleSection(ctx context.Context, name string) (pool *pgxpool.Pool, bank *fakebank.Bank, svc *settlement.Service, done func(), err error) {
+	pool, _, err = r.sectionDB(ctx, name)
 	if err != nil {
-		return err
+		return nil, nil, nil, nil, err
 	}
-	defer pool.Close()
 	bank, client, stop, err := startBank()
 	if err != nil {
-		return err
+		pool.Close()
+		return nil, nil, nil, nil, err
 	}
-	defer stop()
-	svc, err := sampleService(pool, client)
+	done = func() { stop(); pool.Close() }
+	if svc, err = sampleService(pool, client); err != nil {
+		done()
+		return nil, nil, nil, nil, err
+	}
+	return pool, bank, svc, done, nil
+}
+
+func (r *runner) deliverySection(ctx context.Context) error {
+	pool, bank, svc, done, err := r.sampleSection(ctx, "delivery")
 	if err != nil {
 		return err
 	}
+	defer done()
 	kc := svc.Outbox.KindConfig(settlement.PayoutKind)
 	dates := newDateSeq()
 	n := r.opts.deliveryOps
@@ -115,20 +127,11 @@ func (r *runner) deliverySection(ctx context.Context) error {
 }
 
 func (r *runner) reconcileSection(ctx context.Context) error {
-	pool, _, err := r.sectionDB(ctx, "reconcile")
+	pool, bank, svc, done, err := r.sampleSection(ctx, "reconcile")
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	bank, client, stop, err := startBank()
-	if err != nil {
-		return err
-	}
-	defer stop()
-	svc, err := sampleService(pool, client)
-	if err != nil {
-		return err
-	}
+	defer done()
 	n := r.opts.reconcileOps
 	if _, err := pendingPayouts(ctx, pool, newDateSeq(), n); err != nil {
 		return err

@@ -196,12 +196,7 @@ const (
 // DefaultRetryBackoff waits 1s, 2s, 4s, ... up to 10 minutes before the attempt-th resend,
 // each with ±25% jitter, so that the operations refused in one burst do not return in one.
 func DefaultRetryBackoff(attempt int) time.Duration {
-	d := time.Second
-	for i := 1; i < attempt && d < 10*time.Minute; i++ {
-		d *= 2
-	}
-	d = min(d, 10*time.Minute)
-	return jitter.Spread(d, 0.25)
+	return jitter.Doubling(time.Second, 10*time.Minute, attempt)
 }
 
 // WithDefaults returns a copy of the config with every unset field at its default. Kind

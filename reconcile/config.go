@@ -150,12 +150,7 @@ type Config struct {
 // ±25% jitter, so that a backlog of unknown operations spreads out instead of returning in
 // one wave.
 func DefaultCheckBackoff(check int) time.Duration {
-	d := 5 * time.Second
-	for i := 1; i < check && d < time.Hour; i++ {
-		d *= 2
-	}
-	d = min(d, time.Hour)
-	return jitter.Spread(d, 0.25)
+	return jitter.Doubling(5*time.Second, time.Hour, check)
 }
 
 // WithDefaults returns a copy of the config with every unset field at its default.

@@ -168,15 +168,10 @@ func CompareTotals(ctx context.Context, q outbox.Querier, stmt Statement, params
 	}
 	here := map[string]*ours{}
 	var order []string
-	rows, err := q.Query(ctx, `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o
-		WHERE kind = $1 AND state = 'SUCCEEDED' AND last_sent_at >= $2 AND last_sent_at < $3
+	ops, err := ledgerOperations(ctx, q, `WHERE kind = $1 AND state = 'SUCCEEDED' AND last_sent_at >= $2 AND last_sent_at < $3
 		ORDER BY last_sent_at, operation_id`, params.Kind, params.From, params.To)
 	if err != nil {
-		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
-	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return outbox.ScanOperation(r) })
-	if err != nil {
-		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
+		return nil, err
 	}
 	for _, op := range ops {
 		key := op.IdempotencyKey()
@@ -241,7 +236,20 @@ func statesOf(ctx context.Context, q outbox.Querier, entries []StatementEntry) (
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o WHERE operation_id = ANY($1)`, ids)
+	ops, err := ledgerOperations(ctx, q, `WHERE operation_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, op := range ops {
+		out[op.IdempotencyKey()] = op
+	}
+	return out, nil
+}
+
+// ledgerOperations reads the operations (stepwise_operation as o) that where selects: a WHERE
+// clause and anything after it.
+func ledgerOperations(ctx context.Context, q outbox.Querier, where string, args ...any) ([]*outbox.Operation, error) {
+	rows, err := q.Query(ctx, `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o `+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
@@ -249,8 +257,5 @@ func statesOf(ctx context.Context, q outbox.Querier, entries []StatementEntry) (
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
-	for _, op := range ops {
-		out[op.IdempotencyKey()] = op
-	}
-	return out, nil
+	return ops, nil
 }

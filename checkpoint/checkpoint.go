@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 )
 
 // MaxKeyLen is the longest key the stepwise_checkpoint table accepts.
@@ -241,11 +242,11 @@ func (s *Store) Begin(ctx context.Context, l *Lease) (pgx.Tx, error) {
 	}
 	var current int64
 	if err := tx.QueryRow(ctx, `SELECT fencing_token FROM stepwise_checkpoint WHERE key = $1`, l.Key).Scan(&current); err != nil {
-		rollback(ctx, tx)
+		pgtx.Rollback(ctx, tx)
 		return nil, fmt.Errorf("checking token of %q: %w", l.Key, err)
 	}
 	if current != l.Token {
-		rollback(ctx, tx)
+		pgtx.Rollback(ctx, tx)
 		return nil, fmt.Errorf("%w (key %q: ours %d, current %d)", ErrFenced, l.Key, l.Token, current)
 	}
 	return tx, nil
@@ -357,12 +358,4 @@ type State struct {
 	Token      int64
 	Steps      int64
 	UpdatedAt  time.Time
-}
-
-// rollback ends tx even when ctx is already cancelled: a transaction left open would hold its
-// locks until the server's idle timeout.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(ctx)
 }

@@ -27,9 +27,8 @@ import (
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // chromium finds a Chromium or Chrome binary ($STEPWISE_CHROMIUM first), or "" if none.
@@ -157,7 +156,7 @@ func startSettle(t *testing.T, manual int) *settleFixture {
 
 	h, err := console.New(pool, &console.Config{
 		Prefix: "/console", Authenticate: console.BasicAuth(testUser, testPassword), Reconciler: svc.Reconciler,
-		Statements: map[string]reconcile.Statement{settlement.PayoutKind: bankops.Statement(client)}, Logger: quiet,
+		Statements: map[string]reconcile.Statement{settlement.PayoutKind: fakebank.Statement(client)}, Logger: quiet,
 	})
 	require.NoError(t, err)
 	mux := http.NewServeMux()

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/jitter"
 )
 
 // Sender performs operations of one kind against an external system.
@@ -198,17 +199,7 @@ const (
 // DefaultRetryBackoff waits 1s, 2s, 4s, ... up to 10 minutes before the attempt-th resend,
 // each with ±25% jitter, so that the operations refused in one burst do not return in one.
 func DefaultRetryBackoff(attempt int) time.Duration {
-	d := time.Second
-	for i := 1; i < attempt && d < 10*time.Minute; i++ {
-		d *= 2
-	}
-	d = min(d, 10*time.Minute)
-	return jitter(d, 0.25)
-}
-
-// jitter spreads d uniformly over ±frac.
-func jitter(d time.Duration, frac float64) time.Duration {
-	return time.Duration(float64(d) * (1 - frac + 2*frac*rand.Float64()))
+	return jitter.Doubling(time.Second, 10*time.Minute, attempt)
 }
 
 // WithDefaults returns a copy of the config with every unset field at its default. Kind

@@ -17,6 +17,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/ledger"
 
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 )
 
 // recordTimeout bounds recording a batch's outcomes. Recording runs even when the
@@ -578,7 +579,7 @@ func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.J
 	if err != nil {
 		return false, fmt.Errorf("completing the dispatcher of kind %q: %w", ks.name, err)
 	}
-	defer rollback(ctx, tx)
+	defer pgtx.Rollback(ctx, tx)
 	if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 		return false, fmt.Errorf("completing the dispatcher of kind %q: %w", ks.name, err)
 	}
@@ -630,12 +631,4 @@ func (o *Outbox) heartbeat(ctx context.Context, kind string, jobID int64) (stop 
 		}
 	}()
 	return func() { cancel(); <-done }
-}
-
-// rollback ends tx on a context that is not cancelled, like River's RollbackWithoutCancel: a
-// transaction left open on a pooled connection would hold its locks.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(rctx)
 }

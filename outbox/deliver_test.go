@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // TestDeliveryClassifiesEachFaultOfTheBank sends one operation into each fault of the fake

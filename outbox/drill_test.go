@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os/exec"
 	"syscall"
@@ -13,13 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflowtest"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // drillKind is the delivery configuration shared by the drill's child and parent: a short
@@ -38,34 +36,16 @@ func init() {
 	// A delivery worker: a River client running the outbox against the bank at BANK_URL.
 	// The parent starts it with STEPWISE_FAULTS set, to kill it at a fault point.
 	workflowtest.RegisterRole("outbox-worker", func(ctx context.Context, env map[string]string) error {
-		pool, err := pgxpool.New(ctx, env["DATABASE_URL"])
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		ob, err := outbox.New(pool, &outbox.Config{
-			ID:    "child",
-			Kinds: map[string]*outbox.KindConfig{"payout": drillKind(fakebank.NewClient(env["BANK_URL"], nil))},
+		return testkit.RiverChild(ctx, env, func(pool *pgxpool.Pool, cfg *river.Config) error {
+			ob, err := outbox.New(pool, &outbox.Config{
+				ID:    "child",
+				Kinds: map[string]*outbox.KindConfig{"payout": drillKind(fakebank.NewClient(env["BANK_URL"], nil))},
+			})
+			if err != nil {
+				return err
+			}
+			return ob.Install(cfg)
 		})
-		if err != nil {
-			return err
-		}
-		cfg := &river.Config{Logger: slog.New(slog.DiscardHandler), FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond}
-		if err := ob.Install(cfg); err != nil {
-			return err
-		}
-		client, err := river.NewClient(riverpgxv5.New(pool), cfg)
-		if err != nil {
-			return err
-		}
-		if err := client.Start(ctx); err != nil {
-			return err
-		}
-		fmt.Println("ready")
-		<-ctx.Done()
-		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return client.Stop(stopCtx)
 	})
 }
 

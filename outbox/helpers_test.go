@@ -15,17 +15,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 
 // The fake bank wired to the ledger, shared with the other SDK test packages.
 type (
-	payoutPayload = bankops.Payload
-	bankSender    = bankops.Sender
+	payoutPayload = fakebank.Payload
+	bankSender    = fakebank.Sender
 )
 
 // startBank starts a fake bank for the test. keepAlive false gives every request its own

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // TestDeliver10000WithMixedFaults delivers 10,000 operations through River against the fake

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/internal/jitter"
 )
 
 // RunMaintenance runs the outbox's poll in this process every PollInterval (with jitter) until
@@ -36,7 +38,7 @@ func (o *Outbox) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(jitter(o.config.PollInterval, 0.2)):
+		case <-time.After(jitter.Spread(o.config.PollInterval, 0.2)):
 		}
 	}
 }

@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflowtest"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // startClient starts a River client running the bundle's outbox and reconciler, stopped at
@@ -123,33 +123,15 @@ func TestReconcile10000With20PercentDroppedAnswers(t *testing.T) {
 func init() {
 	// A delivery worker for drill 2: a River client running an outbox against BANK_URL.
 	workflowtest.RegisterRole("outbox-worker", func(ctx context.Context, env map[string]string) error {
-		pool, err := pgxpool.New(ctx, env["DATABASE_URL"])
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		ob, err := outbox.New(pool, &outbox.Config{ID: "child", Kinds: map[string]*outbox.KindConfig{
-			"payout": {Sender: bankSender{Client: fakebank.NewClient(env["BANK_URL"], nil)}, Timeout: time.Second, Lease: 2 * time.Second},
-		}})
-		if err != nil {
-			return err
-		}
-		cfg := &river.Config{Logger: slog.New(slog.DiscardHandler), FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond}
-		if err := ob.Install(cfg); err != nil {
-			return err
-		}
-		client, err := river.NewClient(riverpgxv5.New(pool), cfg)
-		if err != nil {
-			return err
-		}
-		if err := client.Start(ctx); err != nil {
-			return err
-		}
-		fmt.Println("ready")
-		<-ctx.Done()
-		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return client.Stop(stopCtx)
+		return testkit.RiverChild(ctx, env, func(pool *pgxpool.Pool, cfg *river.Config) error {
+			ob, err := outbox.New(pool, &outbox.Config{ID: "child", Kinds: map[string]*outbox.KindConfig{
+				"payout": {Sender: bankSender{Client: fakebank.NewClient(env["BANK_URL"], nil)}, Timeout: time.Second, Lease: 2 * time.Second},
+			}})
+			if err != nil {
+				return err
+			}
+			return ob.Install(cfg)
+		})
 	})
 }
 

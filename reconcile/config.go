@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"time"
 
+	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -163,12 +163,7 @@ const (
 // ±25% jitter, so that a backlog of unknown operations spreads out instead of returning in
 // one wave.
 func DefaultCheckBackoff(check int) time.Duration {
-	d := 5 * time.Second
-	for i := 1; i < check && d < time.Hour; i++ {
-		d *= 2
-	}
-	d = min(d, time.Hour)
-	return time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
+	return jitter.Doubling(5*time.Second, time.Hour, check)
 }
 
 // WithDefaults returns a copy of the config with every unset field at its default.

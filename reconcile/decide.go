@@ -2,9 +2,9 @@ package reconcile
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"time"
 
+	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -62,7 +62,7 @@ func decide(op *outbox.Operation, res LookupResult, lookupErr error, now time.Ti
 		if graceEnd := graceFrom(op).Add(k.Grace); now.Before(graceEnd) {
 			// The request may still be in flight: resending now could apply it twice.
 			d.stay = true
-			d.next = graceEnd.Add(time.Duration(rand.Int64N(int64(time.Second))))
+			d.next = graceEnd.Add(jitter.UpTo(time.Second))
 			d.lookup = fmt.Sprintf("not found, within the grace period until %s", graceEnd.UTC().Format(time.RFC3339))
 		} else {
 			d.to = outbox.StateRetryable // resent under the same id by the dispatcher

@@ -16,22 +16,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 
 // The fake bank wired to the ledger, shared with the other SDK test packages.
 type (
-	payoutPayload = bankops.Payload
-	bankSender    = bankops.Sender
-	bankChecker   = bankops.Checker
+	payoutPayload = fakebank.Payload
+	bankSender    = fakebank.Sender
+	bankChecker   = fakebank.Checker
 )
 
-var bankStatement = bankops.Statement
+var bankStatement = fakebank.Statement
 
 // bundle is what a reconciliation test works with.
 type bundle struct {

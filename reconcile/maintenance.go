@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
+	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -36,7 +36,7 @@ func (r *Reconciler) RunMaintenance(ctx context.Context, client *river.Client[pg
 		if err != nil && ctx.Err() == nil {
 			r.config.Logger.WarnContext(ctx, "stepwise reconcile: maintenance pass failed; retrying next interval", slog.String("error", err.Error()))
 		}
-		wait := r.config.Interval + time.Duration(rand.Int64N(int64(r.config.Interval/5)+1))
+		wait := r.config.Interval + jitter.UpTo(r.config.Interval/5+1)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // TestMismatchAndGiveUpGoToManualThenResolve: a payment found with another amount and one the

@@ -10,9 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // unknown makes operations UNKNOWN_EXTERNAL the honest way: their send meets an ambiguous 5xx

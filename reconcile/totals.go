@@ -170,15 +170,10 @@ func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params 
 	}
 	here := map[string]*ours{}
 	var order []string
-	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o
-		WHERE kind = $1 AND state = 'SUCCEEDED' AND last_sent_at >= $2 AND last_sent_at < $3
+	ops, err := ledgerOperations(ctx, q, `WHERE kind = $1 AND state = 'SUCCEEDED' AND last_sent_at >= $2 AND last_sent_at < $3
 		ORDER BY last_sent_at, operation_id`, params.Kind, params.From, params.To)
 	if err != nil {
-		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
-	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](r) })
-	if err != nil {
-		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
+		return nil, err
 	}
 	for _, op := range ops {
 		key := op.IdempotencyKey()
@@ -243,7 +238,20 @@ func statesOf(ctx context.Context, q stepwise.DBTX, entries []StatementEntry) (m
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o WHERE operation_id = ANY($1)`, ids)
+	ops, err := ledgerOperations(ctx, q, `WHERE operation_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, op := range ops {
+		out[op.IdempotencyKey()] = op
+	}
+	return out, nil
+}
+
+// ledgerOperations reads the operations (stepwise_operation as o) that where selects: a WHERE
+// clause and anything after it.
+func ledgerOperations(ctx context.Context, q stepwise.DBTX, where string, args ...any) ([]*outbox.Operation, error) {
+	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o `+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
@@ -251,8 +259,5 @@ func statesOf(ctx context.Context, q stepwise.DBTX, entries []StatementEntry) (m
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
-	for _, op := range ops {
-		out[op.IdempotencyKey()] = op
-	}
-	return out, nil
+	return ops, nil
 }

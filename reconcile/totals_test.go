@@ -8,9 +8,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // TestTotalsListEveryDifference: a statement with one payment missing, one extra and one with

@@ -18,11 +18,8 @@ import (
 // so it stops taking work; another worker takes the run over from the last committed cursor.
 func TestDrillConnectionCut(t *testing.T) {
 	t.Parallel()
-	url := testkit.DBURL(t)
 	const lease = time.Second
-	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
-	createItems(t, e.pool, "items", true)
-	maintainLoop(t, e, 250*time.Millisecond)
+	url, e := processEnv(t, lease, 250*time.Millisecond)
 	proxy, proxiedURL := testkit.NewProxy(t, url)
 
 	cutOff := workflowtest.Start(t, "wf-worker", workerEnv(proxiedURL, lease, lease, "STEP_SLEEP=20ms")...)

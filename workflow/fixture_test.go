@@ -312,6 +312,20 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	return nil
 }
 
+// processEnv is the parent side of a process test: a database of its own (url, for the
+// children's workerEnv), an env on it with lease and no River workers of its own, the
+// "items" table, and maintenance every maintainEvery (0: none).
+func processEnv(t testing.TB, lease, maintainEvery time.Duration) (url string, e *env) {
+	t.Helper()
+	url = testkit.DBURL(t)
+	e = newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
+	createItems(t, e.pool, "items", true)
+	if maintainEvery > 0 {
+		maintainLoop(t, e, maintainEvery)
+	}
+	return url, e
+}
+
 // maintainLoop runs the engine's maintenance pass every interval from this (surviving)
 // process, standing in for River's leader while worker processes are being killed.
 func maintainLoop(t testing.TB, e *env, interval time.Duration) {

@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
@@ -32,10 +29,8 @@ func TestTakeoverByLeaderRunMaintenance(t *testing.T) {
 }
 
 func testTakeoverByLeader(t *testing.T, everywhere bool) {
-	url := testkit.DBURL(t)
 	const lease = 2 * time.Second
-	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
-	createItems(t, e.pool, "items", true)
+	url, e := processEnv(t, lease, 0)
 	startRun(t, e, "led", countArgs{Total: 20000, Batch: 20, Table: "items"})
 	env := workerEnv(url, lease, lease, "STEP_SLEEP=20ms", "WITH_MAINTENANCE=1", "MAINTENANCE_MS=1000")
 	if everywhere {

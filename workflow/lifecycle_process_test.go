@@ -10,7 +10,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
@@ -25,11 +24,8 @@ import (
 // issue's 1,000.
 func TestLongRunSurvivesCrashes(t *testing.T) {
 	t.Parallel()
-	url := testkit.DBURL(t)
 	const lease = time.Second
-	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
-	createItems(t, e.pool, "items", true)
-	maintainLoop(t, e, 200*time.Millisecond)
+	url, e := processEnv(t, lease, 200*time.Millisecond)
 
 	total := 300
 	if n, err := strconv.Atoi(os.Getenv("STEPWISE_TEST_SLICES")); err == nil && n > 0 {
@@ -77,11 +73,8 @@ func TestLongRunSurvivesCrashes(t *testing.T) {
 // again and again; the run must finish with no takeover at all.
 func TestReleasedRunIsNotTakenOver(t *testing.T) {
 	t.Parallel()
-	url := testkit.DBURL(t)
 	const lease = time.Second
-	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
-	createItems(t, e.pool, "items", true)
-	maintainLoop(t, e, 50*time.Millisecond)
+	url, e := processEnv(t, lease, 50*time.Millisecond)
 
 	w := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLICE_MS=1", "STEP_SLEEP=1200ms",
 		"STEPWISE_FAULTS=after-step-commit:pause=600ms")...)
@@ -103,11 +96,8 @@ func TestReleasedRunIsNotTakenOver(t *testing.T) {
 // run's wake time, not at once.
 func TestSleepHoldsAcrossCrashInGap(t *testing.T) {
 	t.Parallel()
-	url := testkit.DBURL(t)
 	const lease = time.Second
-	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
-	createItems(t, e.pool, "items", true)
-	maintainLoop(t, e, 50*time.Millisecond)
+	url, e := processEnv(t, lease, 50*time.Millisecond)
 
 	// Worker A sleeps its runs and pauses 3s after each commit; we kill it inside that pause.
 	a := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLEEP_AT_STEP=1", "SLEEP_FOR=1h", "STEP_SLEEP=1200ms",

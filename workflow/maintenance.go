@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/internal/jitter"
 )
 
 // MaintenanceArgs are the args of Stepwise's leader-run maintenance job.
@@ -332,7 +334,7 @@ func (e *Engine) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(e.cfg.MaintenanceInterval + jitter(e.cfg.MaintenanceInterval/5+time.Millisecond)):
+		case <-time.After(e.cfg.MaintenanceInterval + jitter.UpTo(e.cfg.MaintenanceInterval/5+time.Millisecond)):
 		}
 		if _, err := e.Maintain(ctx, client); err != nil && ctx.Err() == nil {
 			e.logger.WarnContext(ctx, "stepwise: maintenance pass failed", "error", err)

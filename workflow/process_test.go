@@ -108,11 +108,8 @@ func TestZombieCommitIsFenced(t *testing.T) {
 // worker that takes over is not blocked behind it; the woken worker commits nothing.
 func TestStalledStepIsKilledByServer(t *testing.T) {
 	t.Parallel()
-	url := testkit.DBURL(t)
 	const lease = time.Second
-	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
-	createItems(t, e.pool, "items", true)
-	maintainLoop(t, e, 200*time.Millisecond)
+	url, e := processEnv(t, lease, 200*time.Millisecond)
 
 	stalled := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, lease, "STOP_AT_STEP=2")...)
 	_, err := stalled.WaitForLine(waitCtx(t, 20*time.Second), "ready")
@@ -146,11 +143,8 @@ func TestStalledStepIsKilledByServer(t *testing.T) {
 // committed cursor, not from zero. Also measures takeover time after kill -9.
 func TestKill9ResumesFromCheckpoint(t *testing.T) {
 	t.Parallel()
-	url := testkit.DBURL(t)
 	const lease = 2 * time.Second
-	e := newEnv(t, mustPool(t, url), &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
-	createItems(t, e.pool, "items", true)
-	maintainLoop(t, e, time.Second)
+	url, e := processEnv(t, lease, time.Second)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 1))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 )
 
 // metadataRunKey is the River job metadata field that names the run a job delivers. Keeping
@@ -80,7 +81,7 @@ func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], k
 		return nil, fmt.Errorf("starting run %q: %w", key, err)
 	}
 	tx := client.Driver().UnwrapTx(execTx)
-	defer rollback(ctx, tx)
+	defer pgtx.Rollback(ctx, tx)
 	run, err := StartTx(ctx, client, tx, key, args, opts)
 	if err != nil {
 		return nil, err
@@ -226,14 +227,6 @@ func CancelRun(ctx context.Context, q interface {
 	return nil
 }
 
-// rollback ends tx even when ctx is cancelled, so a transaction is never left holding locks
-// until the server's idle timeout.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(ctx)
-}
-
 // Resume continues a failed or cancelled run from its last committed cursor: the run goes
 // back to pending under a new River job (same queue, priority and max attempts as its last
 // job, when River still has it) with a fresh crash-loop budget, and the checkpoint is left
@@ -254,7 +247,7 @@ func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reaso
 		return fmt.Errorf("resuming run %q: %w", key, err)
 	}
 	tx := client.Driver().UnwrapTx(execTx)
-	defer rollback(ctx, tx)
+	defer pgtx.Rollback(ctx, tx)
 	run, err := GetRun(ctx, tx, key)
 	if err != nil {
 		return fmt.Errorf("workflow.Resume: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 )
 
 // ScheduleTickArgs are the args of the Scheduler's tick job.
@@ -196,7 +197,7 @@ func (s *Scheduler) tickSchedule(ctx context.Context, client *river.Client[pgx.T
 	if err != nil {
 		return nil, fmt.Errorf("beginning tick: %w", err)
 	}
-	defer rollback(ctx, tx)
+	defer pgtx.Rollback(ctx, tx)
 
 	// Create the row on first sight. A new schedule starts at "now" (no back-fill of
 	// history nobody asked for) unless it says StartAt. The watermark is "the last slot

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -17,6 +16,8 @@ import (
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
+	"github.com/stepwise-go/stepwise/internal/jitter"
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/runctx"
 )
 
@@ -90,7 +91,7 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 		if errors.As(err, &held) {
 			// Someone holds a live lease: never run beside it. Come back when it lapses,
 			// with jitter so a crowd of waiters does not stampede the row.
-			return river.JobSnooze(held.RetryIn + jitter(e.cfg.Lease/10+time.Millisecond))
+			return river.JobSnooze(held.RetryIn + jitter.UpTo(e.cfg.Lease/10+time.Millisecond))
 		}
 		return err
 	}
@@ -203,7 +204,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (stepResul
 	if err != nil {
 		return stepResult{}, err
 	}
-	defer rollback(ctx, tx)
+	defer pgtx.Rollback(ctx, tx)
 
 	// Each step starts from the committed cursor, decoded afresh: a failed step may have
 	// mutated a cursor holding maps or slices, and that must not leak into the retry.
@@ -356,7 +357,7 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 		if err == nil && (run.Status.Finished() || run.RiverJobID != nil && *run.RiverJobID != a.job.ID) {
 			return nil // superseded by a takeover job, or ended by maintenance; this job's work is over
 		}
-		return river.JobSnooze(e.cfg.Lease + jitter(e.cfg.Lease/10+time.Millisecond))
+		return river.JobSnooze(e.cfg.Lease + jitter.UpTo(e.cfg.Lease/10+time.Millisecond))
 	}
 
 	e.metrics.stepErrs.WithLabelValues(a.job.Kind).Inc()
@@ -513,11 +514,4 @@ func truncate(s *string) *string {
 	}
 	t := (*s)[:maxErrorLen] + "…(truncated)"
 	return &t
-}
-
-func jitter(max time.Duration) time.Duration {
-	if max <= 0 {
-		return 0
-	}
-	return time.Duration(rand.Int64N(int64(max)))
 }

@@ -6,7 +6,7 @@ import (
 	"io"
 	"net"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 func init() {

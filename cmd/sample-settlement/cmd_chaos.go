@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
-	"github.com/stepwise-go/stepwise/internal/pgserver"
 	"github.com/stepwise-go/stepwise/workflowtest"
+	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
 )
 
 func init() {

@@ -16,9 +16,9 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/pgserver"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
+	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
 )
 
 func init() {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 )
 
 func init() {
@@ -19,14 +17,11 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
-	pool, err := db.connect(ctx)
+	pool, err := db.connectMigrated(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := settlement.Migrate(ctx, pool); err != nil {
-		return err
-	}
 	fmt.Fprintln(stdout, "migrated: River, Stepwise and the settlement tables are up to date")
 	return nil
 }

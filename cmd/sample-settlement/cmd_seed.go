@@ -69,14 +69,11 @@ func runSeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	pool, err := db.connect(ctx)
+	pool, err := db.connectMigrated(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := settlement.Migrate(ctx, pool); err != nil {
-		return err
-	}
 	res, err := settlement.Seed(ctx, pool, cfg)
 	if err != nil {
 		return err

@@ -43,14 +43,11 @@ func runSettle(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	pool, err := db.connect(ctx)
+	pool, err := db.connectMigrated(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := settlement.Migrate(ctx, pool); err != nil {
-		return err
-	}
 	var seeded bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM card_txn WHERE business_date = $1)`, d).Scan(&seeded); err != nil {
 		return fmt.Errorf("looking for transactions of %s: %w", *date, err)

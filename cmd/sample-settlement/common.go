@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // defaultBankURL is where "sample-settlement bank" listens by default.
@@ -36,10 +36,20 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 // connect opens a pool on the database and proves it answers, so a wrong URL fails here with
 // a message naming the server and the fix, not later inside some query.
 func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	if f.url == "" {
-		return nil, usageError("no database: set DATABASE_URL or --database-url (\"sample-settlement demo\" needs neither)")
+	return f.connectSized(ctx, 0)
+}
+
+// connectMigrated is connect, then settlement.Migrate, for the commands that write.
+func (f *dbFlags) connectMigrated(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := f.connect(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return openPool(ctx, f.url, 0)
+	if err := settlement.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }
 
 // connectSized is connect with a connection cap (0: pgx's default).

@@ -14,10 +14,10 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/console"
-	"github.com/stepwise-go/stepwise/internal/testkit/bankops"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // newConsole is the operator's console of the sample service, mounted at /console/. With
@@ -30,8 +30,8 @@ func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger
 		Reconciler: svc.Reconciler,
 		Logger:     logger,
 	}
-	if svc.Sender != nil && svc.Sender.Bank != nil {
-		cfg.Statements = map[string]reconcile.Statement{settlement.PayoutKind: bankops.Statement(svc.Sender.Bank)}
+	if svc.Sender != nil && svc.Sender.Client != nil {
+		cfg.Statements = map[string]reconcile.Statement{settlement.PayoutKind: fakebank.Statement(svc.Sender.Client)}
 	}
 	if user, password := os.Getenv("CONSOLE_USER"), os.Getenv("CONSOLE_PASSWORD"); user != "" && password != "" {
 		cfg.Authenticate = console.BasicAuth(user, password)

@@ -22,8 +22,8 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/workflowtest"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // startServe starts "sample-settlement serve" in a real child process and returns it with

@@ -13,7 +13,7 @@
 //
 // # Where the server comes from
 //
-// Once per test process, from internal/pgserver: $TEST_DATABASE_URL, then $DATABASE_URL,
+// Once per test process, from workflowtest/pgserver: $TEST_DATABASE_URL, then $DATABASE_URL,
 // then a server on 127.0.0.1:5432, then a throwaway cluster started from the machine's own
 // PostgreSQL binaries (stopped and removed by Main when the tests end). The server needs
 // PostgreSQL 13 or newer (DROP DATABASE ... WITH (FORCE)) and a user allowed to create

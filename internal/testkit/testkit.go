@@ -25,9 +25,9 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 	"go.uber.org/goleak"
 
-	"github.com/stepwise-go/stepwise/internal/pgserver"
 	"github.com/stepwise-go/stepwise/migrations"
 	"github.com/stepwise-go/stepwise/workflowtest"
+	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
 )
 
 const (

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/pgserver"
+	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
 )
 
 // Main runs the bench command with args (the flags after "bench") and writes the report to

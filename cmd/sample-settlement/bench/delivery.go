@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // startBank starts a zero-latency fake bank on a free loopback port, and a keep-alive client
@@ -59,27 +59,39 @@ func pendingPayouts(ctx context.Context, pool *pgxpool.Pool, dates *dateSeq, n i
 }
 
 // sampleService is the sample's Service on pool, not started: its Outbox and Reconciler are
-// the sample's delivery and reconciliation wiring (BankSender, OnPayoutOutcomes, BankChecker,
+// the sample's delivery and reconciliation wiring (fakebank.Sender, OnPayoutOutcomes, fakebank.Checker,
 // the sample's concurrency and timeouts), driven here on demand.
 func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*settlement.Service, error) {
 	return settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Logger: quietLogger(), ID: "bench"})
 }
 
-func (r *runner) deliverySection(ctx context.Context) error {
-	pool, _, err := r.sectionDB(ctx, "delivery")
+// sampleSection is what the delivery and reconcile sections start from: the section's
+// database, a zero-latency fake bank and the sample's Service on them, not started. done
+// stops the bank and closes the pool.
+func (r *runner) sampleSection(ctx context.Context, name string) (pool *pgxpool.Pool, bank *fakebank.Bank, svc *settlement.Service, done func(), err error) {
+	pool, _, err = r.sectionDB(ctx, name)
 	if err != nil {
-		return err
+		return nil, nil, nil, nil, err
 	}
-	defer pool.Close()
 	bank, client, stop, err := startBank()
 	if err != nil {
-		return err
+		pool.Close()
+		return nil, nil, nil, nil, err
 	}
-	defer stop()
-	svc, err := sampleService(pool, client)
+	done = func() { stop(); pool.Close() }
+	if svc, err = sampleService(pool, client); err != nil {
+		done()
+		return nil, nil, nil, nil, err
+	}
+	return pool, bank, svc, done, nil
+}
+
+func (r *runner) deliverySection(ctx context.Context) error {
+	pool, bank, svc, done, err := r.sampleSection(ctx, "delivery")
 	if err != nil {
 		return err
 	}
+	defer done()
 	kc := svc.Outbox.KindConfig(settlement.PayoutKind)
 	dates := newDateSeq()
 	n := r.opts.deliveryOps
@@ -109,26 +121,17 @@ func (r *runner) deliverySection(ctx context.Context) error {
 	}
 	r.printf("\n== delivery: payouts claimed, sent to the zero-latency fake bank over HTTP and recorded (outcome callback and audit included) ==\n")
 	r.check(max(rates[0], rates[1]) >= 5000, "delivery >= 5,000 ops/s: %s", fmtRate(max(rates[0], rates[1])))
-	r.printf("%s ops/s (best of 2 drains of %d payouts; %s and %s): batch %d, concurrency %d, the sample's BankSender and OnPayoutOutcomes\n",
+	r.printf("%s ops/s (best of 2 drains of %d payouts; %s and %s): batch %d, concurrency %d, fakebank.Sender and OnPayoutOutcomes\n",
 		fmtRate(max(rates[0], rates[1])), n, fmtRate(rates[0]), fmtRate(rates[1]), kc.BatchSize, kc.Concurrency)
 	return nil
 }
 
 func (r *runner) reconcileSection(ctx context.Context) error {
-	pool, _, err := r.sectionDB(ctx, "reconcile")
+	pool, bank, svc, done, err := r.sampleSection(ctx, "reconcile")
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	bank, client, stop, err := startBank()
-	if err != nil {
-		return err
-	}
-	defer stop()
-	svc, err := sampleService(pool, client)
-	if err != nil {
-		return err
-	}
+	defer done()
 	n := r.opts.reconcileOps
 	if _, err := pendingPayouts(ctx, pool, newDateSeq(), n); err != nil {
 		return err
@@ -161,7 +164,7 @@ func (r *runner) reconcileSection(ctx context.Context) error {
 		return fmt.Errorf("reconcile pass checked %d and moved %d to SUCCEEDED, want %d each (lookups %v)", res.Checked, res.Moved[outbox.StateSucceeded], n, res.Lookups)
 	}
 	r.printf("\n== reconcile: UNKNOWN_EXTERNAL payouts looked up at the bank by operation id and recorded SUCCEEDED (settlement PAID in the same tx) ==\n")
-	r.printf("%s lookups/s (%d payouts in one forced pass, %s), the sample's BankChecker and reconcile defaults\n",
+	r.printf("%s lookups/s (%d payouts in one forced pass, %s), fakebank.Checker and reconcile defaults\n",
 		fmtRate(float64(n)/elapsed.Seconds()), n, fmtDur(elapsed))
 	return nil
 }

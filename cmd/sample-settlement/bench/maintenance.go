@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Backlog of the maintenance section: issue 16's case, a queue that has fallen behind.

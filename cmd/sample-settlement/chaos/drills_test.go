@@ -16,9 +16,9 @@ import (
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // drillBundle is a prepared date on the sample service: a seeded database, a bank, and the

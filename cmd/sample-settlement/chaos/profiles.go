@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Profiles are the named chaos profiles, each a Config (ProfileConfig). All run against the

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // outage puts the bank behind a switch: while down, every request — payments and lookups —

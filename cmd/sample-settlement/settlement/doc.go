@@ -30,10 +30,16 @@ can never start two sets of runs for one date.
 
 # Payouts and their outcomes
 
-BankSender pays each payout under its operation id and classifies the bank's answer only as
-far as it proves something (declined: FAILED_PERMANENT; refused before processing:
-RETRYABLE; anything else: UNKNOWN_EXTERNAL). BankChecker answers the reconciler. The outcome
-callback OnPayoutOutcomes moves settlements in the transaction that moves their payouts:
+The bank here is Stepwise's fake one (workflowtest/fakebank), so the sample pays through its
+adapter: fakebank.Sender pays each payout under its operation id and classifies the bank's
+answer only as far as it proves something (declined: FAILED_PERMANENT; refused before
+processing: RETRYABLE; anything else, a 5xx, a timeout, a dropped connection: UNKNOWN_EXTERNAL),
+and fakebank.Checker answers the reconciler from the bank's lookup by idempotency key. Read
+them as the pattern for your own adapter, not as a bank client: against a real provider you
+write the same two types around its client, and each branch of the classification must follow
+what that provider documents; an answer it does not document as "not processed" is unknown,
+never failed. The outcome callback OnPayoutOutcomes moves settlements in the transaction that
+moves their payouts:
 
 	payout (ledger)       settlement
 	PENDING, RETRYABLE    PENDING

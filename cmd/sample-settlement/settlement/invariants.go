@@ -3,6 +3,8 @@ package settlement
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -10,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Check is one invariant of docs/design.md, checked for one date, with the evidence either way.
@@ -96,15 +98,7 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 	if opts != nil && opts.Grace > 0 {
 		grace = opts.Grace
 	}
-	plan, err := plan.compiled()
-	if err != nil {
-		return nil, err
-	}
-	slot, err := plan.Slot(date)
-	if err != nil {
-		return nil, err
-	}
-	keys, err := plan.RunKeys(date)
+	plan, slot, keys, err := plan.dateRuns(date)
 	if err != nil {
 		return nil, err
 	}
@@ -400,13 +394,8 @@ func fmtCounts(m map[string]int) string {
 	if len(m) == 0 {
 		return "none"
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var b strings.Builder
-	for i, k := range keys {
+	for i, k := range slices.Sorted(maps.Keys(m)) {
 		if i > 0 {
 			b.WriteByte(' ')
 		}

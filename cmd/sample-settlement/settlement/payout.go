@@ -3,14 +3,12 @@ package settlement
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Settlement statuses, as stored in settlement.status.
@@ -37,37 +35,6 @@ func StatusFor(state outbox.State) string {
 		return StatusNeedsReview
 	default: // PENDING, RETRYABLE: definitely not executed (yet)
 		return StatusPending
-	}
-}
-
-// BankSender pays payouts at the bank, under the operation id as idempotency key, and
-// classifies the bank's answer only as far as it proves something (fakebank's table):
-// declined is permanent, a refusal before processing is not-sent, everything else — a 5xx,
-// a timeout, a dropped connection — may have paid and is returned as is, so the operation
-// becomes UNKNOWN_EXTERNAL for the reconciler.
-type BankSender struct {
-	Bank *fakebank.Client
-}
-
-// Send pays op.
-func (s *BankSender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
-	var p PayoutPayload
-	if err := json.Unmarshal(op.Payload, &p); err != nil {
-		// Sending a payout we cannot read would pay the wrong account or nobody.
-		return outbox.Receipt{}, outbox.Permanent(fmt.Errorf("decoding payout %s: %w", op.ID, err))
-	}
-	pay, err := s.Bank.Pay(ctx, op.IdempotencyKey(), fakebank.PaymentRequest{
-		Account: p.Account, Amount: op.Amount, Currency: op.Currency, Reference: op.BusinessKey,
-	})
-	switch {
-	case err == nil:
-		return outbox.Receipt{ExternalRef: pay.ID}, nil
-	case fakebank.IsDeclined(err):
-		return outbox.Receipt{}, outbox.Permanent(err)
-	case fakebank.IsNotProcessed(err):
-		return outbox.Receipt{}, outbox.NotSent(err)
-	default:
-		return outbox.Receipt{}, err
 	}
 }
 
@@ -124,36 +91,11 @@ func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOu
 	return nil
 }
 
-// BankChecker answers the reconciler's question about an UNKNOWN_EXTERNAL payout — what did
-// the bank do under this operation id? — from the bank's own lookup by idempotency key. A
-// failed lookup is returned as an error, so the reconciler asks again later; only the bank's
-// explicit "no payment under this key" is NotFound.
-type BankChecker struct {
-	Bank *fakebank.Client
-}
-
-// Lookup asks the bank about op.
-func (q *BankChecker) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
-	p, err := q.Bank.Lookup(ctx, op.IdempotencyKey())
-	switch {
-	case errors.Is(err, fakebank.ErrNotFound):
-		return reconcile.LookupResult{Status: reconcile.NotFound}, nil
-	case err != nil:
-		return reconcile.LookupResult{}, err
-	case p.Status == fakebank.StatusSucceeded:
-		return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency}, nil
-	case p.Status == fakebank.StatusFailed:
-		return reconcile.LookupResult{Status: reconcile.FoundFailed, ExternalRef: p.ID, Reason: p.DeclineReason}, nil
-	default:
-		return reconcile.LookupResult{Status: reconcile.Pending}, nil
-	}
-}
-
 // RegisterPayoutKind records the payout kind in the database, as the Service does when it
 // starts, for code that settles (and so enqueues payouts) where no Service has run yet:
 // outbox.Enqueue refuses a kind no outbox registered, since nothing would ever send it.
 func RegisterPayoutKind(ctx context.Context, db outbox.DB) error {
-	ob, err := outbox.New(db, &outbox.Config{ID: "settlement", Kinds: map[string]*outbox.KindConfig{PayoutKind: {Sender: &BankSender{}}}})
+	ob, err := outbox.New(db, &outbox.Config{ID: "settlement", Kinds: map[string]*outbox.KindConfig{PayoutKind: {Sender: fakebank.Sender{}}}})
 	if err != nil {
 		return err
 	}

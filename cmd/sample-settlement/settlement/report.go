@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // BatchNotStarted is the batch status of a date none of whose runs exist.
@@ -155,18 +155,28 @@ func datePaymentsAt(payments []fakebank.Payment, date time.Time) []fakebank.Paym
 	return out
 }
 
+// dateRuns is the compiled plan, date's slot and its run keys: what a report and the
+// invariant check of one date start from.
+func (p Plan) dateRuns(date time.Time) (Plan, time.Time, []string, error) {
+	p, err := p.compiled()
+	if err != nil {
+		return Plan{}, time.Time{}, nil, err
+	}
+	slot, err := p.Slot(date)
+	if err != nil {
+		return Plan{}, time.Time{}, nil, err
+	}
+	keys, err := p.RunKeys(date)
+	if err != nil {
+		return Plan{}, time.Time{}, nil, err
+	}
+	return p, slot, keys, nil
+}
+
 // BuildReport gathers the report of date. bank may be nil: the bank's side is then left out
 // and BankError says so.
 func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client, plan Plan, date time.Time) (*Report, error) {
-	plan, err := plan.compiled()
-	if err != nil {
-		return nil, err
-	}
-	slot, err := plan.Slot(date)
-	if err != nil {
-		return nil, err
-	}
-	keys, err := plan.RunKeys(date)
+	plan, slot, keys, err := plan.dateRuns(date)
 	if err != nil {
 		return nil, err
 	}

@@ -13,10 +13,10 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // ServiceConfig configures a Service.
@@ -143,7 +143,7 @@ type Service struct {
 	Reconciler *reconcile.Reconciler
 	Scheduler  *workflow.Scheduler // nil unless ServiceConfig.Schedule
 	Plan       Plan
-	Sender     *BankSender
+	Sender     *fakebank.Sender
 
 	cfg *ServiceConfig
 }
@@ -169,7 +169,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	sender := &BankSender{Bank: cfg.Bank}
+	sender := &fakebank.Sender{Client: cfg.Bank}
 	ob, err := outbox.New(pool, &outbox.Config{
 		ID:     cfg.ID,
 		Logger: cfg.Logger,
@@ -194,7 +194,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		Logger:   cfg.Logger,
 		Kinds: map[string]*reconcile.KindConfig{
 			PayoutKind: {
-				Checker:      &BankChecker{Bank: cfg.Bank},
+				Checker:      fakebank.Checker{Client: cfg.Bank},
 				Timeout:      cfg.PayoutTimeout,
 				Grace:        cfg.ReconcileGrace,
 				CheckBackoff: cfg.ReconcileBackoff,

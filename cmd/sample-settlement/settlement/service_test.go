@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // The bank applies a payment, then drops the connection: the caller cannot tell whether it

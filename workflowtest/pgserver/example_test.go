@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise/internal/pgserver"
+	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
 )
 
 func Example() {

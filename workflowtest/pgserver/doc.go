@@ -1,8 +1,12 @@
 // Package pgserver finds a PostgreSQL server to run tests and the demo against, and starts a
 // throwaway one from the machine's own PostgreSQL binaries when none is running.
 //
-// It is used by internal/testkit (per-test databases) and by the sample service's demo, so
-// it is not test-only; it never touches a server it did not start.
+// Your own tests of Stepwise workflows need a real PostgreSQL (Stepwise's tests never mock
+// the database), and so do Stepwise's own tests, the sample service's demo, chaos suite and
+// bench; this package is the one place that finds or starts it. It is public, under
+// workflowtest, because a test of user code needs it as much as the SDK's tests do and a
+// sample copied out of this repository must not depend on internal packages. It is not
+// test-only (the demo uses it), and it never touches a server it did not start.
 //
 // # Where the server comes from
 //

@@ -1,9 +1,15 @@
 /*
-Package fakebank is a fake payment provider for testing Stepwise's operation ledger: the
-external system the outbox sends payouts to and the reconciler asks about. It exists to prove
-invariant 3 of docs/design.md, one external effect per operation id, so it applies each idempotency
-key at most once, fails on demand in every way a real provider does, and keeps its own ledger as
-the evidence a test checks.
+Package fakebank is a fault-injecting fake payment provider for your own tests of code built on
+Stepwise's operation ledger: the external system an outbox sends payouts to and a reconciler
+asks about. Stepwise's own tests and the sample settlement service use it too. It exists to
+prove invariant 3 of docs/design.md, one external effect per operation id, so it applies each
+idempotency key at most once (in Strict mode: never deduplicates, see below), fails on demand
+in every way a real provider does, and keeps its own ledger and a log of every request as the
+evidence a test checks.
+
+It is a test double, not a bank client to copy: a real provider's answers, headers and error
+codes differ, and so must your classification of them. Sender, Checker and Statement connect
+it to the ledger and show the shape that classification takes (see "Classifying a failure").
 
 Start a bank on a free loopback port, program a fault, and check what it applied:
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
@@ -280,7 +280,7 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 		return nil, fmt.Errorf("checking invariant 5: %w", err)
 	}
 	switch rep.Batch {
-	case workflow.BatchCompleted, workflow.BatchSkipped, workflow.BatchFailed, workflow.BatchCancelled, workflow.BatchNeedsAttention:
+	case schedule.BatchCompleted, schedule.BatchSkipped, schedule.BatchFailed, schedule.BatchCancelled, schedule.BatchNeedsAttention:
 		add(5, "every due slot ends completed, failed or recorded as skipped", true,
 			"slot %s is %s (runs %s, their operations %s)", slot.Format(time.RFC3339), rep.Batch, fmtCounts(rep.Runs), fmtCounts(rep.Operations))
 	default:

@@ -16,6 +16,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/testkit/fakebank"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -141,7 +142,7 @@ type Service struct {
 	Engine     *workflow.Engine
 	Outbox     *outbox.Outbox
 	Reconciler *reconcile.Reconciler
-	Scheduler  *workflow.Scheduler // nil unless ServiceConfig.Schedule
+	Scheduler  *schedule.Scheduler // nil unless ServiceConfig.Schedule
 	Plan       Plan
 	Sender     *BankSender
 
@@ -224,16 +225,16 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err := rec.Install(rc); err != nil {
 		return nil, err
 	}
-	var sched *workflow.Scheduler
+	var sched *schedule.Scheduler
 	if cfg.Schedule {
-		if sched, err = workflow.NewScheduler(engine, &workflow.SchedulerConfig{Logger: cfg.Logger}); err != nil {
+		if sched, err = schedule.New(engine, &schedule.Config{Logger: cfg.Logger}); err != nil {
 			return nil, err
 		}
 		s, err := plan.Schedule()
 		if err != nil {
 			return nil, err
 		}
-		if err := workflow.AddSchedule(sched, s); err != nil {
+		if err := schedule.Add(sched, s); err != nil {
 			return nil, err
 		}
 		if err := sched.AddWorkers(rc.Workers); err != nil {

@@ -1,28 +1,90 @@
-// Package cronslot turns a cron spec and a time zone into slots: the instants
-// at which a schedule is due. Slots are computed from a watermark alone, so
-// every node that asks for the slots after the same watermark gets the same
-// instants, which Stepwise stores as UTC timestamps under a unique key.
+// Package schedule turns cron specs into durable, deterministic slots, each fanned out to one run per
+// shard. River's own periodic jobs keep their state in the leader's memory, so a slot that
+// falls due during a deploy or a leader change is lost; a Stepwise schedule keeps a
+// watermark (the last slot decided) in stepwise_schedule and advances it only in the
+// transaction that inserts the slot's runs and River jobs. A tick that commits and then
+// crashes leaves nothing to redo; a tick that crashes before commit leaves nothing done.
 //
-//	ny, err := cronslot.LoadZone("America/New_York")
+// # Slots
+//
+// The slots of a schedule are the chain spec.Next(previous) in the schedule's zone, stored
+// as UTC timestamps (Spec does the arithmetic, DST included), so every
+// node computes the same instants. Each slot is decided exactly once, under the schedule
+// row's lock, and recorded in stepwise_schedule_slot as materialized, skipped (with a reason)
+// or buffered (waiting for the previous slot's runs to finish). A materialized slot has one
+// run per shard with key "<schedule>/<slot RFC 3339 UTC>/<shard>" (RunKey); run keys
+// are unique forever, so even a tick that somehow ran twice could not start a second run.
+//
+// # Misfires
+//
+// Slots missed while no tick ran (an outage, a long deploy, a paused schedule) are decided
+// by the schedule's MisfirePolicy when ticking resumes: CatchUpAll runs them (bounded in
+// count and rate), RunLatest runs only the newest, SkipMissed runs none older than a
+// starting deadline. Every slot not run is recorded as skipped with its reason.
+//
+// # Overlap
+//
+// When a slot is due while runs of an earlier slot are unfinished, the OverlapPolicy
+// decides: OverlapAllowAll, OverlapSkip, OverlapBufferOne, OverlapBufferAll (strictly serial,
+// in slot order) or OverlapCancelOther (cooperative cancellation of the older runs through
+// workflow.CancelRun; the new slot starts once they have ended).
+//
+// # Batch status
+//
+// SlotStatus and ListSlots derive a slot's status from evidence (its runs and the operations
+// they enqueued), never from a loop that merely returned: see BatchStatus.
+//
+// # Example
+//
+//	sched, err := schedule.New(engine, &schedule.Config{TickInterval: 5 * time.Second})
 //	if err != nil {
 //		return err
 //	}
-//	spec, err := cronslot.Parse("30 2 * * *", ny, cronslot.GapRunAfter)
+//	err = schedule.Add(sched, schedule.Schedule[SettleArgs]{
+//		Name:    "settle",
+//		Spec:    "30 2 * * *",
+//		Zone:    "America/New_York",
+//		Misfire: schedule.CatchUpAll{Max: 30, PerTick: 5},
+//		Overlap: schedule.OverlapBufferAll,
+//		Shards:  8,
+//		Args: func(slot time.Time, shard int) SettleArgs {
+//			return SettleArgs{Date: slot.In(ny).Format(time.DateOnly), Shard: shard}
+//		},
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	if err := sched.AddWorkers(workers); err != nil {
+//		return err
+//	}
+//	riverConfig.PeriodicJobs = append(riverConfig.PeriodicJobs, sched.PeriodicJobs()...)
+//
+// # Cron specs
+//
+// ParseSpec turns a cron spec and a time zone into a Spec, which computes slots from a
+// watermark alone, so every node that asks for the slots after the same watermark gets the
+// same instants:
+//
+//	ny, err := schedule.LoadZone("America/New_York")
+//	if err != nil {
+//		return err
+//	}
+//	spec, err := schedule.ParseSpec("30 2 * * *", ny, schedule.GapRunAfter)
 //	if err != nil {
 //		return err // cron spec "...": <field>: <what is wrong and the fix>
 //	}
-//	slot := spec.Next(watermark)             // first slot after the watermark, UTC
-//	due, more := spec.Slots(watermark, now, 100) // every slot in (watermark, now]
+//	slot := spec.Next(watermark)                  // first slot after the watermark, UTC
+//	due, more := spec.Slots(watermark, now, 100)  // every slot in (watermark, now]
 //	newest, missed := spec.Latest(watermark, now) // for a run-latest misfire policy
 //
-// # Syntax
+// # Cron syntax
 //
 // Specs use robfig/cron/v3's standard parser: five fields (minute, hour,
 // day of month, month, day of week) or a descriptor (@yearly, @annually,
 // @monthly, @weekly, @daily, @midnight, @hourly). Day of month and day of week
 // combine as in Vixie cron: if either field is '*' a day must match both,
 // otherwise either. A "CRON_TZ=Asia/Tokyo " or "TZ=Asia/Tokyo " prefix
-// overrides the zone passed to Parse.
+// overrides the zone passed to ParseSpec.
 //
 // @every is refused. robfig/cron counts @every from whenever it is asked, so
 // two nodes, or one node before and after a restart, would disagree about the
@@ -74,4 +136,4 @@
 // the computation runs. The zone rules come from the tz database the process
 // loads, so all nodes should carry the same one; importing time/tzdata into
 // the service binary pins it to the Go release.
-package cronslot
+package schedule

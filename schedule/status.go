@@ -1,4 +1,4 @@
-package workflow
+package schedule
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/workflow"
 )
 
 // BatchStatus is a slot's status derived from evidence: the runs of its shards and the
@@ -123,11 +125,11 @@ func DeriveBatchStatus(decision string, shards int, runs, operations map[string]
 		}
 	}
 	switch {
-	case runs[string(StatusFailed)] > 0 || present < shards || runs[RunMissing] > 0:
+	case runs[string(workflow.StatusFailed)] > 0 || present < shards || runs[RunMissing] > 0:
 		return BatchFailed
-	case runs[string(StatusCancelled)] > 0:
+	case runs[string(workflow.StatusCancelled)] > 0:
 		return BatchCancelled
-	case runs[string(StatusPending)] > 0 || runs[string(StatusRunning)] > 0:
+	case runs[string(workflow.StatusPending)] > 0 || runs[string(workflow.StatusRunning)] > 0:
 		return BatchRunning
 	case operations["MANUAL"] > 0:
 		return BatchNeedsAttention
@@ -245,8 +247,8 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 	return reports, nil
 }
 
-// ScheduleInfo is a schedule's row: its stored definition and progress.
-type ScheduleInfo struct {
+// Info is a schedule's row: its stored definition and progress.
+type Info struct {
 	Name      string
 	Spec      string
 	Zone      string
@@ -261,15 +263,15 @@ type ScheduleInfo struct {
 	UpdatedAt time.Time
 }
 
-// GetSchedule reads a schedule's row. A schedule registered in code has a row from its first
-// tick on; before that it is ErrScheduleNotFound.
-func GetSchedule(ctx context.Context, q Querier, name string) (*ScheduleInfo, error) {
-	s := &ScheduleInfo{Name: name}
+// Get reads a schedule's row. A schedule registered in code has a row from its first
+// tick on; before that it is ErrNotFound.
+func Get(ctx context.Context, q workflow.Querier, name string) (*Info, error) {
+	s := &Info{Name: name}
 	err := q.QueryRow(ctx, `SELECT spec, zone, gap, misfire, overlap, shards, watermark, paused, version, created_at, updated_at
 		FROM stepwise_schedule WHERE name = $1`, name).
 		Scan(&s.Spec, &s.Zone, &s.Gap, &s.Misfire, &s.Overlap, &s.Shards, &s.Watermark, &s.Paused, &s.Version, &s.CreatedAt, &s.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %q", ErrScheduleNotFound, name)
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading schedule %q: %w", name, err)
@@ -278,22 +280,22 @@ func GetSchedule(ctx context.Context, q Querier, name string) (*ScheduleInfo, er
 	return s, nil
 }
 
-// PauseSchedule stops ticks from deciding the schedule's slots; the watermark stays where it
+// Pause stops ticks from deciding the schedule's slots; the watermark stays where it
 // is. Runs already started go on. When resumed, the slots that fell due meanwhile are
 // misfires: the schedule's misfire policy decides them as after any outage (so pause a
 // CatchUpAll schedule only if catching up afterwards is what you want). It waits for a tick
 // holding the schedule to finish, and is audited as 'schedule.paused' with actor and reason.
 // Pausing a paused schedule does nothing.
-func PauseSchedule(ctx context.Context, q Querier, name, actor, reason string) error {
+func Pause(ctx context.Context, q workflow.Querier, name, actor, reason string) error {
 	return setPaused(ctx, q, name, true, actor, reason)
 }
 
-// ResumeSchedule undoes PauseSchedule, audited as 'schedule.resumed'.
-func ResumeSchedule(ctx context.Context, q Querier, name, actor, reason string) error {
+// Resume undoes Pause, audited as 'schedule.resumed'.
+func Resume(ctx context.Context, q workflow.Querier, name, actor, reason string) error {
 	return setPaused(ctx, q, name, false, actor, reason)
 }
 
-func setPaused(ctx context.Context, q Querier, name string, paused bool, actor, reason string) error {
+func setPaused(ctx context.Context, q workflow.Querier, name string, paused bool, actor, reason string) error {
 	kind, from, to := "schedule.paused", "active", "paused"
 	if !paused {
 		kind, from, to = "schedule.resumed", "paused", "active"
@@ -314,7 +316,7 @@ func setPaused(ctx context.Context, q Querier, name string, paused bool, actor, 
 		return fmt.Errorf("setting schedule %q paused=%t: %w", name, paused, err)
 	}
 	if !found {
-		return fmt.Errorf("%w: %q (a schedule gets its row at its first tick)", ErrScheduleNotFound, name)
+		return fmt.Errorf("%w: %q (a schedule gets its row at its first tick)", ErrNotFound, name)
 	}
 	return nil
 }

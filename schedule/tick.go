@@ -1,4 +1,4 @@
-package workflow
+package schedule
 
 import (
 	"context"
@@ -14,20 +14,21 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
+	"github.com/stepwise-go/stepwise/workflow"
 )
 
-// ScheduleTickArgs are the args of the Scheduler's tick job.
-type ScheduleTickArgs struct{}
+// TickArgs are the args of the Scheduler's tick job.
+type TickArgs struct{}
 
 // Kind is the River job kind of the tick job.
-func (ScheduleTickArgs) Kind() string { return "stepwise_schedule_tick" }
+func (TickArgs) Kind() string { return "stepwise_schedule_tick" }
 
 type scheduleTickWorker struct {
-	river.WorkerDefaults[ScheduleTickArgs]
+	river.WorkerDefaults[TickArgs]
 	s *Scheduler
 }
 
-func (w *scheduleTickWorker) Work(ctx context.Context, _ *river.Job[ScheduleTickArgs]) error {
+func (w *scheduleTickWorker) Work(ctx context.Context, _ *river.Job[TickArgs]) error {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
 		return err
@@ -40,9 +41,9 @@ func (w *scheduleTickWorker) Work(ctx context.Context, _ *river.Job[ScheduleTick
 // if the tick worker is already registered there (one Scheduler per set of workers).
 func (s *Scheduler) AddWorkers(workers *river.Workers) error {
 	if workers == nil {
-		return errors.New("workflow.Scheduler.AddWorkers: workers is nil; pass the river.NewWorkers() bundle your client uses")
+		return errors.New("schedule.Scheduler.AddWorkers: workers is nil; pass the river.NewWorkers() bundle your client uses")
 	}
-	return river.AddWorkerSafely[ScheduleTickArgs](workers, &scheduleTickWorker{s: s})
+	return river.AddWorkerSafely[TickArgs](workers, &scheduleTickWorker{s: s})
 }
 
 // PeriodicJobs returns the tick job, to be added to river.Config.PeriodicJobs. River inserts
@@ -59,7 +60,7 @@ func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
 				// cleaner removed it (a day by default). ByPeriod, so that a tick left
 				// 'running' by a killed process blocks its own period only, not every tick
 				// until River rescues it an hour later.
-				return ScheduleTickArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
+				return TickArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
 					ByArgs:   true,
 					ByPeriod: max(s.cfg.TickInterval, time.Second), // River's minimum period
 
@@ -76,15 +77,15 @@ func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
 
 // Metrics returns the Scheduler's Prometheus collectors; register them with
 // prometheus.MustRegister(sched.Metrics()).
-func (s *Scheduler) Metrics() *ScheduleMetrics { return s.metrics }
+func (s *Scheduler) Metrics() *metrics { return s.metrics }
 
 // TickResult says what one Tick did, per registered schedule, in registration order.
 type TickResult struct {
-	Schedules []*ScheduleTick
+	Schedules []*TickOutcome
 }
 
 // Schedule returns the result for the named schedule, or nil.
-func (r *TickResult) Schedule(name string) *ScheduleTick {
+func (r *TickResult) Schedule(name string) *TickOutcome {
 	if r == nil {
 		return nil
 	}
@@ -96,8 +97,8 @@ func (r *TickResult) Schedule(name string) *ScheduleTick {
 	return nil
 }
 
-// ScheduleTick is what one tick did to one schedule.
-type ScheduleTick struct {
+// TickOutcome is what one tick did to one schedule.
+type TickOutcome struct {
 	Name string
 
 	// Locked is true when another tick held the schedule's row; this one did nothing.
@@ -151,7 +152,7 @@ type SkippedSlot struct {
 // tick-after-commit) leaves everything done, and the next tick finds nothing new to do.
 func (s *Scheduler) Tick(ctx context.Context, client *river.Client[pgx.Tx]) (*TickResult, error) {
 	if client == nil {
-		return nil, errors.New("workflow.Scheduler.Tick: client is nil; pass the River client the runs should be inserted with")
+		return nil, errors.New("schedule.Scheduler.Tick: client is nil; pass the River client the runs should be inserted with")
 	}
 	s.mu.Lock()
 	list := slices.Clone(s.schedules)
@@ -184,19 +185,24 @@ type storedSchedule struct {
 	dbNow                    time.Time
 }
 
-func (s *Scheduler) tickSchedule(ctx context.Context, client *river.Client[pgx.Tx], def *schedule) (*ScheduleTick, error) {
-	st := &ScheduleTick{Name: def.name}
+func (s *Scheduler) tickSchedule(ctx context.Context, client *river.Client[pgx.Tx], def *schedule) (*TickOutcome, error) {
+	st := &TickOutcome{Name: def.name}
 	var clock *time.Time
 	if s.cfg.Now != nil {
 		t := s.cfg.Now().UTC()
 		clock = &t
 	}
 
-	tx, err := s.e.pool.Begin(ctx)
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("beginning tick: %w", err)
 	}
-	defer rollback(ctx, tx)
+	defer func() {
+		// Ends the tick's tx even when ctx is cancelled; a no-op after Commit.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 
 	// Create the row on first sight. A new schedule starts at "now" (no back-fill of
 	// history nobody asked for) unless it says StartAt. The watermark is "the last slot
@@ -434,7 +440,7 @@ func (s *Scheduler) refreshOpenSlots(ctx context.Context, tx pgx.Tx, def *schedu
 }
 
 // apply records the plan's decisions and starts the runs, in tx.
-func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, def *schedule, version int, now time.Time, plan tickPlan, st *ScheduleTick) error {
+func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, def *schedule, version int, now time.Time, plan tickPlan, st *TickOutcome) error {
 	// Cancellation first, in the same transaction as the decision that needs it: a tick
 	// that crashes before commit neither cancels nor buffers.
 	if len(plan.cancel) > 0 {
@@ -450,7 +456,7 @@ func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx 
 			return fmt.Errorf("finding runs to cancel: %w", err)
 		}
 		for _, k := range keys {
-			if err := CancelRun(ctx, tx, k, reason); err != nil {
+			if err := workflow.CancelRun(ctx, tx, k, reason); err != nil {
 				return err
 			}
 		}
@@ -493,11 +499,11 @@ func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx 
 				return fmt.Errorf("recording slot %s: %w", fmtSlot(d.slot), err)
 			}
 			for shard := range def.shards {
-				run, err := def.start(ctx, client, tx, d.slot, shard)
+				created, err := def.start(ctx, client, tx, d.slot, shard)
 				if err != nil {
 					return fmt.Errorf("starting run of slot %s shard %d: %w", fmtSlot(d.slot), shard, err)
 				}
-				if run.Created {
+				if created {
 					st.RunsStarted++
 				}
 			}

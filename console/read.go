@@ -686,7 +686,7 @@ func (h *Handler) latestSlots(ctx context.Context, name string, n int) ([]*sched
 		return nil, err
 	}
 	reports, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*schedule.SlotReport, error) {
-		r := &schedule.SlotReport{Schedule: name, Runs: map[string]int{}, Operations: map[string]int{}}
+		r := &schedule.SlotReport{Schedule: name, Runs: map[string]int{}, Operations: map[outbox.State]int{}}
 		err := row.Scan(&r.Slot, &r.Decision, &r.Reason, &r.Detail, &r.Shards, &r.DecidedAt, &r.MaterializedAt, &r.StartedAt, &r.RunsDoneAt)
 		r.Slot = r.Slot.UTC()
 		return r, err
@@ -726,14 +726,14 @@ func (h *Handler) latestSlots(ctx context.Context, name string, n int) ([]*sched
 			var c int
 			if _, err := pgx.ForEachRow(rows, []any{&state, &c}, func() error {
 				if c > 0 {
-					r.Operations[state] = c
+					r.Operations[outbox.State(state)] = c
 				}
 				return nil
 			}); err != nil {
 				return nil, err
 			}
 		}
-		r.NeedsAttention = r.Operations[string(outbox.StateManual)]
+		r.NeedsAttention = r.Operations[outbox.StateManual]
 		r.Status = schedule.DeriveBatchStatus(r.Decision, r.Shards, r.Runs, r.Operations)
 	}
 	return reports, nil

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
@@ -753,7 +754,7 @@ func TestSlotStatusByEvidence(t *testing.T) {
 	rep = status()
 	require.Equal(t, schedule.BatchNeedsAttention, rep.Status, "a MANUAL operation needs a person")
 	require.Equal(t, 1, rep.NeedsAttention)
-	require.Equal(t, map[string]int{"SUCCEEDED": 1, "UNKNOWN_EXTERNAL": 1, "PENDING": 1, "MANUAL": 1, "RETRYABLE": 1}, rep.Operations)
+	require.Equal(t, map[outbox.State]int{"SUCCEEDED": 1, "UNKNOWN_EXTERNAL": 1, "PENDING": 1, "MANUAL": 1, "RETRYABLE": 1}, rep.Operations)
 
 	setOperations(t, b.pool, k1, "MANUAL", "SUCCEEDED") // resolved by a person
 	require.Equal(t, schedule.BatchReconciling, status().Status)
@@ -762,7 +763,7 @@ func TestSlotStatusByEvidence(t *testing.T) {
 	setOperations(t, b.pool, k1, "RETRYABLE", "SUCCEEDED")
 	rep = status()
 	require.Equal(t, schedule.BatchCompleted, rep.Status)
-	require.Equal(t, map[string]int{"SUCCEEDED": 4, "FAILED_PERMANENT": 1}, rep.Operations)
+	require.Equal(t, map[outbox.State]int{"SUCCEEDED": 4, "FAILED_PERMANENT": 1}, rep.Operations)
 
 	// ListSlots gives the same per slot, newest first, skipped slots included.
 	b.clock.Set(t0.Add(3 * time.Minute))
@@ -782,12 +783,13 @@ func TestSlotStatusByEvidence(t *testing.T) {
 func TestDeriveBatchStatus(t *testing.T) {
 	t.Parallel()
 	type m = map[string]int
+	type o = map[outbox.State]int
 	tests := []struct {
 		name     string
 		decision string
 		shards   int
 		runs     m
-		ops      m
+		ops      o
 		want     schedule.BatchStatus
 	}{
 		{"skipped", schedule.SlotSkipped, 2, nil, nil, schedule.BatchSkipped},
@@ -795,15 +797,15 @@ func TestDeriveBatchStatus(t *testing.T) {
 		{"running", schedule.SlotMaterialized, 2, m{"running": 1, "succeeded": 1}, nil, schedule.BatchRunning},
 		{"pending", schedule.SlotMaterialized, 1, m{"pending": 1}, nil, schedule.BatchRunning},
 		{"done, no operations", schedule.SlotMaterialized, 2, m{"succeeded": 2}, nil, schedule.BatchCompleted},
-		{"done, all terminal", schedule.SlotMaterialized, 1, m{"succeeded": 1}, m{"SUCCEEDED": 9, "FAILED_PERMANENT": 1}, schedule.BatchCompleted},
-		{"unknown outcome", schedule.SlotMaterialized, 1, m{"succeeded": 1}, m{"SUCCEEDED": 9, "UNKNOWN_EXTERNAL": 1}, schedule.BatchReconciling},
-		{"still sending", schedule.SlotMaterialized, 1, m{"succeeded": 1}, m{"PROCESSING": 1}, schedule.BatchReconciling},
-		{"a state this version does not know", schedule.SlotMaterialized, 1, m{"succeeded": 1}, m{"ON_HOLD": 1}, schedule.BatchReconciling},
-		{"manual beats reconciling", schedule.SlotMaterialized, 1, m{"succeeded": 1}, m{"MANUAL": 1, "PENDING": 3}, schedule.BatchNeedsAttention},
-		{"running beats manual", schedule.SlotMaterialized, 2, m{"succeeded": 1, "running": 1}, m{"MANUAL": 1}, schedule.BatchRunning},
+		{"done, all terminal", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"SUCCEEDED": 9, "FAILED_PERMANENT": 1}, schedule.BatchCompleted},
+		{"unknown outcome", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"SUCCEEDED": 9, "UNKNOWN_EXTERNAL": 1}, schedule.BatchReconciling},
+		{"still sending", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"PROCESSING": 1}, schedule.BatchReconciling},
+		{"a state this version does not know", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"ON_HOLD": 1}, schedule.BatchReconciling},
+		{"manual beats reconciling", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"MANUAL": 1, "PENDING": 3}, schedule.BatchNeedsAttention},
+		{"running beats manual", schedule.SlotMaterialized, 2, m{"succeeded": 1, "running": 1}, o{"MANUAL": 1}, schedule.BatchRunning},
 		{"failed run", schedule.SlotMaterialized, 2, m{"failed": 1, "running": 1}, nil, schedule.BatchFailed},
 		{"missing run", schedule.SlotMaterialized, 3, m{"succeeded": 2}, nil, schedule.BatchFailed},
-		{"cancelled run", schedule.SlotMaterialized, 2, m{"cancelled": 1, "succeeded": 1}, m{"SUCCEEDED": 1}, schedule.BatchCancelled},
+		{"cancelled run", schedule.SlotMaterialized, 2, m{"cancelled": 1, "succeeded": 1}, o{"SUCCEEDED": 1}, schedule.BatchCancelled},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -64,10 +65,6 @@ const (
 // RunMissing is the key of SlotReport.Runs that counts shards whose run does not exist.
 const RunMissing = "missing"
 
-// terminalOperationStates are the operation states that end an operation with a proven
-// outcome. Any other state, including one this version does not know, keeps a batch open.
-var terminalOperationStates = map[string]bool{"SUCCEEDED": true, "FAILED_PERMANENT": true}
-
 // SlotReport is a slot's decision and its batch status with the evidence behind it.
 type SlotReport struct {
 	Schedule string
@@ -86,11 +83,11 @@ type SlotReport struct {
 	// cancelled; RunMissing for shards without a run).
 	Runs map[string]int
 	// Operations counts the operations the slot's runs enqueued, by state.
-	Operations map[string]int
+	Operations map[outbox.State]int
 
 	// Status is derived from Decision, Runs and Operations by DeriveBatchStatus.
 	Status BatchStatus
-	// NeedsAttention counts MANUAL operations.
+	// NeedsAttention counts outbox.StateManual operations.
 	NeedsAttention int
 
 	// DecidedAt, MaterializedAt, StartedAt (first claim of a run) and RunsDoneAt (when a
@@ -111,7 +108,10 @@ type SlotReport struct {
 //  5. an operation is MANUAL → NEEDS_ATTENTION;
 //  6. an operation is in any state but SUCCEEDED or FAILED_PERMANENT → RECONCILING;
 //  7. otherwise → COMPLETED (all runs succeeded, all operations terminal, or none).
-func DeriveBatchStatus(decision string, shards int, runs, operations map[string]int) BatchStatus {
+//
+// An operation state this version does not know keeps a batch open (RECONCILING): only
+// outbox.State.Terminal states close it.
+func DeriveBatchStatus(decision string, shards int, runs map[string]int, operations map[outbox.State]int) BatchStatus {
 	switch decision {
 	case SlotSkipped:
 		return BatchSkipped
@@ -131,11 +131,11 @@ func DeriveBatchStatus(decision string, shards int, runs, operations map[string]
 		return BatchCancelled
 	case runs[string(workflow.StatusPending)] > 0 || runs[string(workflow.StatusRunning)] > 0:
 		return BatchRunning
-	case operations["MANUAL"] > 0:
+	case operations[outbox.StateManual] > 0:
 		return BatchNeedsAttention
 	}
 	for state, n := range operations {
-		if n > 0 && !terminalOperationStates[state] {
+		if n > 0 && !state.Terminal() {
 			return BatchReconciling
 		}
 	}
@@ -182,7 +182,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 		return nil, fmt.Errorf("reading slots of schedule %q: %w", schedule, err)
 	}
 	reports, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*SlotReport, error) {
-		r := &SlotReport{Schedule: schedule, Runs: map[string]int{}, Operations: map[string]int{}}
+		r := &SlotReport{Schedule: schedule, Runs: map[string]int{}, Operations: map[outbox.State]int{}}
 		err := row.Scan(&r.Slot, &r.Decision, &r.Reason, &r.Detail, &r.Shards, &r.DecidedAt, &r.MaterializedAt, &r.StartedAt, &r.RunsDoneAt)
 		r.Slot = r.Slot.UTC()
 		return r, err
@@ -199,7 +199,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 		bySlot[r.Slot] = r
 		slots = append(slots, r.Slot)
 	}
-	count := func(what, sql string, into func(*SlotReport) map[string]int) error {
+	count := func(what, sql string, into func(r *SlotReport, key string, n int)) error {
 		rows, err := q.Query(ctx, sql, schedule, slots)
 		if err != nil {
 			return fmt.Errorf("counting %s of schedule %q: %w", what, schedule, err)
@@ -209,7 +209,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 		var n int
 		_, err = pgx.ForEachRow(rows, []any{&slot, &key, &n}, func() error {
 			if r := bySlot[slot.UTC()]; r != nil {
-				into(r)[key] += n
+				into(r, key, n)
 			}
 			return nil
 		})
@@ -220,7 +220,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 	}
 	if err := count("runs", `SELECT slot, status, count(*)::int FROM stepwise_run
 			WHERE schedule = $1 AND slot = ANY($2) GROUP BY slot, status`,
-		func(r *SlotReport) map[string]int { return r.Runs }); err != nil {
+		func(r *SlotReport, status string, n int) { r.Runs[status] += n }); err != nil {
 		return nil, err
 	}
 	// Operations reach their slot through the run that enqueued them; a slot whose runs
@@ -228,7 +228,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 	if err := count("operations", `SELECT r.slot, o.state, count(*)::int
 			FROM stepwise_run r JOIN stepwise_operation o ON o.run_key = r.key
 			WHERE r.schedule = $1 AND r.slot = ANY($2) GROUP BY r.slot, o.state`,
-		func(r *SlotReport) map[string]int { return r.Operations }); err != nil {
+		func(r *SlotReport, state string, n int) { r.Operations[outbox.State(state)] += n }); err != nil {
 		return nil, err
 	}
 	for _, r := range reports {
@@ -241,7 +241,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 				r.Runs[RunMissing] = r.Shards - present
 			}
 		}
-		r.NeedsAttention = r.Operations["MANUAL"]
+		r.NeedsAttention = r.Operations[outbox.StateManual]
 		r.Status = DeriveBatchStatus(r.Decision, r.Shards, r.Runs, r.Operations)
 	}
 	return reports, nil

@@ -183,12 +183,12 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client,
 	if err := forEach(rows, func(status string, n int) { r.Runs[status] = n; present += n }); err != nil {
 		return nil, fmt.Errorf("counting runs of %s: %w", r.Date, err)
 	}
-	runOps := map[string]int{}
+	runOps := map[outbox.State]int{}
 	rows, err = pool.Query(ctx, `SELECT state, count(*)::int FROM stepwise_operation WHERE run_key = ANY($1) GROUP BY state`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("counting operations of the runs of %s: %w", r.Date, err)
 	}
-	if err := forEach(rows, func(state string, n int) { runOps[state] = n }); err != nil {
+	if err := forEach(rows, func(state string, n int) { runOps[outbox.State(state)] = n }); err != nil {
 		return nil, fmt.Errorf("counting operations of the runs of %s: %w", r.Date, err)
 	}
 	switch {

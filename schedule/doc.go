@@ -36,7 +36,7 @@
 //
 // # Example
 //
-//	sched, err := schedule.New(engine, &schedule.Config{TickInterval: 5 * time.Second})
+//	sched, err := schedule.New(engine, &schedule.Config{TickInterval: schedule.TickIntervalDefault})
 //	if err != nil {
 //		return err
 //	}
@@ -54,10 +54,21 @@
 //	if err != nil {
 //		return err
 //	}
-//	if err := sched.AddWorkers(workers); err != nil {
+//	if err := sched.Install(riverConfig); err != nil { // tick worker and periodic tick job
 //		return err
 //	}
-//	riverConfig.PeriodicJobs = append(riverConfig.PeriodicJobs, sched.PeriodicJobs()...)
+//	// ... river.NewClient(riverpgxv5.New(pool), riverConfig), client.Start(ctx)
+//	go sched.RunMaintenance(ctx, client) // ticks in every process, not only River's leader
+//	prometheus.MustRegister(sched.Metrics())
+//
+// # Wiring
+//
+// A Scheduler is wired as every Stepwise component is (see package workflow): New, then
+// Install on the river.Config before river.NewClient, RunMaintenance in every process, and
+// Metrics registered. Create one Scheduler per Engine and register the same schedules on
+// every node: the tick job runs on whichever node fetches it, and ticks only the schedules
+// that node knows. Tick can also be called by hand, and StartSlot starts a slot's runs by
+// hand (the tick that reaches the slot then finds them started).
 //
 // # Cron specs
 //

@@ -60,8 +60,8 @@ func ExampleAdd() {
 		log.Fatal(err)
 	}
 
-	// An insert-only client is enough to materialize. A service gives its working client
-	// sched.PeriodicJobs() and calls sched.AddWorkers(workers) instead of ticking by hand.
+	// An insert-only client is enough to materialize. A service installs sched on its
+	// working river.Config (sched.Install) instead of ticking by hand.
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
 	if err != nil {
 		log.Fatal(err)

@@ -3,8 +3,8 @@ package schedule
 import "github.com/prometheus/client_golang/prometheus"
 
 // metrics are a Scheduler's Prometheus collectors, labelled by schedule. They count
-// what this process's ticks committed; sum them across processes. Register them with
-// prometheus.MustRegister(sched.Metrics()): metrics is a prometheus.Collector.
+// what this process's ticks committed; sum them across processes. Scheduler.Metrics returns
+// them as one prometheus.Collector.
 type metrics struct {
 	// StartLag is run start minus slot time, in seconds (stepwise_schedule_start_lag_seconds):
 	// from the slot's time to the first claim of its first run by a worker, observed by the
@@ -32,8 +32,7 @@ type metrics struct {
 	Ticks *prometheus.CounterVec
 }
 
-// newMetrics returns unregistered collectors. Every Scheduler has its own; this is
-// exported for tests and for users who build their own registry layout.
+// newMetrics returns unregistered collectors. Every Scheduler has its own.
 func newMetrics() *metrics {
 	lagBuckets := []float64{0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 6 * 3600, 24 * 3600}
 	return &metrics{

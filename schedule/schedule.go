@@ -82,17 +82,23 @@ type MisfirePolicy interface {
 	validate(tickInterval time.Duration) error
 }
 
+// Defaults of CatchUpAll's fields, applied to zero fields.
+const (
+	CatchUpMaxDefault     = 1000
+	CatchUpPerTickDefault = 100
+)
+
 // CatchUpAll runs every missed slot, oldest first, but bounded so that a long outage does
 // not flood the database and the workers: at most PerTick slots are materialized per tick
 // (a rate of PerTick per Config.TickInterval), and when more than Max slots are
 // waiting, the oldest beyond Max are recorded as skipped (reason catch_up_limit).
 type CatchUpAll struct {
 	// Max is the most slots a tick keeps waiting to be caught up; older ones are skipped.
-	// Defaults to 1000.
+	// Defaults to CatchUpMaxDefault (1000).
 	Max int
 
 	// PerTick is the most slots one tick materializes (each with Shards runs).
-	// Defaults to 100.
+	// Defaults to CatchUpPerTickDefault (100).
 	PerTick int
 }
 
@@ -102,10 +108,10 @@ func (p CatchUpAll) describe() map[string]any {
 
 func (p CatchUpAll) withDefaults() MisfirePolicy {
 	if p.Max == 0 {
-		p.Max = 1000
+		p.Max = CatchUpMaxDefault
 	}
 	if p.PerTick == 0 {
-		p.PerTick = 100
+		p.PerTick = CatchUpPerTickDefault
 	}
 	return p
 }
@@ -113,9 +119,9 @@ func (p CatchUpAll) withDefaults() MisfirePolicy {
 func (p CatchUpAll) validate(time.Duration) error {
 	switch {
 	case p.Max < 0:
-		return fmt.Errorf("misfire policy CatchUpAll.Max is %d; it must be positive (0 means the default, 1000)", p.Max)
+		return fmt.Errorf("misfire policy CatchUpAll.Max is %d; it must be positive (0 means CatchUpMaxDefault, %d)", p.Max, CatchUpMaxDefault)
 	case p.PerTick < 0:
-		return fmt.Errorf("misfire policy CatchUpAll.PerTick is %d; it must be positive (0 means the default, 100)", p.PerTick)
+		return fmt.Errorf("misfire policy CatchUpAll.PerTick is %d; it must be positive (0 means CatchUpPerTickDefault, %d)", p.PerTick, CatchUpPerTickDefault)
 	}
 	return nil
 }
@@ -231,10 +237,17 @@ func gapName(g GapPolicy) string {
 	return "run_after"
 }
 
+// Defaults of Config's fields, which WithDefaults applies to zero fields.
+const (
+	TickIntervalDefault    = 5 * time.Second
+	MaxSlotsPerTickDefault = 10_000
+)
+
 // Config configures a Scheduler.
 type Config struct {
 	// TickInterval is how often River's leader inserts the tick job that materializes due
-	// slots. A slot starts at most about TickInterval after its time. Defaults to 5s.
+	// slots. A slot starts at most about TickInterval after its time. Defaults to
+	// TickIntervalDefault (5s).
 	TickInterval time.Duration
 
 	// Now is the clock ticks compare slots with. Defaults to nil: the database's clock
@@ -246,7 +259,7 @@ type Config struct {
 
 	// MaxSlotsPerTick bounds how many slots one tick decides per schedule (skipped ones
 	// included), which bounds the tick's transaction. A longer backlog is worked off over
-	// the following ticks. Defaults to 10,000.
+	// the following ticks. Defaults to MaxSlotsPerTickDefault (10,000).
 	MaxSlotsPerTick int
 
 	// Logger receives schedule changes and tick failures. Defaults to the Engine's logger.
@@ -260,10 +273,10 @@ func (c *Config) WithDefaults() *Config {
 		out = *c
 	}
 	if out.TickInterval == 0 {
-		out.TickInterval = 5 * time.Second
+		out.TickInterval = TickIntervalDefault
 	}
 	if out.MaxSlotsPerTick == 0 {
-		out.MaxSlotsPerTick = 10_000
+		out.MaxSlotsPerTick = MaxSlotsPerTickDefault
 	}
 	return &out
 }
@@ -271,9 +284,9 @@ func (c *Config) WithDefaults() *Config {
 func (c *Config) validate() error {
 	switch {
 	case c.TickInterval <= 0:
-		return fmt.Errorf("schedule.Config.TickInterval is %s; it must be positive (0 means the default, 5s)", c.TickInterval)
+		return fmt.Errorf("schedule.Config.TickInterval is %s; it must be positive (0 means TickIntervalDefault, %s)", c.TickInterval, TickIntervalDefault)
 	case c.MaxSlotsPerTick < 1:
-		return fmt.Errorf("schedule.Config.MaxSlotsPerTick is %d; it must be positive (0 means the default, 10000)", c.MaxSlotsPerTick)
+		return fmt.Errorf("schedule.Config.MaxSlotsPerTick is %d; it must be positive (0 means MaxSlotsPerTickDefault, %d)", c.MaxSlotsPerTick, MaxSlotsPerTickDefault)
 	}
 	return nil
 }

@@ -457,16 +457,18 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	clock := newClock(t0)
 	sched, err := schedule.New(engine, &schedule.Config{Now: clock.Now})
 	require.NoError(t, err)
-	require.NoError(t, sched.AddWorkers(workers))
 	require.NoError(t, schedule.Add(sched, settleSchedule("cancel", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapCancelOther, 1)))
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
 		Workers:           workers,
 		RetryPolicy:       fastRetry{},
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            quietLogger(),
-	})
+	}
+	require.NoError(t, sched.Install(rc))
+	rc.PeriodicJobs = nil // this test ticks by hand, with its fake clock
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, client.Start(ctx))
@@ -827,20 +829,20 @@ func TestSchedulePeriodicJob(t *testing.T) {
 	sch := settleSchedule("periodic", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 2)
 	sch.StartAt = time.Now().Add(-3 * time.Minute).Truncate(time.Minute)
 	require.NoError(t, schedule.Add(sched, sch))
-	workers := river.NewWorkers()
-	require.NoError(t, sched.AddWorkers(workers))
-	require.Error(t, sched.AddWorkers(workers), "a second tick worker on the same bundle is refused")
-	workflow.AddWorker(engine, workers, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[settleArgs, struct{}]) (workflow.Next, error) {
-		return workflow.Done(), nil
-	}))
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
-		Workers:           workers,
-		PeriodicJobs:      sched.PeriodicJobs(),
+	rc := &river.Config{
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            quietLogger(),
-	})
+	}
+	rc.Workers = river.NewWorkers()
+	workflow.AddWorker(engine, rc.Workers, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[settleArgs, struct{}]) (workflow.Next, error) {
+		return workflow.Done(), nil
+	}))
+	require.NoError(t, engine.Install(rc))
+	require.NoError(t, sched.Install(rc))
+	require.ErrorContains(t, sched.Install(rc), "one Scheduler per river.Config", "a second tick worker on the same config is refused")
+	require.Contains(t, rc.Queues, river.QueueDefault, "Install adds the queue the tick job is inserted in")
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, client.Start(ctx))
@@ -889,4 +891,34 @@ func TestSchedulePeriodicJob(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, lagSamples, uint64(3), "run start lag observed for each started slot")
+}
+
+// RunMaintenance ticks in a process whose client has no tick job (not River's leader, or a
+// leader not yet elected): slots are decided all the same.
+func TestScheduleRunMaintenanceTicks(t *testing.T) {
+	t.Parallel()
+	pool := testkit.DB(t)
+	engine, err := workflow.New(pool, &workflow.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	clock := newClock(t0)
+	sched, err := schedule.New(engine, &schedule.Config{TickInterval: 50 * time.Millisecond, Now: clock.Now})
+	require.NoError(t, err)
+	require.NoError(t, schedule.Add(sched, settleSchedule("maint", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 1)))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()}) // insert-only
+	require.NoError(t, err)
+	require.ErrorContains(t, sched.RunMaintenance(context.Background(), nil), "client is nil")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sched.RunMaintenance(ctx, client) }()
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM stepwise_schedule WHERE name = 'maint'`) == 1
+	}, 10*time.Second, 20*time.Millisecond, "the first tick creates the row")
+	clock.Set(t0.Add(2 * time.Minute))
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM stepwise_schedule_slot WHERE schedule = 'maint'`) == 2
+	}, 10*time.Second, 20*time.Millisecond, "later ticks decide the due slots")
+	cancel()
+	require.NoError(t, <-done)
+	requireOneRunPerSlotShard(t, pool, "maint")
 }

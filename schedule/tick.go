@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
@@ -23,12 +25,12 @@ type TickArgs struct{}
 // Kind is the River job kind of the tick job.
 func (TickArgs) Kind() string { return "stepwise_schedule_tick" }
 
-type scheduleTickWorker struct {
+type tickWorker struct {
 	river.WorkerDefaults[TickArgs]
 	s *Scheduler
 }
 
-func (w *scheduleTickWorker) Work(ctx context.Context, _ *river.Job[TickArgs]) error {
+func (w *tickWorker) Work(ctx context.Context, _ *river.Job[TickArgs]) error {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
 		return err
@@ -37,19 +39,56 @@ func (w *scheduleTickWorker) Work(ctx context.Context, _ *river.Job[TickArgs]) e
 	return err
 }
 
-// AddWorkers registers the Scheduler's tick worker with River's workers. It returns an error
-// if the tick worker is already registered there (one Scheduler per set of workers).
-func (s *Scheduler) AddWorkers(workers *river.Workers) error {
-	if workers == nil {
-		return errors.New("schedule.Scheduler.AddWorkers: workers is nil; pass the river.NewWorkers() bundle your client uses")
+// Install wires the Scheduler into a River client config, before river.NewClient: it adds
+// the tick worker, the tick periodic job (TickArgs, every TickInterval) and River's default
+// queue, which the tick job is inserted in, if the config has no queue of that name. It
+// returns an error if the tick worker is already registered in rc.Workers (one Scheduler per
+// client). Run RunMaintenance beside it in every process.
+func (s *Scheduler) Install(rc *river.Config) error {
+	if rc == nil {
+		return errors.New("schedule.Scheduler.Install: river config is nil; pass the *river.Config you give river.NewClient")
 	}
-	return river.AddWorkerSafely[TickArgs](workers, &scheduleTickWorker{s: s})
+	if rc.Workers == nil {
+		rc.Workers = river.NewWorkers()
+	}
+	if err := river.AddWorkerSafely[TickArgs](rc.Workers, &tickWorker{s: s}); err != nil {
+		return fmt.Errorf("schedule.Scheduler.Install: %w (install one Scheduler per river.Config)", err)
+	}
+	rc.PeriodicJobs = append(rc.PeriodicJobs, s.periodicJobs()...)
+	if rc.Queues == nil {
+		rc.Queues = map[string]river.QueueConfig{}
+	}
+	if _, ok := rc.Queues[river.QueueDefault]; !ok {
+		rc.Queues[river.QueueDefault] = river.QueueConfig{MaxWorkers: 1}
+	}
+	return nil
 }
 
-// PeriodicJobs returns the tick job, to be added to river.Config.PeriodicJobs. River inserts
+// RunMaintenance ticks every TickInterval (with jitter) until ctx ends, and returns nil then.
+// Call it in a goroutine of every process, as workflow.Engine.RunMaintenance: the tick job is
+// a periodic job, which River's elected leader alone inserts, so when the leader dies no slot
+// is decided until a new leader is elected. Ticks in several processes at once are safe: each
+// schedule's tick holds its row's lock and skips a schedule another tick holds. Failed ticks
+// are logged and counted (stepwise_schedule_ticks_total{result="error"}).
+func (s *Scheduler) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx]) error {
+	if client == nil {
+		return errors.New("schedule.Scheduler.RunMaintenance: client is nil; pass the River client the runs should be inserted with")
+	}
+	for {
+		wait := s.cfg.TickInterval + rand.N(s.cfg.TickInterval/5+time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		_, _ = s.Tick(ctx, client) // Tick logs and counts its failures
+	}
+}
+
+// periodicJobs returns the tick job, which Install adds to river.Config.PeriodicJobs. River inserts
 // periodic jobs from its elected leader only; the tick is safe even when two run at once
 // (a row lock per schedule), so a leader change or a manual Tick never double-starts a slot.
-func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
+func (s *Scheduler) periodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		river.NewPeriodicJob(
 			river.PeriodicInterval(s.cfg.TickInterval),
@@ -75,9 +114,14 @@ func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
 	}
 }
 
-// Metrics returns the Scheduler's Prometheus collectors; register them with
-// prometheus.MustRegister(sched.Metrics()).
-func (s *Scheduler) Metrics() *metrics { return s.metrics }
+// Metrics returns the Scheduler's Prometheus collector; register it with your registry:
+//
+//	prometheus.MustRegister(sched.Metrics())
+//
+// It counts what this process's ticks committed (sum across processes): start and
+// materialize lag, misfires, skipped slots by reason, slots by decision and ticks by result,
+// all labelled by schedule (stepwise_schedule_*).
+func (s *Scheduler) Metrics() prometheus.Collector { return s.metrics }
 
 // TickResult says what one Tick did, per registered schedule, in registration order.
 type TickResult struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -206,6 +207,9 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		return nil, err
 	}
 
+	// One wiring for every part: New, Install(rc) for each, river.NewClient, then
+	// RunMaintenance of each in every process (Service.RunMaintenance) and Metrics of each
+	// registered (Service.Collectors).
 	rc := &river.Config{
 		ID:     cfg.ID,
 		Logger: cfg.Logger,
@@ -213,12 +217,15 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 			river.QueueDefault: {MaxWorkers: 4}, // Stepwise maintenance and schedule ticks
 			SettleQueue:        {MaxWorkers: cfg.SettleWorkers},
 		},
-		Workers:              river.NewWorkers(),
-		PeriodicJobs:         engine.PeriodicJobs(),
-		RescueStuckJobsAfter: wcfg.RescueStuckJobsAfter,
-		FetchPollInterval:    cfg.FetchPollInterval,
+		Workers:           river.NewWorkers(),
+		FetchPollInterval: cfg.FetchPollInterval,
 	}
-	workflow.AddWorker(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize})
+	if err := workflow.AddWorkerSafely(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize}); err != nil {
+		return nil, err
+	}
+	if err := engine.Install(rc); err != nil {
+		return nil, err
+	}
 	if err := ob.Install(rc); err != nil {
 		return nil, err
 	}
@@ -237,10 +244,9 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		if err := schedule.Add(sched, s); err != nil {
 			return nil, err
 		}
-		if err := sched.AddWorkers(rc.Workers); err != nil {
+		if err := sched.Install(rc); err != nil {
 			return nil, err
 		}
-		rc.PeriodicJobs = append(rc.PeriodicJobs, sched.PeriodicJobs()...)
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	if err != nil {
@@ -287,6 +293,23 @@ func (s *Service) StartDate(ctx context.Context, date time.Time) (runs []*workfl
 		return err
 	})
 	return runs, created, err
+}
+
+// RunMaintenance runs the maintenance of every part (takeover of runs whose worker died,
+// outbox and reconciliation passes, schedule ticks) until ctx ends, so that none of it waits
+// for River's leader. Call it in a goroutine of every process, after Start.
+func (s *Service) RunMaintenance(ctx context.Context) {
+	var wg sync.WaitGroup
+	run := func(f func(context.Context, *river.Client[pgx.Tx]) error) {
+		wg.Go(func() { _ = f(ctx, s.Client) })
+	}
+	run(s.Engine.RunMaintenance)
+	run(s.Outbox.RunMaintenance)
+	run(s.Reconciler.RunMaintenance)
+	if s.Scheduler != nil {
+		run(s.Scheduler.RunMaintenance)
+	}
+	wg.Wait()
 }
 
 // Collectors returns the Prometheus collectors of the parts: workflow, outbox, reconcile and

@@ -684,7 +684,7 @@ func TestScheduleChangeAndPause(t *testing.T) {
 	require.ErrorIs(t, schedule.Pause(ctx, next.pool, "nope", "ops", "x"), schedule.ErrNotFound)
 }
 
-// AddSchedule refuses a second schedule of the same name, naming it.
+// Add refuses a second schedule of the same name, naming it.
 func TestScheduleDuplicateName(t *testing.T) {
 	t.Parallel()
 	b := setupScheduler(t, testkit.DB(t), nil)

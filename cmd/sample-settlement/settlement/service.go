@@ -135,8 +135,10 @@ func (c *ServiceConfig) validate() error {
 
 // Service is one worker process's worth of the settlement service: a River client with the
 // settle step function, the payout outbox (delivery), the reconciler (UNKNOWN_EXTERNAL
-// payouts), Stepwise's maintenance (fast takeover) and optionally the daily schedule. It is wired in the open, the way a user adds Stepwise to
-// their own River client: read NewService.
+// payouts), Stepwise's maintenance (fast takeover) and optionally the daily schedule. It is
+// wired in the open, the way a user adds Stepwise to their own River client, every part the
+// same way (New, Install, river.NewClient; then RunMaintenance and Collectors): read
+// NewService.
 type Service struct {
 	Pool       *pgxpool.Pool
 	Client     *river.Client[pgx.Tx]

@@ -19,6 +19,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -79,7 +80,7 @@ type kindSummary struct {
 type scheduleSummary struct {
 	Name, Spec, Zone string
 	Paused           bool
-	Slots            []*workflow.SlotReport
+	Slots            []*schedule.SlotReport
 }
 
 type overviewData struct {
@@ -105,7 +106,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 	}
 
 	// Schedules: the latest slots of each, with the batch status derived from evidence
-	// (workflow.ListSlots: the slot's runs and the operations they enqueued).
+	// (schedule.ListSlots: the slot's runs and the operations they enqueued).
 	rows, err := h.db.Query(ctx, `SELECT name, spec, zone, paused FROM stepwise_schedule ORDER BY name LIMIT 50`)
 	if err != nil {
 		h.internal(w, r, "reading schedules", err)
@@ -673,20 +674,20 @@ func (h *Handler) badRequest(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 // latestSlots reports the newest n slots of a schedule with their batch status derived from
-// evidence by workflow.DeriveBatchStatus, as workflow.ListSlots does, except that operations
+// evidence by schedule.DeriveBatchStatus, as schedule.ListSlots does, except that operations
 // are counted up to countCap per state: ListSlots counts every operation of the slot, which
 // on a slot of a million payouts takes seconds, and the status needs only "any?" per state.
 // Index use: the slot's primary key backwards, stepwise_run_slot_idx, and
 // stepwise_operation_run_key_idx (run_key, state) per state.
-func (h *Handler) latestSlots(ctx context.Context, schedule string, n int) ([]*workflow.SlotReport, error) {
+func (h *Handler) latestSlots(ctx context.Context, name string, n int) ([]*schedule.SlotReport, error) {
 	rows, err := h.db.Query(ctx, `SELECT slot, status, coalesce(reason, ''), coalesce(detail, ''), shards,
 			created_at, materialized_at, started_at, runs_done_at
-		FROM stepwise_schedule_slot WHERE schedule = $1 ORDER BY slot DESC LIMIT $2`, schedule, n)
+		FROM stepwise_schedule_slot WHERE schedule = $1 ORDER BY slot DESC LIMIT $2`, name, n)
 	if err != nil {
 		return nil, err
 	}
-	reports, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*workflow.SlotReport, error) {
-		r := &workflow.SlotReport{Schedule: schedule, Runs: map[string]int{}, Operations: map[string]int{}}
+	reports, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*schedule.SlotReport, error) {
+		r := &schedule.SlotReport{Schedule: name, Runs: map[string]int{}, Operations: map[outbox.State]int{}}
 		err := row.Scan(&r.Slot, &r.Decision, &r.Reason, &r.Detail, &r.Shards, &r.DecidedAt, &r.MaterializedAt, &r.StartedAt, &r.RunsDoneAt)
 		r.Slot = r.Slot.UTC()
 		return r, err
@@ -699,7 +700,7 @@ func (h *Handler) latestSlots(ctx context.Context, schedule string, n int) ([]*w
 		states = append(states, string(s))
 	}
 	for _, r := range reports {
-		rows, err := h.db.Query(ctx, `SELECT key, status FROM stepwise_run WHERE schedule = $1 AND slot = $2`, schedule, r.Slot)
+		rows, err := h.db.Query(ctx, `SELECT key, status FROM stepwise_run WHERE schedule = $1 AND slot = $2`, name, r.Slot)
 		if err != nil {
 			return nil, err
 		}
@@ -712,8 +713,8 @@ func (h *Handler) latestSlots(ctx context.Context, schedule string, n int) ([]*w
 		}); err != nil {
 			return nil, err
 		}
-		if r.Decision == workflow.SlotMaterialized && len(keys) < r.Shards {
-			r.Runs[workflow.RunMissing] = r.Shards - len(keys)
+		if r.Decision == schedule.SlotMaterialized && len(keys) < r.Shards {
+			r.Runs[schedule.RunMissing] = r.Shards - len(keys)
 		}
 		if len(keys) > 0 {
 			rows, err = h.db.Query(ctx, `SELECT s.state,
@@ -726,15 +727,15 @@ func (h *Handler) latestSlots(ctx context.Context, schedule string, n int) ([]*w
 			var c int
 			if _, err := pgx.ForEachRow(rows, []any{&state, &c}, func() error {
 				if c > 0 {
-					r.Operations[state] = c
+					r.Operations[outbox.State(state)] = c
 				}
 				return nil
 			}); err != nil {
 				return nil, err
 			}
 		}
-		r.NeedsAttention = r.Operations[string(outbox.StateManual)]
-		r.Status = workflow.DeriveBatchStatus(r.Decision, r.Shards, r.Runs, r.Operations)
+		r.NeedsAttention = r.Operations[outbox.StateManual]
+		r.Status = schedule.DeriveBatchStatus(r.Decision, r.Shards, r.Runs, r.Operations)
 	}
 	return reports, nil
 }

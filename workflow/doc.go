@@ -29,14 +29,25 @@
 //		return workflow.Continue(), nil
 //	}
 //
-// Register it beside your own River workers and start runs by key:
+// # Wiring
+//
+// Every Stepwise component (this Engine, outbox.Outbox, reconcile.Reconciler,
+// schedule.Scheduler) is wired into your own River client the same way: New, Install on the
+// river.Config before river.NewClient, RunMaintenance in every process, Metrics registered.
+// Register step workers beside your own River workers and start runs by key:
 //
 //	engine, err := workflow.New(pool, &workflow.Config{})
-//	workflow.AddWorker(engine, workers, &SettleWorker{})
-//	err = engine.Install(riverConfig) // maintenance worker, periodic job and queue
-//	// ... river.NewClient(riverpgxv5.New(pool), riverConfig), client.Start(ctx)
-//	go engine.RunMaintenance(ctx, riverClient)
-//	run, err := workflow.Start(ctx, riverClient, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
+//	err = workflow.AddWorkerSafely(engine, riverConfig.Workers, &SettleWorker{})
+//	err = engine.Install(riverConfig) // maintenance worker, periodic job and queue; Slice checked
+//	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+//	err = client.Start(ctx)
+//	go engine.RunMaintenance(ctx, client) // in every process, not only River's leader
+//	prometheus.MustRegister(engine.Metrics())
+//	run, err := workflow.Start(ctx, client, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
+//
+// Install refuses a Config.Slice (or a step worker's StepOptions.Slice) that is not shorter
+// than the river.Config's RescueStuckJobsAfter (RiverRescueStuckJobsAfterDefault when zero),
+// with the fix: River would rescue healthy runs as stuck.
 //
 // # The step protocol
 //
@@ -73,6 +84,7 @@
 //
 // # Schedules
 //
-// Scheduler turns cron specs into durable, deterministic slots with misfire and overlap
-// policies; see Schedule.
+// Package schedule turns cron specs into durable, deterministic slots whose runs it starts
+// here, with misfire and overlap policies. Only it records a run as a slot's: StartOpts has
+// no schedule, slot or shard.
 package workflow

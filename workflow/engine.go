@@ -18,10 +18,24 @@ import (
 	"github.com/stepwise-go/stepwise/checkpoint"
 )
 
+// Defaults of Config's fields, which WithDefaults applies to zero fields. Heartbeat defaults
+// to Lease/3 and StallTimeout to Lease; MaintenanceQueue to river.QueueDefault.
+const (
+	LeaseDefault               = 30 * time.Second
+	SliceDefault               = time.Minute
+	LockTimeoutDefault         = 250 * time.Millisecond
+	MaintenanceIntervalDefault = time.Second
+)
+
+// RiverRescueStuckJobsAfterDefault is River's default river.Config.RescueStuckJobsAfter (an
+// hour; JobTimeout plus an hour when JobTimeout is set), which Install assumes when the
+// config leaves it zero. River keeps the constant internal.
+const RiverRescueStuckJobsAfterDefault = time.Hour
+
 // Config configures an Engine.
 type Config struct {
 	// Lease is how long a worker keeps a run between renewals. A worker killed mid-run is
-	// taken over after about Lease + MaintenanceInterval. Defaults to 30s.
+	// taken over after about Lease + MaintenanceInterval. Defaults to LeaseDefault (30s).
 	Lease time.Duration
 
 	// Heartbeat is how often a running step renews its lease. Must be shorter than Lease.
@@ -30,7 +44,8 @@ type Config struct {
 
 	// Slice is how long one River attempt runs steps before it releases the lease and snoozes
 	// (JobSnooze(0)), so a long run never looks stuck to River and other runs get their turn.
-	// Must be shorter than RescueStuckJobsAfter. Defaults to 1 minute.
+	// Must be shorter than the river.Config's RescueStuckJobsAfter, which Install checks.
+	// Defaults to SliceDefault (1m).
 	Slice time.Duration
 
 	// StallTimeout is the idle_in_transaction_session_timeout of step transactions: a worker
@@ -38,21 +53,19 @@ type Config struct {
 	// Defaults to Lease.
 	StallTimeout time.Duration
 
-	// LockTimeout bounds how long a claim waits for the checkpoint row. Defaults to 250ms.
+	// LockTimeout bounds how long a claim waits for the checkpoint row. Defaults to
+	// LockTimeoutDefault (250ms).
 	LockTimeout time.Duration
 
 	// MaintenanceInterval is how often the leader looks for runs whose worker died (lease
-	// expired, River job still running) and re-enqueues them. Defaults to 1s.
+	// expired, River job still running) and re-enqueues them. Defaults to
+	// MaintenanceIntervalDefault (1s).
 	MaintenanceInterval time.Duration
 
 	// MaintenanceQueue is the River queue of the maintenance job. The client that should run
 	// maintenance (every client may; the leader inserts it) must work this queue: Install
 	// adds it to a river.Config that lacks it. Defaults to river.QueueDefault.
 	MaintenanceQueue string
-
-	// RescueStuckJobsAfter must equal the river.Config value of the same name of the client
-	// the workers run in; Slice is checked against it. Defaults to River's default, 1 hour.
-	RescueStuckJobsAfter time.Duration
 
 	// Logger receives transitions worth an operator's attention (fenced commits, takeovers,
 	// undecodable cursors). Defaults to slog.Default().
@@ -66,28 +79,25 @@ func (c *Config) WithDefaults() *Config {
 		out = *c
 	}
 	if out.Lease == 0 {
-		out.Lease = 30 * time.Second
+		out.Lease = LeaseDefault
 	}
 	if out.Heartbeat == 0 {
 		out.Heartbeat = out.Lease / 3
 	}
 	if out.Slice == 0 {
-		out.Slice = time.Minute
+		out.Slice = SliceDefault
 	}
 	if out.StallTimeout == 0 {
 		out.StallTimeout = out.Lease
 	}
 	if out.LockTimeout == 0 {
-		out.LockTimeout = 250 * time.Millisecond
+		out.LockTimeout = LockTimeoutDefault
 	}
 	if out.MaintenanceInterval == 0 {
-		out.MaintenanceInterval = time.Second
+		out.MaintenanceInterval = MaintenanceIntervalDefault
 	}
 	if out.MaintenanceQueue == "" {
 		out.MaintenanceQueue = river.QueueDefault
-	}
-	if out.RescueStuckJobsAfter == 0 {
-		out.RescueStuckJobsAfter = time.Hour
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -98,13 +108,11 @@ func (c *Config) WithDefaults() *Config {
 func (c *Config) validate() error {
 	switch {
 	case c.Lease <= 0:
-		return fmt.Errorf("workflow.Config.Lease is %s; it must be positive (0 means the default, 30s)", c.Lease)
+		return fmt.Errorf("workflow.Config.Lease is %s; it must be positive (0 means LeaseDefault, %s)", c.Lease, LeaseDefault)
 	case c.Heartbeat <= 0 || c.Heartbeat >= c.Lease:
 		return fmt.Errorf("workflow.Config.Heartbeat is %s; it must be positive and shorter than Lease (%s), e.g. Lease/3", c.Heartbeat, c.Lease)
 	case c.Slice <= 0:
-		return fmt.Errorf("workflow.Config.Slice is %s; it must be positive (0 means the default, 1m)", c.Slice)
-	case c.Slice >= c.RescueStuckJobsAfter:
-		return fmt.Errorf("workflow.Config.Slice (%s) must be shorter than RescueStuckJobsAfter (%s), or River would rescue healthy runs as stuck", c.Slice, c.RescueStuckJobsAfter)
+		return fmt.Errorf("workflow.Config.Slice is %s; it must be positive (0 means SliceDefault, %s)", c.Slice, SliceDefault)
 	case c.StallTimeout <= 0:
 		return fmt.Errorf("workflow.Config.StallTimeout is %s; it must be positive (0 means Lease)", c.StallTimeout)
 	case c.MaintenanceInterval <= 0:
@@ -113,8 +121,9 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// Engine runs step functions as River workers. Create one per pool with New, add workers with
-// AddWorker, and give River the Engine's PeriodicJobs.
+// Engine runs step functions as River workers. Create one per pool with New, add step workers
+// with AddWorker, call Install on the river.Config before river.NewClient, run
+// RunMaintenance in every process, and register Metrics (see the package doc's Wiring).
 type Engine struct {
 	pool   *pgxpool.Pool
 	cfg    *Config
@@ -123,7 +132,12 @@ type Engine struct {
 
 	mu         sync.Mutex
 	registered map[*river.Workers]bool
-	metrics    *engineMetrics
+	// slices are the Slice of each registered step worker, by kind, which Install checks
+	// against River's RescueStuckJobsAfter; rescueAfter is the shortest such value of the
+	// configs Install saw (0 before Install), which AddWorker checks later workers against.
+	slices      map[string]time.Duration
+	rescueAfter time.Duration
+	metrics     *engineMetrics
 
 	// fence is the step protocol's fencing: the token check at begin, the fenced write and
 	// whether a lost lease stops the step. Always the checkpoint store, except that the fault
@@ -171,7 +185,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}, fence: storeFence{store}}
+	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}, slices: map[string]time.Duration{}, fence: storeFence{store}}
 	e.metrics = newEngineMetrics(e)
 	return e, nil
 }
@@ -182,9 +196,9 @@ func (e *Engine) Config() Config { return *e.cfg }
 // Checkpoints returns the checkpoint store the Engine uses.
 func (e *Engine) Checkpoints() *checkpoint.Store { return e.store }
 
-// PeriodicJobs returns the Engine's maintenance job, to be added to river.Config.PeriodicJobs.
-// River runs periodic jobs on its elected leader only.
-func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
+// periodicJobs returns the Engine's maintenance job, which Install adds to
+// river.Config.PeriodicJobs. River runs periodic jobs on its elected leader only.
+func (e *Engine) periodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		river.NewPeriodicJob(
 			river.PeriodicInterval(e.cfg.MaintenanceInterval),
@@ -213,26 +227,47 @@ func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {
 	}}
 }
 
-// Install adds the Engine's maintenance worker, its periodic job and its queue (if the config
-// has no queue of that name) to a River client config, before river.NewClient. Without the
-// maintenance job running somewhere, a run whose worker died waits for River's one-hour
-// rescue instead of about a lease.
+// Install wires the Engine into a River client config, before river.NewClient: it adds the
+// maintenance worker, the maintenance periodic job and the maintenance queue (if the config
+// has no queue of that name). Without the maintenance job running somewhere, a run whose
+// worker died waits for River's one-hour rescue instead of about a lease.
+//
+// Install also checks Config.Slice, and the Slice of every step worker added so far, against
+// the config's RescueStuckJobsAfter (River's default when zero: an hour, or JobTimeout plus
+// an hour), which River's rescuer uses: an attempt that runs longer would be rescued as stuck
+// while healthy. Step workers added after Install are checked by AddWorker.
 func (e *Engine) Install(rc *river.Config) error {
 	if rc == nil {
-		return errors.New("workflow: Install: river config is nil")
+		return errors.New("workflow.Engine.Install: river config is nil; pass the *river.Config you give river.NewClient")
 	}
 	if rc.Schema != "" {
 		// Maintenance and Resume read river_job unqualified, through the pool's search_path;
 		// with River's tables in another schema they would silently read the wrong table.
-		return fmt.Errorf("workflow: Install: river.Config.Schema is %q, but Stepwise reads River's tables through the connection's search_path; leave Schema empty and put %q first in the pool's search_path (e.g. the connection string's search_path=%s) instead", rc.Schema, rc.Schema, rc.Schema)
+		return fmt.Errorf("workflow.Engine.Install: river.Config.Schema is %q, but Stepwise reads River's tables through the connection's search_path; leave Schema empty and put %q first in the pool's search_path (e.g. the connection string's search_path=%s) instead", rc.Schema, rc.Schema, rc.Schema)
 	}
+	rescue := riverRescueAfter(rc)
+	e.mu.Lock()
+	if err := checkSlice("workflow.Config.Slice", e.cfg.Slice, rescue); err != nil {
+		e.mu.Unlock()
+		return err
+	}
+	for kind, slice := range e.slices {
+		if err := checkSlice(fmt.Sprintf("StepOptions.Slice of %s", kind), slice, rescue); err != nil {
+			e.mu.Unlock()
+			return err
+		}
+	}
+	if e.rescueAfter == 0 || rescue < e.rescueAfter {
+		e.rescueAfter = rescue
+	}
+	e.mu.Unlock()
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
 	if err := e.addMaintenanceWorker(rc.Workers); err != nil {
 		return err
 	}
-	rc.PeriodicJobs = append(rc.PeriodicJobs, e.PeriodicJobs()...)
+	rc.PeriodicJobs = append(rc.PeriodicJobs, e.periodicJobs()...)
 	if rc.Queues == nil {
 		rc.Queues = map[string]river.QueueConfig{}
 	}
@@ -240,6 +275,27 @@ func (e *Engine) Install(rc *river.Config) error {
 		rc.Queues[e.cfg.MaintenanceQueue] = river.QueueConfig{MaxWorkers: 1}
 	}
 	return nil
+}
+
+// riverRescueAfter is the RescueStuckJobsAfter River's client will use for rc, computed as
+// river.NewClient computes it.
+func riverRescueAfter(rc *river.Config) time.Duration {
+	if rc.RescueStuckJobsAfter > 0 {
+		return rc.RescueStuckJobsAfter
+	}
+	if rc.JobTimeout > 0 {
+		return rc.JobTimeout + RiverRescueStuckJobsAfterDefault
+	}
+	return RiverRescueStuckJobsAfterDefault
+}
+
+// checkSlice refuses a slice that River's rescuer would cut short.
+func checkSlice(what string, slice, rescue time.Duration) error {
+	if slice < rescue {
+		return nil
+	}
+	return fmt.Errorf("workflow: %s (%s) must be shorter than the river.Config's RescueStuckJobsAfter (%s), or River would rescue healthy runs as stuck; shorten the slice (e.g. %s) or set river.Config.RescueStuckJobsAfter above %s",
+		what, slice, rescue, rescue/2, slice)
 }
 
 func (e *Engine) addMaintenanceWorker(workers *river.Workers) error {
@@ -274,16 +330,27 @@ func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, 
 	if w == nil {
 		return errors.New("workflow.AddWorker: worker is nil")
 	}
+	var a A
 	slice := e.cfg.Slice
 	if o := w.StepOptions(); o != nil && o.Slice != 0 {
-		if o.Slice < 0 || o.Slice >= e.cfg.RescueStuckJobsAfter {
-			var a A
-			return fmt.Errorf("workflow.AddWorker(%s): StepOptions.Slice %s must be positive and shorter than RescueStuckJobsAfter (%s)", a.Kind(), o.Slice, e.cfg.RescueStuckJobsAfter)
+		if o.Slice < 0 {
+			return fmt.Errorf("workflow.AddWorker(%s): StepOptions.Slice is %s; it must be positive (0 means Config.Slice)", a.Kind(), o.Slice)
 		}
 		slice = o.Slice
+	}
+	e.mu.Lock()
+	rescue := e.rescueAfter
+	e.mu.Unlock()
+	if rescue > 0 {
+		if err := checkSlice(fmt.Sprintf("StepOptions.Slice of %s", a.Kind()), slice, rescue); err != nil {
+			return err
+		}
 	}
 	if err := river.AddWorkerSafely[A](workers, &stepWorker[A, C]{e: e, w: w, slice: slice}); err != nil {
 		return err
 	}
+	e.mu.Lock()
+	e.slices[a.Kind()] = slice
+	e.mu.Unlock()
 	return e.addMaintenanceWorker(workers)
 }

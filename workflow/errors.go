@@ -23,14 +23,3 @@ var errLeaseLost = errors.New("workflow: lease lost while the step ran")
 
 // ErrRunCancelled is the cause of a step context cancelled by CancelRun.
 var ErrRunCancelled = errors.New("workflow: run cancelled")
-
-// ErrInvalidSchedule is matched (errors.Is) by every error AddSchedule returns for a schedule
-// it cannot accept; the message names the schedule, the field and the fix.
-var ErrInvalidSchedule = errors.New("workflow: invalid schedule")
-
-// ErrScheduleNotFound is returned for a schedule name that has no row (it was never ticked).
-var ErrScheduleNotFound = errors.New("workflow: schedule not found")
-
-// ErrSlotNotFound is returned by SlotStatus for a slot no tick has decided: not due yet, not
-// a slot of the schedule's spec, or due but not yet ticked.
-var ErrSlotNotFound = errors.New("workflow: schedule slot not found")

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -66,19 +67,26 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	// Wiring: Stepwise's worker goes beside your own River workers, in your own client.
+	// Wiring, the same for every Stepwise component: New, Install on your river.Config,
+	// river.NewClient, RunMaintenance in every process, Metrics registered. Stepwise's
+	// workers go beside your own River workers, in your own client.
 	engine, err := workflow.New(pool, &workflow.Config{Lease: 10 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		log.Fatal(err)
 	}
-	workers := river.NewWorkers()
-	workflow.AddWorker(engine, workers, &SettleWorker{})
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
-		Workers:      workers,
-		PeriodicJobs: engine.PeriodicJobs(), // fast takeover of runs whose worker died
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	riverConfig := &river.Config{
+		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
+		Workers: river.NewWorkers(),
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if err := workflow.AddWorkerSafely(engine, riverConfig.Workers, &SettleWorker{}); err != nil {
+		log.Fatal(err)
+	}
+	// The maintenance worker, periodic job and queue; Slice checked against River's rescue.
+	if err := engine.Install(riverConfig); err != nil {
+		log.Fatal(err)
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -86,6 +94,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Stop(ctx) //nolint:errcheck
+	maintCtx, stopMaintenance := context.WithCancel(ctx)
+	defer stopMaintenance()
+	// Fast takeover of runs whose worker died, without waiting for River's leader.
+	go engine.RunMaintenance(maintCtx, client) //nolint:errcheck
+
+	prometheus.NewRegistry().MustRegister(engine.Metrics()) // your registry
 
 	// One run per key, forever: starting it again (a second cron fire, a retried request)
 	// returns the same run.

@@ -135,14 +135,15 @@ func newEnv(t testing.TB, pool *pgxpool.Pool, cfg *workflow.Config, w workflow.S
 	rc := &river.Config{
 		Queues:            queues,
 		Workers:           workers,
-		PeriodicJobs:      engine.PeriodicJobs(),
 		RetryPolicy:       fastRetry{},
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            quietLogger(),
 	}
 	if len(queues) == 0 {
-		rc.Queues, rc.Workers, rc.PeriodicJobs = nil, nil, nil
+		rc.Queues, rc.Workers = nil, nil
+	} else {
+		require.NoError(t, engine.Install(rc))
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
@@ -362,4 +363,11 @@ func mustPool(t testing.TB, url string) *pgxpool.Pool {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+func queryInt(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
+	"github.com/stepwise-go/stepwise/internal/slotrun"
 )
 
 // metadataRunKey is the River job metadata field that names the run a job delivers. Keeping
@@ -55,21 +56,13 @@ type Run struct {
 	Created bool
 }
 
-// StartOpts are options for Start and StartTx.
+// StartOpts are options for Start and StartTx. A run started here belongs to no schedule:
+// only package schedule starts runs with a schedule, slot and shard recorded (Run.Schedule,
+// Run.Slot, Run.Shard), so a slot's runs are the ones its schedule started.
 type StartOpts struct {
-	// Schedule, Slot and Shard record which schedule slot the run belongs to.
-	Schedule string
-	Slot     time.Time
-	Shard    *int
-
 	// InsertOpts are passed to River for the run's job (queue, priority, max attempts...).
 	InsertOpts *river.InsertOpts
 }
-
-// Querier is the old name of stepwise.DBTX, kept for the schedule functions.
-//
-// Deprecated: use stepwise.DBTX.
-type Querier = stepwise.DBTX
 
 // Start starts the run key of args's workflow in its own transaction. See StartTx.
 func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], key string, args A, opts *StartOpts) (*Run, error) {
@@ -98,30 +91,47 @@ func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], k
 // false) and inserts no job, so "the cron fired twice" or "the caller retried" cannot start a
 // second run. The same key with another workflow or input is ErrRunConflict.
 func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args A, opts *StartOpts) (*Run, error) {
+	var insertOpts *river.InsertOpts
+	if opts != nil {
+		insertOpts = opts.InsertOpts
+	}
+	return startTx(ctx, client, tx, key, args, insertOpts, nil)
+}
+
+func init() {
+	// Package schedule starts the runs of its slots through this, with the slot recorded.
+	slotrun.StartTx = func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, slot slotrun.Slot) (bool, error) {
+		run, err := startTx(ctx, client, tx, key, args, opts, &slot)
+		if err != nil {
+			return false, err
+		}
+		return run.Created, nil
+	}
+}
+
+// startTx is StartTx for any args, with the run's slot when a schedule starts it.
+func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, in *slotrun.Slot) (*Run, error) {
 	if err := checkpoint.ValidateKey(key); err != nil {
 		return nil, fmt.Errorf("workflow.Start: run %w", err)
-	}
-	if opts == nil {
-		opts = &StartOpts{}
 	}
 	input, err := json.Marshal(args)
 	if err != nil {
 		return nil, fmt.Errorf("workflow.Start: encoding input of run %q: %w", key, err)
 	}
 	kind := args.Kind()
-	var slot *time.Time
-	if !opts.Slot.IsZero() {
-		s := opts.Slot.UTC()
-		slot = &s
-	}
-	var schedule *string
-	if opts.Schedule != "" {
-		schedule = &opts.Schedule
+	var (
+		schedule *string
+		slot     *time.Time
+		shard    *int
+	)
+	if in != nil {
+		sl, sh := in.Time.UTC(), in.Shard
+		schedule, slot, shard = &in.Schedule, &sl, &sh
 	}
 	if err := checkpoint.Ensure(ctx, tx, key); err != nil {
 		return nil, err
 	}
-	created, err := insertRun(ctx, tx, key, kind, input, schedule, slot, opts.Shard)
+	created, err := insertRun(ctx, tx, key, kind, input, schedule, slot, shard)
 	if err != nil {
 		return nil, fmt.Errorf("workflow.Start: recording run %q: %w", key, err)
 	}
@@ -142,8 +152,8 @@ func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx],
 	}
 
 	insertOpts := river.InsertOpts{}
-	if opts.InsertOpts != nil {
-		insertOpts = *opts.InsertOpts
+	if opts != nil {
+		insertOpts = *opts
 	}
 	if insertOpts.Metadata, err = withRunKey(insertOpts.Metadata, key); err != nil {
 		return nil, fmt.Errorf("workflow.Start: run %q: InsertOpts.Metadata: %w", key, err)

@@ -29,8 +29,6 @@ func TestConfigValidation(t *testing.T) {
 		{workflow.Config{Lease: -time.Second}, "Config.Lease"},
 		{workflow.Config{Lease: time.Second, Heartbeat: time.Second}, "Config.Heartbeat"},
 		{workflow.Config{Lease: time.Second, Heartbeat: 2 * time.Second}, "Config.Heartbeat"},
-		{workflow.Config{Slice: time.Hour}, "Config.Slice (1h0m0s) must be shorter than RescueStuckJobsAfter"},
-		{workflow.Config{Slice: 2 * time.Minute, RescueStuckJobsAfter: time.Minute}, "RescueStuckJobsAfter"},
 		{workflow.Config{StallTimeout: -1}, "Config.StallTimeout"},
 	} {
 		_, err := workflow.New(pool, &tc.cfg)
@@ -38,8 +36,58 @@ func TestConfigValidation(t *testing.T) {
 	}
 	e, err := workflow.New(pool, nil)
 	require.NoError(t, err)
+	require.Equal(t, workflow.LeaseDefault, e.Config().Lease)
 	require.Equal(t, 30*time.Second, e.Config().Lease)
 	require.Equal(t, 10*time.Second, e.Config().Heartbeat)
+	require.Equal(t, workflow.SliceDefault, e.Config().Slice)
+}
+
+// Install checks Slice against the River config's own RescueStuckJobsAfter (River's default
+// when zero) instead of asking the user to keep a copy of it in workflow.Config; workers
+// added after Install are checked by AddWorker.
+func TestInstallChecksSliceAgainstRiversRescue(t *testing.T) {
+	t.Parallel()
+	pool := testkit.DB(t)
+
+	long, err := workflow.New(pool, &workflow.Config{Slice: time.Hour})
+	require.NoError(t, err, "New cannot know the River config yet")
+	err = long.Install(&river.Config{})
+	require.ErrorContains(t, err, "workflow.Config.Slice (1h0m0s) must be shorter than the river.Config's RescueStuckJobsAfter (1h0m0s)")
+	require.ErrorContains(t, err, "set river.Config.RescueStuckJobsAfter above 1h0m0s")
+	require.NoError(t, long.Install(&river.Config{RescueStuckJobsAfter: 2 * time.Hour}))
+	require.NoError(t, long.Install(&river.Config{JobTimeout: time.Minute}), "River's default is JobTimeout plus an hour then")
+
+	e, err := workflow.New(pool, &workflow.Config{Slice: 2 * time.Minute})
+	require.NoError(t, err)
+	err = e.Install(&river.Config{RescueStuckJobsAfter: time.Minute})
+	require.ErrorContains(t, err, "Slice (2m0s) must be shorter than the river.Config's RescueStuckJobsAfter (1m0s)")
+
+	// A step worker's own slice, added before Install, is checked by Install...
+	e, err = workflow.New(pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, workflow.AddWorkerSafely(e, river.NewWorkers(), &sliceWorker{slice: 10 * time.Minute}))
+	err = e.Install(&river.Config{RescueStuckJobsAfter: 5 * time.Minute})
+	require.ErrorContains(t, err, "StepOptions.Slice of "+countArgs{}.Kind()+" (10m0s)")
+	// ...and one added after Install by AddWorker.
+	e, err = workflow.New(pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Install(&river.Config{RescueStuckJobsAfter: 5 * time.Minute}))
+	err = workflow.AddWorkerSafely(e, river.NewWorkers(), &sliceWorker{slice: 10 * time.Minute})
+	require.ErrorContains(t, err, "must be shorter than the river.Config's RescueStuckJobsAfter (5m0s)")
+}
+
+// sliceWorker is a step worker with its own slice.
+type sliceWorker struct {
+	workflow.StepperDefaults[countArgs, countCursor]
+	slice time.Duration
+}
+
+func (w *sliceWorker) StepOptions() *workflow.StepOptions {
+	return &workflow.StepOptions{Slice: w.slice}
+}
+
+func (w *sliceWorker) Step(context.Context, *workflow.Step[countArgs, countCursor]) (workflow.Next, error) {
+	return workflow.Done(), nil
 }
 
 func TestRunsToDone(t *testing.T) {
@@ -266,15 +314,16 @@ func TestOutcomes(t *testing.T) {
 func newEnvWith(t testing.TB, pool interface{}, engine *workflow.Engine, workers *river.Workers) *env {
 	t.Helper()
 	p := testkitPool(pool)
-	client, err := river.NewClient(riverDriver(p), &river.Config{
+	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
 		Workers:           workers,
-		PeriodicJobs:      engine.PeriodicJobs(),
 		RetryPolicy:       fastRetry{},
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            quietLogger(),
-	})
+	}
+	require.NoError(t, engine.Install(rc))
+	client, err := river.NewClient(riverDriver(p), rc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, client.Start(ctx))

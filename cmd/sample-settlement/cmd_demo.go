@@ -16,6 +16,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
@@ -246,7 +247,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	if rep.DuplicatePayouts != 0 {
 		problems = append(problems, fmt.Sprintf("%d duplicate payouts", rep.DuplicatePayouts))
 	}
-	if rep.Batch != workflow.BatchCompleted {
+	if rep.Batch != schedule.BatchCompleted {
 		problems = append(problems, fmt.Sprintf("batch is %s, not COMPLETED", rep.Batch))
 	}
 	if len(problems) > 0 {

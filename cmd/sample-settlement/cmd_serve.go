@@ -169,12 +169,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	rd.started.Store(true)
-	// Takeover, delivery retries and reconciliation from every process, not only River's
-	// leader: when the process that dies is the leader, the leader-run jobs would wait for a
-	// new election (measured: ~17s).
-	go func() { _ = svc.Engine.RunMaintenance(runCtx, svc.Client) }()
-	go func() { _ = svc.Outbox.RunMaintenance(runCtx, svc.Client) }()
-	go func() { _ = svc.Reconciler.RunMaintenance(runCtx, svc.Client) }()
+	// Takeover, delivery retries, reconciliation and schedule ticks from every process, not
+	// only River's leader: when the process that dies is the leader, the leader-run jobs would
+	// wait for a new election (measured: ~17s).
+	go svc.RunMaintenance(runCtx)
 	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/ /console/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
 		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
 

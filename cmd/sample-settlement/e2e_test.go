@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflowtest"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -105,7 +105,7 @@ func TestServeThreeProcessesSettleADate(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	var rep settlement.Report
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep))
-	require.Equal(t, workflow.BatchCompleted, rep.Batch)
+	require.Equal(t, schedule.BatchCompleted, rep.Batch)
 	require.True(t, rep.TotalsMatch(), r.stdout)
 	require.Zero(t, rep.DuplicatePayouts)
 	require.Empty(t, bank.DuplicateReferences())

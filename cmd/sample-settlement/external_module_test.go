@@ -18,13 +18,6 @@ import (
 // sdkModule is the SDK's module path, which the sample imports as any user's code does.
 const sdkModule = "github.com/stepwise-go/stepwise"
 
-// pendingInternal are SDK-internal packages the sample still imports while another change
-// makes their API public; the test skips (naming them) when nothing else is left. Empty it
-// when that change lands.
-var pendingInternal = map[string]string{
-	sdkModule + "/internal/cronslot": "the schedule slot spec is becoming public in schedule/",
-}
-
 // TestBuildsAsExternalModule builds the sample the way a team that copies it out of this
 // repository would: its non-test source in a module of its own that requires the SDK
 // (replaced by this checkout), offline, with this repository's go.sum. A sample that imports
@@ -75,19 +68,11 @@ func TestBuildsAsExternalModule(t *testing.T) {
 
 	if len(internal) > 0 {
 		var lines []string
-		onlyPending := true
 		for p, files := range internal {
 			lines = append(lines, p+" (imported by "+strings.Join(files, ", ")+")")
-			if _, ok := pendingInternal[p]; !ok {
-				onlyPending = false
-			}
 		}
 		sort.Strings(lines)
 		list := strings.Join(lines, "\n\t")
-		if onlyPending {
-			t.Skipf("the sample still imports SDK-internal packages that are being made public:\n\t%s\n"+
-				"remove them from pendingInternal once they are", list)
-		}
 		t.Fatalf("the sample imports SDK-internal packages, so it cannot build outside this module:\n\t%s\n"+
 			"use the public API instead (or make what it needs public)", list)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -76,7 +77,7 @@ func TestBankDownForTheWholeRun(t *testing.T) {
 	require.Empty(t, bank.Applied())
 	rep, err := settlement.BuildReport(ctx, pool, nil, svc.Plan, testDate)
 	require.NoError(t, err)
-	require.Equal(t, workflow.BatchReconciling, rep.Batch, "a batch with unproven payouts is not complete")
+	require.Equal(t, schedule.BatchReconciling, rep.Batch, "a batch with unproven payouts is not complete")
 	require.Positive(t, rep.OldestUnknown)
 
 	sw.down.Store(false)

@@ -8,7 +8,7 @@ build on.
 # Settling a date
 
 A date is settled by N runs, one per shard (Plan). A merchant's shard is
-workflow.ShardOf(code, N), computed in SQL by merchant_shard from a stored hash. Each step of a
+schedule.ShardOf(code, N), computed in SQL by merchant_shard from a stored hash. Each step of a
 run is one SettleBatch: one statement settles the next batch of merchants after the cursor —
 sums per (merchant, type, currency), a settlement per group (unique business key, ON CONFLICT
 DO NOTHING) and its two ledger entries — and one outbox.Enqueue writes the payouts, all in the

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflowtest"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -274,7 +274,7 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 		return nil, fmt.Errorf("checking invariant 5: %w", err)
 	}
 	switch rep.Batch {
-	case workflow.BatchCompleted, workflow.BatchSkipped, workflow.BatchFailed, workflow.BatchCancelled, workflow.BatchNeedsAttention:
+	case schedule.BatchCompleted, schedule.BatchSkipped, schedule.BatchFailed, schedule.BatchCancelled, schedule.BatchNeedsAttention:
 		add(5, "every due slot ends completed, failed or recorded as skipped", true,
 			"slot %s is %s (runs %s, their operations %s)", slot.Format(time.RFC3339), rep.Batch, fmtCounts(rep.Runs), fmtCounts(rep.Operations))
 	default:

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
-	"github.com/stepwise-go/stepwise/internal/cronslot"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -41,7 +41,7 @@ type Plan struct {
 	// twice. Defaults to 4.
 	Shards int
 
-	spec *cronslot.Spec
+	spec *schedule.Spec
 }
 
 // WithDefaults returns a copy of p with zero fields set to their defaults.
@@ -64,11 +64,11 @@ func (p Plan) Compile() (Plan, error) {
 	if p.Shards < 1 || p.Shards > 1024 {
 		return p, fmt.Errorf("shards %d: want 1 to 1024", p.Shards)
 	}
-	loc, err := cronslot.LoadZone(p.Zone)
+	loc, err := schedule.LoadZone(p.Zone)
 	if err != nil {
 		return p, fmt.Errorf("zone: %w", err)
 	}
-	spec, err := cronslot.Parse(p.Spec, loc, cronslot.GapRunAfter)
+	spec, err := schedule.ParseSpec(p.Spec, loc, schedule.GapRunAfter)
 	if err != nil {
 		return p, fmt.Errorf("schedule: %w", err)
 	}
@@ -140,25 +140,25 @@ func (p Plan) RunKeys(date time.Time) ([]string, error) {
 	}
 	keys := make([]string, p.Shards)
 	for shard := range keys {
-		keys[shard] = workflow.ScheduleRunKey(ScheduleName, slot, shard)
+		keys[shard] = schedule.RunKey(ScheduleName, slot, shard)
 	}
 	return keys, nil
 }
 
-// Schedule returns the daily schedule for a workflow.Scheduler. A date's slots are caught up
+// Schedule returns the daily schedule for a schedule.Scheduler. A date's slots are caught up
 // after an outage (CatchUpAll): each date is its own batch of money, and skipping one would
 // leave merchants unpaid. Dates are independent, so slots may overlap (OverlapAllowAll).
-func (p Plan) Schedule() (workflow.Schedule[SettleArgs], error) {
+func (p Plan) Schedule() (schedule.Schedule[SettleArgs], error) {
 	p, err := p.compiled()
 	if err != nil {
-		return workflow.Schedule[SettleArgs]{}, err
+		return schedule.Schedule[SettleArgs]{}, err
 	}
-	return workflow.Schedule[SettleArgs]{
+	return schedule.Schedule[SettleArgs]{
 		Name:    ScheduleName,
 		Spec:    p.Spec,
 		Zone:    p.Zone,
-		Misfire: workflow.CatchUpAll{Max: 31, PerTick: 2},
-		Overlap: workflow.OverlapAllowAll,
+		Misfire: schedule.CatchUpAll{Max: 31, PerTick: 2},
+		Overlap: schedule.OverlapAllowAll,
 		Shards:  p.Shards,
 		Args:    p.Args,
 	}, nil
@@ -176,20 +176,20 @@ func (p Plan) Start(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx
 	if err != nil {
 		return nil, false, err
 	}
-	for shard := range p.Shards {
-		key := workflow.ScheduleRunKey(ScheduleName, slot, shard)
-		run, err := workflow.StartTx(ctx, client, tx, key, p.Args(slot, shard), &workflow.StartOpts{
-			Schedule: ScheduleName, Slot: slot, Shard: &shard,
-		})
-		if errors.Is(err, workflow.ErrRunConflict) {
-			return nil, false, fmt.Errorf("date %s was started with another shard count than %d; settle it with the count it was started with: %w",
-				date.Format(time.DateOnly), p.Shards, err)
-		}
-		if err != nil {
-			return nil, false, err
-		}
+	sch, err := p.Schedule()
+	if err != nil {
+		return nil, false, err
+	}
+	runs, err = schedule.StartSlot(ctx, client, tx, sch, slot)
+	if errors.Is(err, workflow.ErrRunConflict) {
+		return nil, false, fmt.Errorf("date %s was started with another shard count than %d; settle it with the count it was started with: %w",
+			date.Format(time.DateOnly), p.Shards, err)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	for _, run := range runs {
 		created = created || run.Created
-		runs = append(runs, run)
 	}
 	return runs, created, nil
 }

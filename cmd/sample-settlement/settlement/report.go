@@ -13,12 +13,12 @@ import (
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // BatchNotStarted is the batch status of a date none of whose runs exist.
-const BatchNotStarted workflow.BatchStatus = "NOT_STARTED"
+const BatchNotStarted schedule.BatchStatus = "NOT_STARTED"
 
 // Amount is a count of items and their sum in minor units.
 type Amount struct {
@@ -76,9 +76,9 @@ type Report struct {
 	Shards int       `json:"shards"`
 
 	// Batch is derived from the runs and the operations they enqueued
-	// (workflow.DeriveBatchStatus), never from a loop that returned.
-	Batch workflow.BatchStatus `json:"batch"`
-	// Runs counts the date's runs by status (workflow.RunMissing for shards without one).
+	// (schedule.DeriveBatchStatus), never from a loop that returned.
+	Batch schedule.BatchStatus `json:"batch"`
+	// Runs counts the date's runs by status (schedule.RunMissing for shards without one).
 	Runs map[string]int `json:"runs"`
 	// Operations counts the date's payouts by ledger state.
 	Operations map[string]int `json:"operations"`
@@ -194,12 +194,12 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client,
 	if err := forEach(rows, func(status string, n int) { r.Runs[status] = n; present += n }); err != nil {
 		return nil, fmt.Errorf("counting runs of %s: %w", r.Date, err)
 	}
-	runOps := map[string]int{}
+	runOps := map[outbox.State]int{}
 	rows, err = pool.Query(ctx, `SELECT state, count(*)::int FROM stepwise_operation WHERE run_key = ANY($1) GROUP BY state`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("counting operations of the runs of %s: %w", r.Date, err)
 	}
-	if err := forEach(rows, func(state string, n int) { runOps[state] = n }); err != nil {
+	if err := forEach(rows, func(state string, n int) { runOps[outbox.State(state)] = n }); err != nil {
 		return nil, fmt.Errorf("counting operations of the runs of %s: %w", r.Date, err)
 	}
 	switch {
@@ -207,15 +207,15 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client,
 		r.Batch = BatchNotStarted
 	default:
 		if present < plan.Shards {
-			r.Runs[workflow.RunMissing] = plan.Shards - present
+			r.Runs[schedule.RunMissing] = plan.Shards - present
 		}
-		decision := workflow.SlotMaterialized
-		if s, err := workflow.SlotStatus(ctx, pool, ScheduleName, slot); err == nil {
+		decision := schedule.SlotMaterialized
+		if s, err := schedule.SlotStatus(ctx, pool, ScheduleName, slot); err == nil {
 			decision = s.Decision
-		} else if !errors.Is(err, workflow.ErrSlotNotFound) {
+		} else if !errors.Is(err, schedule.ErrSlotNotFound) {
 			return nil, err
 		}
-		r.Batch = workflow.DeriveBatchStatus(decision, plan.Shards, r.Runs, runOps)
+		r.Batch = schedule.DeriveBatchStatus(decision, plan.Shards, r.Runs, runOps)
 	}
 
 	rows, err = pool.Query(ctx, `SELECT status, count(*)::int FROM settlement WHERE settle_date = $1 GROUP BY status`, date)

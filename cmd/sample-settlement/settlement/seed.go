@@ -111,8 +111,8 @@ type SeedResult struct {
 const seedLockKey = 0x5e771e5eed
 
 // ShardHash is the hash of a merchant code that shards are derived from: 64-bit FNV-1a, as
-// workflow.ShardOf computes, stored as the bits of a signed integer. merchant_shard(hash, n)
-// in SQL equals workflow.ShardOf(code, n).
+// schedule.ShardOf computes, stored as the bits of a signed integer. merchant_shard(hash, n)
+// in SQL equals schedule.ShardOf(code, n).
 func ShardHash(code string) int64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(code)) // never fails

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -133,15 +135,17 @@ func (c *ServiceConfig) validate() error {
 
 // Service is one worker process's worth of the settlement service: a River client with the
 // settle step function, the payout outbox (delivery), the reconciler (UNKNOWN_EXTERNAL
-// payouts), Stepwise's maintenance (fast takeover) and optionally the daily schedule. It is wired in the open, the way a user adds Stepwise to
-// their own River client: read NewService.
+// payouts), Stepwise's maintenance (fast takeover) and optionally the daily schedule. It is
+// wired in the open, the way a user adds Stepwise to their own River client, every part the
+// same way (New, Install, river.NewClient; then RunMaintenance and Collectors): read
+// NewService.
 type Service struct {
 	Pool       *pgxpool.Pool
 	Client     *river.Client[pgx.Tx]
 	Engine     *workflow.Engine
 	Outbox     *outbox.Outbox
 	Reconciler *reconcile.Reconciler
-	Scheduler  *workflow.Scheduler // nil unless ServiceConfig.Schedule
+	Scheduler  *schedule.Scheduler // nil unless ServiceConfig.Schedule
 	Plan       Plan
 	Sender     *fakebank.Sender
 
@@ -205,6 +209,9 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		return nil, err
 	}
 
+	// One wiring for every part: New, Install(rc) for each, river.NewClient, then
+	// RunMaintenance of each in every process (Service.RunMaintenance) and Metrics of each
+	// registered (Service.Collectors).
 	rc := &river.Config{
 		ID:     cfg.ID,
 		Logger: cfg.Logger,
@@ -212,34 +219,36 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 			river.QueueDefault: {MaxWorkers: 4}, // Stepwise maintenance and schedule ticks
 			SettleQueue:        {MaxWorkers: cfg.SettleWorkers},
 		},
-		Workers:              river.NewWorkers(),
-		PeriodicJobs:         engine.PeriodicJobs(),
-		RescueStuckJobsAfter: wcfg.RescueStuckJobsAfter,
-		FetchPollInterval:    cfg.FetchPollInterval,
+		Workers:           river.NewWorkers(),
+		FetchPollInterval: cfg.FetchPollInterval,
 	}
-	workflow.AddWorker(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize})
+	if err := workflow.AddWorkerSafely(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize}); err != nil {
+		return nil, err
+	}
+	if err := engine.Install(rc); err != nil {
+		return nil, err
+	}
 	if err := ob.Install(rc); err != nil {
 		return nil, err
 	}
 	if err := rec.Install(rc); err != nil {
 		return nil, err
 	}
-	var sched *workflow.Scheduler
+	var sched *schedule.Scheduler
 	if cfg.Schedule {
-		if sched, err = workflow.NewScheduler(engine, &workflow.SchedulerConfig{Logger: cfg.Logger}); err != nil {
+		if sched, err = schedule.New(engine, &schedule.Config{Logger: cfg.Logger}); err != nil {
 			return nil, err
 		}
 		s, err := plan.Schedule()
 		if err != nil {
 			return nil, err
 		}
-		if err := workflow.AddSchedule(sched, s); err != nil {
+		if err := schedule.Add(sched, s); err != nil {
 			return nil, err
 		}
-		if err := sched.AddWorkers(rc.Workers); err != nil {
+		if err := sched.Install(rc); err != nil {
 			return nil, err
 		}
-		rc.PeriodicJobs = append(rc.PeriodicJobs, sched.PeriodicJobs()...)
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	if err != nil {
@@ -286,6 +295,23 @@ func (s *Service) StartDate(ctx context.Context, date time.Time) (runs []*workfl
 		return err
 	})
 	return runs, created, err
+}
+
+// RunMaintenance runs the maintenance of every part (takeover of runs whose worker died,
+// outbox and reconciliation passes, schedule ticks) until ctx ends, so that none of it waits
+// for River's leader. Call it in a goroutine of every process, after Start.
+func (s *Service) RunMaintenance(ctx context.Context) {
+	var wg sync.WaitGroup
+	run := func(f func(context.Context, *river.Client[pgx.Tx]) error) {
+		wg.Go(func() { _ = f(ctx, s.Client) })
+	}
+	run(s.Engine.RunMaintenance)
+	run(s.Outbox.RunMaintenance)
+	run(s.Reconciler.RunMaintenance)
+	if s.Scheduler != nil {
+		run(s.Scheduler.RunMaintenance)
+	}
+	wg.Wait()
 }
 
 // Collectors returns the Prometheus collectors of the parts: workflow, outbox, reconcile and

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -122,7 +123,7 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 
 	rep, err := settlement.BuildReport(ctx, pool, client, svc.Plan, testDate)
 	require.NoError(t, err)
-	require.Equal(t, workflow.BatchCompleted, rep.Batch)
+	require.Equal(t, schedule.BatchCompleted, rep.Batch)
 	require.True(t, rep.TotalsMatch(), "%+v", rep)
 	require.Zero(t, rep.DuplicatePayouts)
 	require.Equal(t, paid, rep.Settlements[settlement.StatusPaid])

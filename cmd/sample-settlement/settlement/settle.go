@@ -27,7 +27,7 @@ type Batch struct {
 	// Date is the business date settled (midnight UTC, as ParseDate returns).
 	Date time.Time
 	// Shard and Shards select the merchants with merchant_shard(hash, Shards) = Shard, which
-	// is workflow.ShardOf(code, Shards).
+	// is schedule.ShardOf(code, Shards).
 	Shard, Shards int
 	// AfterMerchant is the cursor: the last merchant id a previous batch covered, 0 at first.
 	AfterMerchant int64

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/schedule"
 )
 
 func TestMerchantShardMatchesShardOf(t *testing.T) {
@@ -28,7 +28,7 @@ func TestMerchantShardMatchesShardOf(t *testing.T) {
 		got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 		require.NoError(t, err)
 		for i, code := range codes {
-			require.Equal(t, workflow.ShardOf(code, n), int(got[i]), "code %s, n %d, hash %d", code, n, hashes[i])
+			require.Equal(t, schedule.ShardOf(code, n), int(got[i]), "code %s, n %d, hash %d", code, n, hashes[i])
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package workflow_test
+package schedule_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/schedule"
 )
 
 // BenchmarkScheduleTick measures materialization: each iteration is one tick that catches up
@@ -17,8 +17,8 @@ import (
 func BenchmarkScheduleTick(b *testing.B) {
 	const perTick, shards = 50, 4
 	sb := setupScheduler(b, testkit.DB(b), nil)
-	require.NoError(b, workflow.AddSchedule(sb.sched,
-		settleSchedule("bench", "* * * * *", workflow.CatchUpAll{Max: 1 << 30, PerTick: perTick}, workflow.OverlapAllowAll, shards)))
+	require.NoError(b, schedule.Add(sb.sched,
+		settleSchedule("bench", "* * * * *", schedule.CatchUpAll{Max: 1 << 30, PerTick: perTick}, schedule.OverlapAllowAll, shards)))
 	sb.tick(b, "bench")
 	ctx := context.Background()
 	b.ResetTimer()
@@ -42,8 +42,8 @@ func BenchmarkScheduleTick(b *testing.B) {
 // schedule between its slots (row lock, definition check, in-flight slot refresh).
 func BenchmarkScheduleTickIdle(b *testing.B) {
 	sb := setupScheduler(b, testkit.DB(b), nil)
-	require.NoError(b, workflow.AddSchedule(sb.sched,
-		settleSchedule("idle", "@daily", workflow.CatchUpAll{}, workflow.OverlapBufferAll, 8)))
+	require.NoError(b, schedule.Add(sb.sched,
+		settleSchedule("idle", "@daily", schedule.CatchUpAll{}, schedule.OverlapBufferAll, 8)))
 	sb.tick(b, "idle")
 	ctx := context.Background()
 	b.ResetTimer()

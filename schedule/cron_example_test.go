@@ -1,20 +1,20 @@
-package cronslot_test
+package schedule_test
 
 import (
 	"fmt"
 	"time"
 
-	"github.com/stepwise-go/stepwise/internal/cronslot"
+	"github.com/stepwise-go/stepwise/schedule"
 )
 
 // A daily settlement at 02:30 New York time runs once on each local day,
 // including the day 02:30 does not exist and the day 01:00-02:00 repeats.
 func ExampleSpec_Slots() {
-	ny, err := cronslot.LoadZone("America/New_York")
+	ny, err := schedule.LoadZone("America/New_York")
 	if err != nil {
 		panic(err)
 	}
-	spec, err := cronslot.Parse("30 2 * * *", ny, cronslot.GapRunAfter)
+	spec, err := schedule.ParseSpec("30 2 * * *", ny, schedule.GapRunAfter)
 	if err != nil {
 		panic(err)
 	}
@@ -33,7 +33,7 @@ func ExampleSpec_Slots() {
 // After an outage, a run-latest misfire policy runs only the newest missed
 // slot and records how many it skipped.
 func ExampleSpec_Latest() {
-	spec, err := cronslot.Parse("*/5 * * * *", time.UTC, cronslot.GapRunAfter)
+	spec, err := schedule.ParseSpec("*/5 * * * *", time.UTC, schedule.GapRunAfter)
 	if err != nil {
 		panic(err)
 	}
@@ -47,9 +47,9 @@ func ExampleSpec_Latest() {
 }
 
 func ExampleParse_error() {
-	_, err := cronslot.Parse("0 2 * * 7", time.UTC, cronslot.GapRunAfter)
+	_, err := schedule.ParseSpec("0 2 * * 7", time.UTC, schedule.GapRunAfter)
 	fmt.Println(err)
-	_, err = cronslot.Parse("@every 1h", time.UTC, cronslot.GapRunAfter)
+	_, err = schedule.ParseSpec("@every 1h", time.UTC, schedule.GapRunAfter)
 	fmt.Println(err)
 	// Output:
 	// cron spec "0 2 * * 7": day-of-week field: value 7 out of range 0-6 (Sunday is 0)

@@ -1,4 +1,4 @@
-package workflow
+package schedule
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 
 var fuzzZones = []string{"UTC", "America/New_York", "Europe/London", "Australia/Lord_Howe", "Asia/Kolkata", "America/Santiago", "Pacific/Chatham"}
 
-// fuzzSpec builds a valid-looking cron spec from fuzz input; specs cronslot refuses are
+// fuzzSpec builds a valid-looking cron spec from fuzz input; specs ParseSpec refuses are
 // skipped by the caller.
 func fuzzSpec(minute, hour, dom, dow uint8) string {
 	mins := []string{"*", fmt.Sprintf("*/%d", minute%30+1), fmt.Sprint(minute % 60), fmt.Sprintf("%d,%d", minute%60, (minute+17)%60)}
@@ -46,7 +46,7 @@ func FuzzPlanTick(f *testing.F) {
 			Args: func(time.Time, int) planArgs { return planArgs{} },
 		}, 5*time.Second)
 		if err != nil {
-			return // a spec cronslot refuses (cronslot fuzzes its parser itself)
+			return // a spec ParseSpec refuses (FuzzParse fuzzes the parser itself)
 		}
 		// Keep the instants in 1970..2100 and the window within about 30 days.
 		watermark := time.Unix(1+(watermarkUnix%4_100_000_000+4_100_000_000)%4_100_000_000, 0).UTC()

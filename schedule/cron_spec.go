@@ -1,4 +1,4 @@
-package cronslot
+package schedule
 
 import (
 	"fmt"
@@ -48,7 +48,7 @@ type Spec struct {
 	cal   calendar
 }
 
-// Parse parses a cron spec in robfig/cron's standard syntax: five fields
+// ParseSpec parses a cron spec in robfig/cron's standard syntax: five fields
 // "minute hour day-of-month month day-of-week" (names such as "jan" and
 // "mon" allowed, '?' as '*'), or one of the descriptors @yearly, @annually,
 // @monthly, @weekly, @daily, @midnight and @hourly. A leading "CRON_TZ=zone"
@@ -59,23 +59,23 @@ type Spec struct {
 // error gives the equivalent fields when there are some ("@every 15m" is
 // "*/15 * * * *").
 //
-// Parse also refuses a spec that can never fire ("0 0 30 2 *") and a gap
+// ParseSpec also refuses a spec that can never fire ("0 0 30 2 *") and a gap
 // policy it does not know. Errors are *SpecError, match ErrInvalidSpec, and
 // read like
 //
 //	cron spec "61 * * * *": minute field: value 61 out of range 0-59
-func Parse(spec string, zone *time.Location, gap GapPolicy) (*Spec, error) {
+func ParseSpec(spec string, zone *time.Location, gap GapPolicy) (*Spec, error) {
 	return parse(spec, zone, gap)
 }
 
-// String returns the spec as given to Parse, without surrounding spaces.
+// String returns the spec as given to ParseSpec, without surrounding spaces.
 func (s *Spec) String() string { return s.text }
 
 // Location returns the zone the spec is evaluated in: the CRON_TZ= or TZ=
-// prefix if there was one, else the zone given to Parse.
+// prefix if there was one, else the zone given to ParseSpec.
 func (s *Spec) Location() *time.Location { return s.loc }
 
-// Gap returns the gap policy given to Parse.
+// Gap returns the gap policy given to ParseSpec.
 func (s *Spec) Gap() GapPolicy { return s.gap }
 
 // FixedTime reports whether the spec names fixed local times: neither the

@@ -1,34 +1,37 @@
-package workflow
+package schedule
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
+	"github.com/stepwise-go/stepwise/workflow"
 )
 
-// ScheduleTickArgs are the args of the Scheduler's tick job.
-type ScheduleTickArgs struct{}
+// TickArgs are the args of the Scheduler's tick job.
+type TickArgs struct{}
 
 // Kind is the River job kind of the tick job.
-func (ScheduleTickArgs) Kind() string { return "stepwise_schedule_tick" }
+func (TickArgs) Kind() string { return "stepwise_schedule_tick" }
 
-type scheduleTickWorker struct {
-	river.WorkerDefaults[ScheduleTickArgs]
+type tickWorker struct {
+	river.WorkerDefaults[TickArgs]
 	s *Scheduler
 }
 
-func (w *scheduleTickWorker) Work(ctx context.Context, _ *river.Job[ScheduleTickArgs]) error {
+func (w *tickWorker) Work(ctx context.Context, _ *river.Job[TickArgs]) error {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
 		return err
@@ -37,19 +40,56 @@ func (w *scheduleTickWorker) Work(ctx context.Context, _ *river.Job[ScheduleTick
 	return err
 }
 
-// AddWorkers registers the Scheduler's tick worker with River's workers. It returns an error
-// if the tick worker is already registered there (one Scheduler per set of workers).
-func (s *Scheduler) AddWorkers(workers *river.Workers) error {
-	if workers == nil {
-		return errors.New("workflow.Scheduler.AddWorkers: workers is nil; pass the river.NewWorkers() bundle your client uses")
+// Install wires the Scheduler into a River client config, before river.NewClient: it adds
+// the tick worker, the tick periodic job (TickArgs, every TickInterval) and River's default
+// queue, which the tick job is inserted in, if the config has no queue of that name. It
+// returns an error if the tick worker is already registered in rc.Workers (one Scheduler per
+// client). Run RunMaintenance beside it in every process.
+func (s *Scheduler) Install(rc *river.Config) error {
+	if rc == nil {
+		return errors.New("schedule.Scheduler.Install: river config is nil; pass the *river.Config you give river.NewClient")
 	}
-	return river.AddWorkerSafely[ScheduleTickArgs](workers, &scheduleTickWorker{s: s})
+	if rc.Workers == nil {
+		rc.Workers = river.NewWorkers()
+	}
+	if err := river.AddWorkerSafely[TickArgs](rc.Workers, &tickWorker{s: s}); err != nil {
+		return fmt.Errorf("schedule.Scheduler.Install: %w (install one Scheduler per river.Config)", err)
+	}
+	rc.PeriodicJobs = append(rc.PeriodicJobs, s.periodicJobs()...)
+	if rc.Queues == nil {
+		rc.Queues = map[string]river.QueueConfig{}
+	}
+	if _, ok := rc.Queues[river.QueueDefault]; !ok {
+		rc.Queues[river.QueueDefault] = river.QueueConfig{MaxWorkers: 1}
+	}
+	return nil
 }
 
-// PeriodicJobs returns the tick job, to be added to river.Config.PeriodicJobs. River inserts
+// RunMaintenance ticks every TickInterval (with jitter) until ctx ends, and returns nil then.
+// Call it in a goroutine of every process, as workflow.Engine.RunMaintenance: the tick job is
+// a periodic job, which River's elected leader alone inserts, so when the leader dies no slot
+// is decided until a new leader is elected. Ticks in several processes at once are safe: each
+// schedule's tick holds its row's lock and skips a schedule another tick holds. Failed ticks
+// are logged and counted (stepwise_schedule_ticks_total{result="error"}).
+func (s *Scheduler) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx]) error {
+	if client == nil {
+		return errors.New("schedule.Scheduler.RunMaintenance: client is nil; pass the River client the runs should be inserted with")
+	}
+	for {
+		wait := s.cfg.TickInterval + rand.N(s.cfg.TickInterval/5+time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		_, _ = s.Tick(ctx, client) // Tick logs and counts its failures
+	}
+}
+
+// periodicJobs returns the tick job, which Install adds to river.Config.PeriodicJobs. River inserts
 // periodic jobs from its elected leader only; the tick is safe even when two run at once
 // (a row lock per schedule), so a leader change or a manual Tick never double-starts a slot.
-func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
+func (s *Scheduler) periodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		river.NewPeriodicJob(
 			river.PeriodicInterval(s.cfg.TickInterval),
@@ -60,7 +100,7 @@ func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
 				// cleaner removed it (a day by default). ByPeriod, so that a tick left
 				// 'running' by a killed process blocks its own period only, not every tick
 				// until River rescues it an hour later.
-				return ScheduleTickArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
+				return TickArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
 					ByArgs:   true,
 					ByPeriod: max(s.cfg.TickInterval, time.Second), // River's minimum period
 
@@ -75,17 +115,22 @@ func (s *Scheduler) PeriodicJobs() []*river.PeriodicJob {
 	}
 }
 
-// Metrics returns the Scheduler's Prometheus collectors; register them with
-// prometheus.MustRegister(sched.Metrics()).
-func (s *Scheduler) Metrics() *ScheduleMetrics { return s.metrics }
+// Metrics returns the Scheduler's Prometheus collector; register it with your registry:
+//
+//	prometheus.MustRegister(sched.Metrics())
+//
+// It counts what this process's ticks committed (sum across processes): start and
+// materialize lag, misfires, skipped slots by reason, slots by decision and ticks by result,
+// all labelled by schedule (stepwise_schedule_*).
+func (s *Scheduler) Metrics() prometheus.Collector { return s.metrics }
 
 // TickResult says what one Tick did, per registered schedule, in registration order.
 type TickResult struct {
-	Schedules []*ScheduleTick
+	Schedules []*TickOutcome
 }
 
 // Schedule returns the result for the named schedule, or nil.
-func (r *TickResult) Schedule(name string) *ScheduleTick {
+func (r *TickResult) Schedule(name string) *TickOutcome {
 	if r == nil {
 		return nil
 	}
@@ -97,8 +142,8 @@ func (r *TickResult) Schedule(name string) *ScheduleTick {
 	return nil
 }
 
-// ScheduleTick is what one tick did to one schedule.
-type ScheduleTick struct {
+// TickOutcome is what one tick did to one schedule.
+type TickOutcome struct {
 	Name string
 
 	// Locked is true when another tick held the schedule's row; this one did nothing.
@@ -152,7 +197,7 @@ type SkippedSlot struct {
 // tick-after-commit) leaves everything done, and the next tick finds nothing new to do.
 func (s *Scheduler) Tick(ctx context.Context, client *river.Client[pgx.Tx]) (*TickResult, error) {
 	if client == nil {
-		return nil, errors.New("workflow.Scheduler.Tick: client is nil; pass the River client the runs should be inserted with")
+		return nil, errors.New("schedule.Scheduler.Tick: client is nil; pass the River client the runs should be inserted with")
 	}
 	s.mu.Lock()
 	list := slices.Clone(s.schedules)
@@ -185,15 +230,15 @@ type storedSchedule struct {
 	dbNow                    time.Time
 }
 
-func (s *Scheduler) tickSchedule(ctx context.Context, client *river.Client[pgx.Tx], def *schedule) (*ScheduleTick, error) {
-	st := &ScheduleTick{Name: def.name}
+func (s *Scheduler) tickSchedule(ctx context.Context, client *river.Client[pgx.Tx], def *schedule) (*TickOutcome, error) {
+	st := &TickOutcome{Name: def.name}
 	var clock *time.Time
 	if s.cfg.Now != nil {
 		t := s.cfg.Now().UTC()
 		clock = &t
 	}
 
-	tx, err := s.e.pool.Begin(ctx)
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("beginning tick: %w", err)
 	}
@@ -435,7 +480,7 @@ func (s *Scheduler) refreshOpenSlots(ctx context.Context, tx pgx.Tx, def *schedu
 }
 
 // apply records the plan's decisions and starts the runs, in tx.
-func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, def *schedule, version int, now time.Time, plan tickPlan, st *ScheduleTick) error {
+func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, def *schedule, version int, now time.Time, plan tickPlan, st *TickOutcome) error {
 	// Cancellation first, in the same transaction as the decision that needs it: a tick
 	// that crashes before commit neither cancels nor buffers.
 	if len(plan.cancel) > 0 {
@@ -451,7 +496,7 @@ func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx 
 			return fmt.Errorf("finding runs to cancel: %w", err)
 		}
 		for _, k := range keys {
-			if err := CancelRun(ctx, tx, k, reason); err != nil {
+			if err := workflow.CancelRun(ctx, tx, k, reason); err != nil {
 				return err
 			}
 		}
@@ -494,11 +539,11 @@ func (s *Scheduler) apply(ctx context.Context, client *river.Client[pgx.Tx], tx 
 				return fmt.Errorf("recording slot %s: %w", fmtSlot(d.slot), err)
 			}
 			for shard := range def.shards {
-				run, err := def.start(ctx, client, tx, d.slot, shard)
+				created, err := def.start(ctx, client, tx, d.slot, shard)
 				if err != nil {
 					return fmt.Errorf("starting run of slot %s shard %d: %w", fmtSlot(d.slot), shard, err)
 				}
-				if run.Created {
+				if created {
 					st.RunsStarted++
 				}
 			}

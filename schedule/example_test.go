@@ -1,4 +1,4 @@
-package workflow_test
+package schedule_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -24,7 +25,7 @@ func (DailySettleArgs) Kind() string { return "example_daily_settle" }
 // A daily settlement at 02:30 New York time, in 2 shards, that was down for two days: its
 // first tick catches up, and on the day DST begins (02:30 does not exist) it runs right
 // after the gap, at 03:00.
-func ExampleAddSchedule() {
+func ExampleAdd() {
 	ctx := context.Background()
 	pool, cleanup := testkit.ExampleDB(ctx)
 	defer cleanup()
@@ -35,7 +36,7 @@ func ExampleAddSchedule() {
 	}
 	// The clock is fixed for the example; a service leaves Now nil (the database's clock).
 	now := time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC)
-	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{Now: func() time.Time { return now }})
+	sched, err := schedule.New(engine, &schedule.Config{Now: func() time.Time { return now }})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,12 +44,12 @@ func ExampleAddSchedule() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = workflow.AddSchedule(sched, workflow.Schedule[DailySettleArgs]{
+	err = schedule.Add(sched, schedule.Schedule[DailySettleArgs]{
 		Name:    "settle",
 		Spec:    "30 2 * * *",
 		Zone:    "America/New_York",
-		Misfire: workflow.CatchUpAll{Max: 30, PerTick: 5},
-		Overlap: workflow.OverlapAllowAll,
+		Misfire: schedule.CatchUpAll{Max: 30, PerTick: 5},
+		Overlap: schedule.OverlapAllowAll,
 		Shards:  2,
 		Args: func(slot time.Time, shard int) DailySettleArgs {
 			return DailySettleArgs{Date: slot.In(ny).Format(time.DateOnly), Shard: shard}
@@ -59,8 +60,8 @@ func ExampleAddSchedule() {
 		log.Fatal(err)
 	}
 
-	// An insert-only client is enough to materialize. A service gives its working client
-	// sched.PeriodicJobs() and calls sched.AddWorkers(workers) instead of ticking by hand.
+	// An insert-only client is enough to materialize. A service installs sched on its
+	// working river.Config (sched.Install) instead of ticking by hand.
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
 	if err != nil {
 		log.Fatal(err)
@@ -72,7 +73,7 @@ func ExampleAddSchedule() {
 	tick := res.Schedule("settle")
 	fmt.Println("runs started:", tick.RunsStarted)
 
-	reports, err := workflow.ListSlots(ctx, pool, "settle", 10)
+	reports, err := schedule.ListSlots(ctx, pool, "settle", 10)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -80,8 +81,8 @@ func ExampleAddSchedule() {
 		r := reports[i]
 		fmt.Println(r.Slot.In(ny).Format("2006-01-02 15:04 MST"), r.Status, r.Runs)
 	}
-	fmt.Println(workflow.ScheduleRunKey("settle", reports[0].Slot, 1))
-	fmt.Println("merchant-42 is in shard", workflow.ShardOf("merchant-42", 2))
+	fmt.Println(schedule.RunKey("settle", reports[0].Slot, 1))
+	fmt.Println("merchant-42 is in shard", schedule.ShardOf("merchant-42", 2))
 
 	// Output:
 	// runs started: 6

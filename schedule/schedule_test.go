@@ -1,4 +1,4 @@
-package workflow_test
+package schedule_test
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
@@ -69,7 +71,7 @@ type schedBundle struct {
 	pool   *pgxpool.Pool
 	engine *workflow.Engine
 	client *river.Client[pgx.Tx] // insert-only: runs are inserted, never worked
-	sched  *workflow.Scheduler
+	sched  *schedule.Scheduler
 	clock  *fakeClock
 }
 
@@ -82,21 +84,21 @@ func setupScheduler(t testing.TB, pool *pgxpool.Pool, clock *fakeClock) *schedBu
 	if clock == nil {
 		clock = newClock(t0)
 	}
-	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{TickInterval: 5 * time.Second, Now: clock.Now})
+	sched, err := schedule.New(engine, &schedule.Config{TickInterval: 5 * time.Second, Now: clock.Now})
 	require.NoError(t, err)
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})
 	require.NoError(t, err)
 	return &schedBundle{pool: pool, engine: engine, client: client, sched: sched, clock: clock}
 }
 
-func settleSchedule(name, spec string, misfire workflow.MisfirePolicy, overlap workflow.OverlapPolicy, shards int) workflow.Schedule[settleArgs] {
-	return workflow.Schedule[settleArgs]{
+func settleSchedule(name, spec string, misfire schedule.MisfirePolicy, overlap schedule.OverlapPolicy, shards int) schedule.Schedule[settleArgs] {
+	return schedule.Schedule[settleArgs]{
 		Name: name, Spec: spec, Zone: "UTC", Misfire: misfire, Overlap: overlap, Shards: shards,
 		Args: func(slot time.Time, shard int) settleArgs { return settleArgs{Slot: slot, Shard: shard} },
 	}
 }
 
-func (b *schedBundle) tick(t testing.TB, name string) *workflow.ScheduleTick {
+func (b *schedBundle) tick(t testing.TB, name string) *schedule.TickOutcome {
 	t.Helper()
 	res, err := b.sched.Tick(context.Background(), b.client)
 	require.NoError(t, err)
@@ -138,9 +140,9 @@ func TestScheduleTickFailsAfterCommit(t *testing.T) {
 	require.NoError(t, faultpoint.Configure(faultpoint.TickAfterCommit+":error@n=1", "1"))
 	t.Cleanup(func() { _ = faultpoint.Configure("", "") })
 	b := setupScheduler(t, testkit.DB(t), nil)
-	sch := settleSchedule("drill1", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 3)
+	sch := settleSchedule("drill1", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 3)
 	sch.StartAt = t0.Add(-5 * time.Minute)
-	require.NoError(t, workflow.AddSchedule(b.sched, sch))
+	require.NoError(t, schedule.Add(b.sched, sch))
 
 	res, err := b.sched.Tick(context.Background(), b.client)
 	require.ErrorIs(t, err, faultpoint.ErrInjected)
@@ -173,13 +175,13 @@ func runTickOnceRole(ctx context.Context, env map[string]string) error {
 	if err != nil {
 		return err
 	}
-	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{Now: func() time.Time { return now }})
+	sched, err := schedule.New(engine, &schedule.Config{Now: func() time.Time { return now }})
 	if err != nil {
 		return err
 	}
-	sch := settleSchedule("drill1", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 3)
+	sch := settleSchedule("drill1", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 3)
 	sch.StartAt = t0.Add(-5 * time.Minute)
-	if err := workflow.AddSchedule(sched, sch); err != nil {
+	if err := schedule.Add(sched, sch); err != nil {
 		return err
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
@@ -211,9 +213,9 @@ func TestScheduleTickKilledAfterCommit(t *testing.T) {
 	}
 
 	b := setupScheduler(t, mustPool(t, url), nil)
-	sch := settleSchedule("drill1", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 3)
+	sch := settleSchedule("drill1", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 3)
 	sch.StartAt = t0.Add(-5 * time.Minute)
-	require.NoError(t, workflow.AddSchedule(b.sched, sch))
+	require.NoError(t, schedule.Add(b.sched, sch))
 	slots, runs := requireOneRunPerSlotShard(t, b.pool, "drill1")
 	require.Equal(t, 6, slots, "the killed tick's commit is durable")
 	require.Equal(t, 18, runs)
@@ -232,9 +234,9 @@ func TestScheduleTickKilledAfterCommit(t *testing.T) {
 func TestScheduleMisfireDrill(t *testing.T) {
 	t.Parallel()
 	outage := 10 * time.Hour
-	setup := func(t *testing.T, m workflow.MisfirePolicy) *schedBundle {
+	setup := func(t *testing.T, m schedule.MisfirePolicy) *schedBundle {
 		b := setupScheduler(t, testkit.DB(t), nil)
-		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("minutely", "* * * * *", m, workflow.OverlapAllowAll, 2)))
+		require.NoError(t, schedule.Add(b.sched, settleSchedule("minutely", "* * * * *", m, schedule.OverlapAllowAll, 2)))
 		st := b.tick(t, "minutely") // creates the row, watermark t0
 		require.True(t, st.Created)
 		require.Empty(t, st.Materialized)
@@ -248,7 +250,7 @@ func TestScheduleMisfireDrill(t *testing.T) {
 
 	t.Run("CatchUpAll", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.CatchUpAll{Max: 1000, PerTick: 50})
+		b := setup(t, schedule.CatchUpAll{Max: 1000, PerTick: 50})
 		var perTick []int
 		for range 20 {
 			st := b.tick(t, "minutely")
@@ -263,42 +265,42 @@ func TestScheduleMisfireDrill(t *testing.T) {
 		slots, runs := requireOneRunPerSlotShard(t, b.pool, "minutely")
 		require.Equal(t, 600, slots)
 		require.Equal(t, 1200, runs)
-		require.Zero(t, recorded(t, b, "skipped", workflow.ReasonCatchUpLimit))
+		require.Zero(t, recorded(t, b, "skipped", schedule.ReasonCatchUpLimit))
 		// Every slot but the newest, which was decided on time, was missed by the ticks.
-		require.Equal(t, 599.0, counterValue(t, b.sched.Metrics().Misfires.WithLabelValues("minutely")))
-		info, err := workflow.GetSchedule(context.Background(), b.pool, "minutely")
+		require.Equal(t, 599.0, counterValue(t, schedule.MetricsForTest(b.sched).Misfires.WithLabelValues("minutely")))
+		info, err := schedule.Get(context.Background(), b.pool, "minutely")
 		require.NoError(t, err)
 		require.Equal(t, t0.Add(outage), info.Watermark)
 	})
 	t.Run("CatchUpAll beyond Max", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.CatchUpAll{Max: 100, PerTick: 100})
+		b := setup(t, schedule.CatchUpAll{Max: 100, PerTick: 100})
 		st := b.tick(t, "minutely")
 		require.Len(t, st.Skipped, 500)
 		require.Len(t, st.Materialized, 100)
 		require.Equal(t, t0.Add(outage-99*time.Minute), st.Materialized[0], "the newest Max slots run")
-		require.Equal(t, 500, recorded(t, b, "skipped", workflow.ReasonCatchUpLimit))
+		require.Equal(t, 500, recorded(t, b, "skipped", schedule.ReasonCatchUpLimit))
 		require.Equal(t, 100, recorded(t, b, "materialized", ""))
 	})
 	t.Run("RunLatest", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.RunLatest{})
+		b := setup(t, schedule.RunLatest{})
 		st := b.tick(t, "minutely")
 		require.Equal(t, []time.Time{t0.Add(outage)}, st.Materialized)
 		require.Len(t, st.Skipped, 599)
-		require.Equal(t, 599, recorded(t, b, "skipped", workflow.ReasonMisfireRunLatest))
+		require.Equal(t, 599, recorded(t, b, "skipped", schedule.ReasonMisfireRunLatest))
 		slots, runs := requireOneRunPerSlotShard(t, b.pool, "minutely")
 		require.Equal(t, 1, slots)
 		require.Equal(t, 2, runs)
-		require.Equal(t, 599.0, counterValue(t, b.sched.Metrics().SkippedSlots.WithLabelValues("minutely", workflow.ReasonMisfireRunLatest)))
+		require.Equal(t, 599.0, counterValue(t, schedule.MetricsForTest(b.sched).SkippedSlots.WithLabelValues("minutely", schedule.ReasonMisfireRunLatest)))
 		require.Empty(t, b.tick(t, "minutely").Materialized)
 	})
 	t.Run("SkipMissed", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.SkipMissed{StartingDeadline: 2 * time.Minute})
+		b := setup(t, schedule.SkipMissed{StartingDeadline: 2 * time.Minute})
 		st := b.tick(t, "minutely")
 		require.Len(t, st.Skipped, 597)
-		require.Equal(t, 597, recorded(t, b, "skipped", workflow.ReasonMisfireDeadline))
+		require.Equal(t, 597, recorded(t, b, "skipped", schedule.ReasonMisfireDeadline))
 		require.Len(t, st.Materialized, 3)
 		for _, slot := range st.Materialized {
 			require.LessOrEqual(t, t0.Add(outage).Sub(slot), 2*time.Minute, "no slot past the deadline runs")
@@ -307,7 +309,7 @@ func TestScheduleMisfireDrill(t *testing.T) {
 		var reason, detail string
 		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT reason, detail FROM stepwise_schedule_slot
 			WHERE schedule = 'minutely' ORDER BY slot LIMIT 1`).Scan(&reason, &detail))
-		require.Equal(t, workflow.ReasonMisfireDeadline, reason)
+		require.Equal(t, schedule.ReasonMisfireDeadline, reason)
 		require.Contains(t, detail, "StartingDeadline")
 	})
 }
@@ -341,9 +343,9 @@ func slotDecision(t testing.TB, pool *pgxpool.Pool, schedule string, slot time.T
 func TestScheduleOverlap(t *testing.T) {
 	t.Parallel()
 	a, bSlot, c := t0.Add(time.Minute), t0.Add(2*time.Minute), t0.Add(3*time.Minute)
-	setup := func(t *testing.T, overlap workflow.OverlapPolicy) *schedBundle {
+	setup := func(t *testing.T, overlap schedule.OverlapPolicy) *schedBundle {
 		b := setupScheduler(t, testkit.DB(t), nil)
-		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("ov", "* * * * *", workflow.CatchUpAll{}, overlap, 2)))
+		require.NoError(t, schedule.Add(b.sched, settleSchedule("ov", "* * * * *", schedule.CatchUpAll{}, overlap, 2)))
 		b.tick(t, "ov")
 		b.clock.Set(a)
 		require.Equal(t, []time.Time{a}, b.tick(t, "ov").Materialized)
@@ -354,27 +356,27 @@ func TestScheduleOverlap(t *testing.T) {
 
 	t.Run("AllowAll", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.OverlapAllowAll)
+		b := setup(t, schedule.OverlapAllowAll)
 		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Materialized)
 		requireOneRunPerSlotShard(t, b.pool, "ov")
 	})
 	t.Run("Skip", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.OverlapSkip)
+		b := setup(t, schedule.OverlapSkip)
 		st := b.tick(t, "ov")
 		require.Empty(t, st.Materialized)
-		require.Equal(t, []workflow.SkippedSlot{{Slot: bSlot, Reason: workflow.ReasonOverlapSkip}}, st.Skipped)
+		require.Equal(t, []schedule.SkippedSlot{{Slot: bSlot, Reason: schedule.ReasonOverlapSkip}}, st.Skipped)
 		setRunStatus(t, b.pool, "ov", a, workflow.StatusSucceeded)
 		b.clock.Set(c)
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized, "the next slot after A finished runs")
 	})
 	t.Run("BufferOne", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.OverlapBufferOne)
+		b := setup(t, schedule.OverlapBufferOne)
 		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Buffered)
 		b.clock.Set(c)
 		st := b.tick(t, "ov")
-		require.Equal(t, []workflow.SkippedSlot{{Slot: c, Reason: workflow.ReasonOverlapBufferFull}}, st.Skipped)
+		require.Equal(t, []schedule.SkippedSlot{{Slot: c, Reason: schedule.ReasonOverlapBufferFull}}, st.Skipped)
 		setRunStatus(t, b.pool, "ov", a, workflow.StatusSucceeded)
 		b.clock.Add(time.Second)
 		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Materialized, "the buffered slot starts once A ended")
@@ -382,7 +384,7 @@ func TestScheduleOverlap(t *testing.T) {
 	})
 	t.Run("BufferAll", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.OverlapBufferAll)
+		b := setup(t, schedule.OverlapBufferAll)
 		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Buffered)
 		b.clock.Set(c)
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Buffered)
@@ -395,18 +397,18 @@ func TestScheduleOverlap(t *testing.T) {
 		setRunStatus(t, b.pool, "ov", bSlot, workflow.StatusSucceeded)
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized)
 		requireOneRunPerSlotShard(t, b.pool, "ov")
-		rep, err := workflow.SlotStatus(context.Background(), b.pool, "ov", a)
+		rep, err := schedule.SlotStatus(context.Background(), b.pool, "ov", a)
 		require.NoError(t, err)
-		require.Equal(t, workflow.BatchFailed, rep.Status)
+		require.Equal(t, schedule.BatchFailed, rep.Status)
 	})
 	t.Run("CancelOther", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, workflow.OverlapCancelOther)
+		b := setup(t, schedule.OverlapCancelOther)
 		st := b.tick(t, "ov")
 		require.Equal(t, []time.Time{bSlot}, st.Buffered, "B waits until A's runs have ended")
-		require.Equal(t, []string{workflow.ScheduleRunKey("ov", a, 0), workflow.ScheduleRunKey("ov", a, 1)}, st.CancelRequested)
+		require.Equal(t, []string{schedule.RunKey("ov", a, 0), schedule.RunKey("ov", a, 1)}, st.CancelRequested)
 		for shard := range 2 {
-			run, err := workflow.GetRun(context.Background(), b.pool, workflow.ScheduleRunKey("ov", a, shard))
+			run, err := workflow.GetRun(context.Background(), b.pool, schedule.RunKey("ov", a, shard))
 			require.NoError(t, err)
 			require.NotNil(t, run.CancelRequestedAt)
 			require.Contains(t, *run.LastError, "OverlapCancelOther")
@@ -415,14 +417,14 @@ func TestScheduleOverlap(t *testing.T) {
 
 		b.clock.Set(c) // C comes while B still waits: B is superseded
 		st = b.tick(t, "ov")
-		require.Equal(t, []workflow.SkippedSlot{{Slot: bSlot, Reason: workflow.ReasonOverlapSuperseded}}, st.Skipped)
+		require.Equal(t, []schedule.SkippedSlot{{Slot: bSlot, Reason: schedule.ReasonOverlapSuperseded}}, st.Skipped)
 		require.Equal(t, []time.Time{c}, st.Buffered)
 
 		setRunStatus(t, b.pool, "ov", a, workflow.StatusCancelled) // the worker honoured it
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized)
 		status, reason := slotDecision(t, b.pool, "ov", bSlot)
 		require.Equal(t, "skipped", status)
-		require.Equal(t, workflow.ReasonOverlapSuperseded, reason)
+		require.Equal(t, schedule.ReasonOverlapSuperseded, reason)
 		requireOneRunPerSlotShard(t, b.pool, "ov")
 	})
 }
@@ -453,18 +455,20 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	w := &blockingStepper{started: make(chan string, 10)}
 	workflow.AddWorker(engine, workers, w)
 	clock := newClock(t0)
-	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{Now: clock.Now})
+	sched, err := schedule.New(engine, &schedule.Config{Now: clock.Now})
 	require.NoError(t, err)
-	require.NoError(t, sched.AddWorkers(workers))
-	require.NoError(t, workflow.AddSchedule(sched, settleSchedule("cancel", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapCancelOther, 1)))
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	require.NoError(t, schedule.Add(sched, settleSchedule("cancel", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapCancelOther, 1)))
+	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
 		Workers:           workers,
 		RetryPolicy:       fastRetry{},
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            quietLogger(),
-	})
+	}
+	require.NoError(t, sched.Install(rc))
+	rc.PeriodicJobs = nil // this test ticks by hand, with its fake clock
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, client.Start(ctx))
@@ -475,7 +479,7 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 		cancel()
 	})
 
-	tick := func() *workflow.ScheduleTick {
+	tick := func() *schedule.TickOutcome {
 		res, err := sched.Tick(ctx, client)
 		require.NoError(t, err)
 		return res.Schedule("cancel")
@@ -484,7 +488,7 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	a, bSlot := t0.Add(time.Minute), t0.Add(2*time.Minute)
 	clock.Set(a)
 	require.Equal(t, []time.Time{a}, tick().Materialized)
-	keyA := workflow.ScheduleRunKey("cancel", a, 0)
+	keyA := schedule.RunKey("cancel", a, 0)
 	select {
 	case k := <-w.started:
 		require.Equal(t, keyA, k)
@@ -506,15 +510,15 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	require.Equal(t, []time.Time{bSlot}, tick().Materialized, "B starts once A has ended")
 	select {
 	case k := <-w.started:
-		require.Equal(t, workflow.ScheduleRunKey("cancel", bSlot, 0), k)
+		require.Equal(t, schedule.RunKey("cancel", bSlot, 0), k)
 	case <-time.After(10 * time.Second):
 		t.Fatal("slot B's run never started")
 	}
-	rep, err := workflow.SlotStatus(ctx, pool, "cancel", a)
+	rep, err := schedule.SlotStatus(ctx, pool, "cancel", a)
 	require.NoError(t, err)
-	require.Equal(t, workflow.BatchCancelled, rep.Status)
-	require.NoError(t, workflow.CancelRun(ctx, pool, workflow.ScheduleRunKey("cancel", bSlot, 0), "test over"))
-	waitRun(t, pool, workflow.ScheduleRunKey("cancel", bSlot, 0), 15*time.Second, workflow.StatusCancelled)
+	require.Equal(t, schedule.BatchCancelled, rep.Status)
+	require.NoError(t, workflow.CancelRun(ctx, pool, schedule.RunKey("cancel", bSlot, 0), "test over"))
+	waitRun(t, pool, schedule.RunKey("cancel", bSlot, 0), 15*time.Second, workflow.StatusCancelled)
 }
 
 // Two schedulers on separate pools tick concurrently through an hour of simulated time: no
@@ -526,11 +530,11 @@ func TestScheduleConcurrentTickers(t *testing.T) {
 	var tickers []*schedBundle
 	for range 2 {
 		b := setupScheduler(t, mustPool(t, url), clock)
-		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("every-minute", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 2)))
-		require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("every-7", "*/7 * * * *", workflow.RunLatest{}, workflow.OverlapBufferAll, 3)))
-		ny := settleSchedule("hourly-ny", "0 * * * *", workflow.SkipMissed{StartingDeadline: time.Minute}, workflow.OverlapAllowAll, 1)
+		require.NoError(t, schedule.Add(b.sched, settleSchedule("every-minute", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 2)))
+		require.NoError(t, schedule.Add(b.sched, settleSchedule("every-7", "*/7 * * * *", schedule.RunLatest{}, schedule.OverlapBufferAll, 3)))
+		ny := settleSchedule("hourly-ny", "0 * * * *", schedule.SkipMissed{StartingDeadline: time.Minute}, schedule.OverlapAllowAll, 1)
 		ny.Zone = "America/New_York"
-		require.NoError(t, workflow.AddSchedule(b.sched, ny))
+		require.NoError(t, schedule.Add(b.sched, ny))
 		tickers = append(tickers, b)
 	}
 	var locked, decided int
@@ -587,36 +591,36 @@ func TestScheduleDSTDays(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		spec     string
-		gap      workflow.GapPolicy
+		gap      schedule.GapPolicy
 		from, to time.Time
 		want     []time.Time
 	}{
-		{"spring forward, run after the gap", "30 2 * * *", workflow.GapRunAfter,
+		{"spring forward, run after the gap", "30 2 * * *", schedule.GapRunAfter,
 			time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC),
 			[]time.Time{time.Date(2026, 3, 8, 7, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 6, 30, 0, 0, time.UTC)}},
-		{"spring forward, skip the gap", "30 2 * * *", workflow.GapSkip,
+		{"spring forward, skip the gap", "30 2 * * *", schedule.GapSkip,
 			time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC),
 			[]time.Time{time.Date(2026, 3, 9, 6, 30, 0, 0, time.UTC)}},
-		{"fall back, first occurrence only", "30 1 * * *", workflow.GapRunAfter,
+		{"fall back, first occurrence only", "30 1 * * *", schedule.GapRunAfter,
 			time.Date(2026, 10, 31, 12, 0, 0, 0, time.UTC), time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC),
 			[]time.Time{time.Date(2026, 11, 1, 5, 30, 0, 0, time.UTC), time.Date(2026, 11, 2, 6, 30, 0, 0, time.UTC)}},
-		{"CRON_TZ= prefix", "CRON_TZ=Asia/Tokyo 0 9 * * *", workflow.GapRunAfter,
+		{"CRON_TZ= prefix", "CRON_TZ=Asia/Tokyo 0 9 * * *", schedule.GapRunAfter,
 			time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC),
 			[]time.Time{time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 0, 0, 0, 0, time.UTC)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setupScheduler(t, testkit.DB(t), newClock(tc.from))
-			sch := settleSchedule("daily", tc.spec, workflow.CatchUpAll{}, workflow.OverlapAllowAll, 1)
+			sch := settleSchedule("daily", tc.spec, schedule.CatchUpAll{}, schedule.OverlapAllowAll, 1)
 			sch.Zone, sch.Gap = "America/New_York", tc.gap
-			require.NoError(t, workflow.AddSchedule(b.sched, sch))
+			require.NoError(t, schedule.Add(b.sched, sch))
 			var got []time.Time
 			for now := tc.from; !now.After(tc.to); now = b.clock.Add(10 * time.Minute) {
 				got = append(got, b.tick(t, "daily").Materialized...)
 			}
 			require.Equal(t, tc.want, got)
 			for _, slot := range got {
-				run, err := workflow.GetRun(context.Background(), b.pool, workflow.ScheduleRunKey("daily", slot, 0))
+				run, err := workflow.GetRun(context.Background(), b.pool, schedule.RunKey("daily", slot, 0))
 				require.NoError(t, err)
 				require.Equal(t, slot, run.Slot.UTC())
 			}
@@ -633,18 +637,18 @@ func TestScheduleChangeAndPause(t *testing.T) {
 	clock := newClock(t0)
 	ctx := context.Background()
 	old := setupScheduler(t, mustPool(t, url), clock)
-	require.NoError(t, workflow.AddSchedule(old.sched, settleSchedule("report", "0 * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 1)))
+	require.NoError(t, schedule.Add(old.sched, settleSchedule("report", "0 * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 1)))
 	old.tick(t, "report")
 	clock.Set(t0.Add(time.Hour + 10*time.Minute))
 	require.Equal(t, []time.Time{t0.Add(time.Hour)}, old.tick(t, "report").Materialized)
 
 	// A deploy changes the spec to half past the hour.
 	next := setupScheduler(t, mustPool(t, url), clock)
-	require.NoError(t, workflow.AddSchedule(next.sched, settleSchedule("report", "30 * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 1)))
+	require.NoError(t, schedule.Add(next.sched, settleSchedule("report", "30 * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 1)))
 	st := next.tick(t, "report")
 	require.True(t, st.Changed)
 	require.Empty(t, st.Materialized, "01:30 is not due yet; nothing between the watermark and now is replayed")
-	info, err := workflow.GetSchedule(ctx, next.pool, "report")
+	info, err := schedule.Get(ctx, next.pool, "report")
 	require.NoError(t, err)
 	require.Equal(t, "30 * * * *", info.Spec)
 	require.Equal(t, 2, info.Version)
@@ -662,32 +666,32 @@ func TestScheduleChangeAndPause(t *testing.T) {
 	clock.Set(t0.Add(time.Hour + 31*time.Minute))
 	require.Equal(t, []time.Time{t0.Add(time.Hour + 30*time.Minute)}, next.tick(t, "report").Materialized, "the new spec's next slot")
 
-	require.NoError(t, workflow.PauseSchedule(ctx, next.pool, "report", "ops@example", "bank holiday"))
+	require.NoError(t, schedule.Pause(ctx, next.pool, "report", "ops@example", "bank holiday"))
 	clock.Set(t0.Add(3*time.Hour + 31*time.Minute))
 	st = next.tick(t, "report")
 	require.True(t, st.Paused)
 	require.Empty(t, st.Materialized)
-	info, err = workflow.GetSchedule(ctx, next.pool, "report")
+	info, err = schedule.Get(ctx, next.pool, "report")
 	require.NoError(t, err)
 	require.True(t, info.Paused)
 	require.Equal(t, t0.Add(time.Hour+30*time.Minute), info.Watermark, "paused: the watermark stays")
 
-	require.NoError(t, workflow.ResumeSchedule(ctx, next.pool, "report", "ops@example", "holiday over"))
+	require.NoError(t, schedule.Resume(ctx, next.pool, "report", "ops@example", "holiday over"))
 	st = next.tick(t, "report")
 	require.Equal(t, []time.Time{t0.Add(2*time.Hour + 30*time.Minute), t0.Add(3*time.Hour + 30*time.Minute)}, st.Materialized,
 		"slots missed while paused go through the misfire policy (CatchUpAll here)")
 	require.Equal(t, 2, queryInt(t, next.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'schedule:report' AND kind IN ('schedule.paused', 'schedule.resumed')`))
-	require.ErrorIs(t, workflow.PauseSchedule(ctx, next.pool, "nope", "ops", "x"), workflow.ErrScheduleNotFound)
+	require.ErrorIs(t, schedule.Pause(ctx, next.pool, "nope", "ops", "x"), schedule.ErrNotFound)
 }
 
-// AddSchedule refuses a second schedule of the same name, naming it.
+// Add refuses a second schedule of the same name, naming it.
 func TestScheduleDuplicateName(t *testing.T) {
 	t.Parallel()
 	b := setupScheduler(t, testkit.DB(t), nil)
-	sch := settleSchedule("settle", "@daily", workflow.CatchUpAll{}, workflow.OverlapBufferAll, 4)
-	require.NoError(t, workflow.AddSchedule(b.sched, sch))
-	err := workflow.AddSchedule(b.sched, sch)
-	require.ErrorIs(t, err, workflow.ErrInvalidSchedule)
+	sch := settleSchedule("settle", "@daily", schedule.CatchUpAll{}, schedule.OverlapBufferAll, 4)
+	require.NoError(t, schedule.Add(b.sched, sch))
+	err := schedule.Add(b.sched, sch)
+	require.ErrorIs(t, err, schedule.ErrInvalid)
 	require.Contains(t, err.Error(), `schedule "settle" is registered twice`)
 }
 
@@ -724,20 +728,20 @@ func TestSlotStatusByEvidence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupScheduler(t, testkit.DB(t), nil)
-	require.NoError(t, workflow.AddSchedule(b.sched, settleSchedule("batch", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 2)))
+	require.NoError(t, schedule.Add(b.sched, settleSchedule("batch", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 2)))
 	b.tick(t, "batch")
 	slot := t0.Add(time.Minute)
 	b.clock.Set(slot)
 	b.tick(t, "batch")
-	k0, k1 := workflow.ScheduleRunKey("batch", slot, 0), workflow.ScheduleRunKey("batch", slot, 1)
-	status := func() *workflow.SlotReport {
-		rep, err := workflow.SlotStatus(ctx, b.pool, "batch", slot)
+	k0, k1 := schedule.RunKey("batch", slot, 0), schedule.RunKey("batch", slot, 1)
+	status := func() *schedule.SlotReport {
+		rep, err := schedule.SlotStatus(ctx, b.pool, "batch", slot)
 		require.NoError(t, err)
 		return rep
 	}
 
 	rep := status()
-	require.Equal(t, workflow.BatchRunning, rep.Status)
+	require.Equal(t, schedule.BatchRunning, rep.Status)
 	require.Equal(t, map[string]int{string(workflow.StatusPending): 2}, rep.Runs)
 	require.Empty(t, rep.Operations, "no operations is not an error")
 
@@ -745,69 +749,70 @@ func TestSlotStatusByEvidence(t *testing.T) {
 	insertOperations(t, b.pool, k1, "MANUAL", "RETRYABLE")
 	_, err := b.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'succeeded' WHERE key = $1`, k0)
 	require.NoError(t, err)
-	require.Equal(t, workflow.BatchRunning, status().Status, "shard 1 has not finished")
+	require.Equal(t, schedule.BatchRunning, status().Status, "shard 1 has not finished")
 
 	_, err = b.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'succeeded' WHERE key = $1`, k1)
 	require.NoError(t, err)
 	rep = status()
-	require.Equal(t, workflow.BatchNeedsAttention, rep.Status, "a MANUAL operation needs a person")
+	require.Equal(t, schedule.BatchNeedsAttention, rep.Status, "a MANUAL operation needs a person")
 	require.Equal(t, 1, rep.NeedsAttention)
-	require.Equal(t, map[string]int{"SUCCEEDED": 1, "UNKNOWN_EXTERNAL": 1, "PENDING": 1, "MANUAL": 1, "RETRYABLE": 1}, rep.Operations)
+	require.Equal(t, map[outbox.State]int{"SUCCEEDED": 1, "UNKNOWN_EXTERNAL": 1, "PENDING": 1, "MANUAL": 1, "RETRYABLE": 1}, rep.Operations)
 
 	setOperations(t, b.pool, k1, "MANUAL", "SUCCEEDED") // resolved by a person
-	require.Equal(t, workflow.BatchReconciling, status().Status)
+	require.Equal(t, schedule.BatchReconciling, status().Status)
 	setOperations(t, b.pool, k0, "UNKNOWN_EXTERNAL", "SUCCEEDED")
 	setOperations(t, b.pool, k0, "PENDING", "FAILED_PERMANENT")
 	setOperations(t, b.pool, k1, "RETRYABLE", "SUCCEEDED")
 	rep = status()
-	require.Equal(t, workflow.BatchCompleted, rep.Status)
-	require.Equal(t, map[string]int{"SUCCEEDED": 4, "FAILED_PERMANENT": 1}, rep.Operations)
+	require.Equal(t, schedule.BatchCompleted, rep.Status)
+	require.Equal(t, map[outbox.State]int{"SUCCEEDED": 4, "FAILED_PERMANENT": 1}, rep.Operations)
 
 	// ListSlots gives the same per slot, newest first, skipped slots included.
 	b.clock.Set(t0.Add(3 * time.Minute))
 	b.tick(t, "batch")
-	list, err := workflow.ListSlots(ctx, b.pool, "batch", 10)
+	list, err := schedule.ListSlots(ctx, b.pool, "batch", 10)
 	require.NoError(t, err)
 	require.Len(t, list, 3)
 	require.Equal(t, t0.Add(3*time.Minute), list[0].Slot)
-	require.Equal(t, workflow.BatchRunning, list[0].Status)
-	require.Equal(t, workflow.BatchCompleted, list[2].Status)
+	require.Equal(t, schedule.BatchRunning, list[0].Status)
+	require.Equal(t, schedule.BatchCompleted, list[2].Status)
 	require.Equal(t, rep.Operations, list[2].Operations)
 
-	_, err = workflow.SlotStatus(ctx, b.pool, "batch", t0.Add(time.Hour))
-	require.ErrorIs(t, err, workflow.ErrSlotNotFound)
+	_, err = schedule.SlotStatus(ctx, b.pool, "batch", t0.Add(time.Hour))
+	require.ErrorIs(t, err, schedule.ErrSlotNotFound)
 }
 
 func TestDeriveBatchStatus(t *testing.T) {
 	t.Parallel()
 	type m = map[string]int
+	type o = map[outbox.State]int
 	tests := []struct {
 		name     string
 		decision string
 		shards   int
 		runs     m
-		ops      m
-		want     workflow.BatchStatus
+		ops      o
+		want     schedule.BatchStatus
 	}{
-		{"skipped", workflow.SlotSkipped, 2, nil, nil, workflow.BatchSkipped},
-		{"buffered", workflow.SlotBuffered, 2, nil, nil, workflow.BatchBuffered},
-		{"running", workflow.SlotMaterialized, 2, m{"running": 1, "succeeded": 1}, nil, workflow.BatchRunning},
-		{"pending", workflow.SlotMaterialized, 1, m{"pending": 1}, nil, workflow.BatchRunning},
-		{"done, no operations", workflow.SlotMaterialized, 2, m{"succeeded": 2}, nil, workflow.BatchCompleted},
-		{"done, all terminal", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"SUCCEEDED": 9, "FAILED_PERMANENT": 1}, workflow.BatchCompleted},
-		{"unknown outcome", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"SUCCEEDED": 9, "UNKNOWN_EXTERNAL": 1}, workflow.BatchReconciling},
-		{"still sending", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"PROCESSING": 1}, workflow.BatchReconciling},
-		{"a state this version does not know", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"ON_HOLD": 1}, workflow.BatchReconciling},
-		{"manual beats reconciling", workflow.SlotMaterialized, 1, m{"succeeded": 1}, m{"MANUAL": 1, "PENDING": 3}, workflow.BatchNeedsAttention},
-		{"running beats manual", workflow.SlotMaterialized, 2, m{"succeeded": 1, "running": 1}, m{"MANUAL": 1}, workflow.BatchRunning},
-		{"failed run", workflow.SlotMaterialized, 2, m{"failed": 1, "running": 1}, nil, workflow.BatchFailed},
-		{"missing run", workflow.SlotMaterialized, 3, m{"succeeded": 2}, nil, workflow.BatchFailed},
-		{"cancelled run", workflow.SlotMaterialized, 2, m{"cancelled": 1, "succeeded": 1}, m{"SUCCEEDED": 1}, workflow.BatchCancelled},
+		{"skipped", schedule.SlotSkipped, 2, nil, nil, schedule.BatchSkipped},
+		{"buffered", schedule.SlotBuffered, 2, nil, nil, schedule.BatchBuffered},
+		{"running", schedule.SlotMaterialized, 2, m{"running": 1, "succeeded": 1}, nil, schedule.BatchRunning},
+		{"pending", schedule.SlotMaterialized, 1, m{"pending": 1}, nil, schedule.BatchRunning},
+		{"done, no operations", schedule.SlotMaterialized, 2, m{"succeeded": 2}, nil, schedule.BatchCompleted},
+		{"done, all terminal", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"SUCCEEDED": 9, "FAILED_PERMANENT": 1}, schedule.BatchCompleted},
+		{"unknown outcome", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"SUCCEEDED": 9, "UNKNOWN_EXTERNAL": 1}, schedule.BatchReconciling},
+		{"still sending", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"PROCESSING": 1}, schedule.BatchReconciling},
+		{"a state this version does not know", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"ON_HOLD": 1}, schedule.BatchReconciling},
+		{"manual beats reconciling", schedule.SlotMaterialized, 1, m{"succeeded": 1}, o{"MANUAL": 1, "PENDING": 3}, schedule.BatchNeedsAttention},
+		{"running beats manual", schedule.SlotMaterialized, 2, m{"succeeded": 1, "running": 1}, o{"MANUAL": 1}, schedule.BatchRunning},
+		{"failed run", schedule.SlotMaterialized, 2, m{"failed": 1, "running": 1}, nil, schedule.BatchFailed},
+		{"missing run", schedule.SlotMaterialized, 3, m{"succeeded": 2}, nil, schedule.BatchFailed},
+		{"cancelled run", schedule.SlotMaterialized, 2, m{"cancelled": 1, "succeeded": 1}, o{"SUCCEEDED": 1}, schedule.BatchCancelled},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			require.Equal(t, tt.want, workflow.DeriveBatchStatus(tt.decision, tt.shards, tt.runs, tt.ops))
+			require.Equal(t, tt.want, schedule.DeriveBatchStatus(tt.decision, tt.shards, tt.runs, tt.ops))
 		})
 	}
 }
@@ -819,25 +824,25 @@ func TestSchedulePeriodicJob(t *testing.T) {
 	pool := testkit.DB(t)
 	engine, err := workflow.New(pool, &workflow.Config{Logger: quietLogger()})
 	require.NoError(t, err)
-	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{TickInterval: 200 * time.Millisecond})
+	sched, err := schedule.New(engine, &schedule.Config{TickInterval: 200 * time.Millisecond})
 	require.NoError(t, err)
-	sch := settleSchedule("periodic", "* * * * *", workflow.CatchUpAll{}, workflow.OverlapAllowAll, 2)
+	sch := settleSchedule("periodic", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 2)
 	sch.StartAt = time.Now().Add(-3 * time.Minute).Truncate(time.Minute)
-	require.NoError(t, workflow.AddSchedule(sched, sch))
-	workers := river.NewWorkers()
-	require.NoError(t, sched.AddWorkers(workers))
-	require.Error(t, sched.AddWorkers(workers), "a second tick worker on the same bundle is refused")
-	workflow.AddWorker(engine, workers, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[settleArgs, struct{}]) (workflow.Next, error) {
-		return workflow.Done(), nil
-	}))
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
-		Workers:           workers,
-		PeriodicJobs:      sched.PeriodicJobs(),
+	require.NoError(t, schedule.Add(sched, sch))
+	rc := &river.Config{
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            quietLogger(),
-	})
+	}
+	rc.Workers = river.NewWorkers()
+	workflow.AddWorker(engine, rc.Workers, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[settleArgs, struct{}]) (workflow.Next, error) {
+		return workflow.Done(), nil
+	}))
+	require.NoError(t, engine.Install(rc))
+	require.NoError(t, sched.Install(rc))
+	require.ErrorContains(t, sched.Install(rc), "one Scheduler per river.Config", "a second tick worker on the same config is refused")
+	require.Contains(t, rc.Queues, river.QueueDefault, "Install adds the queue the tick job is inserted in")
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, client.Start(ctx))
@@ -850,11 +855,11 @@ func TestSchedulePeriodicJob(t *testing.T) {
 
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		list, err := workflow.ListSlots(ctx, pool, "periodic", 100)
+		list, err := schedule.ListSlots(ctx, pool, "periodic", 100)
 		require.NoError(t, err)
 		completed := 0
 		for _, r := range list {
-			if r.Status == workflow.BatchCompleted && r.StartedAt != nil {
+			if r.Status == schedule.BatchCompleted && r.StartedAt != nil {
 				completed++
 			}
 		}
@@ -872,7 +877,7 @@ func TestSchedulePeriodicJob(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_schedule_tick' AND state = 'completed'`) >= 3
 	}, 10*time.Second, 50*time.Millisecond, "the periodic tick ran at most twice")
-	require.Positive(t, counterValue(t, sched.Metrics().Ticks.WithLabelValues("periodic", "ok")))
+	require.Positive(t, counterValue(t, schedule.MetricsForTest(sched).Ticks.WithLabelValues("periodic", "ok")))
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(sched.Metrics()))
 	families, err := reg.Gather()
@@ -886,4 +891,34 @@ func TestSchedulePeriodicJob(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, lagSamples, uint64(3), "run start lag observed for each started slot")
+}
+
+// RunMaintenance ticks in a process whose client has no tick job (not River's leader, or a
+// leader not yet elected): slots are decided all the same.
+func TestScheduleRunMaintenanceTicks(t *testing.T) {
+	t.Parallel()
+	pool := testkit.DB(t)
+	engine, err := workflow.New(pool, &workflow.Config{Logger: quietLogger()})
+	require.NoError(t, err)
+	clock := newClock(t0)
+	sched, err := schedule.New(engine, &schedule.Config{TickInterval: 50 * time.Millisecond, Now: clock.Now})
+	require.NoError(t, err)
+	require.NoError(t, schedule.Add(sched, settleSchedule("maint", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapAllowAll, 1)))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()}) // insert-only
+	require.NoError(t, err)
+	require.ErrorContains(t, sched.RunMaintenance(context.Background(), nil), "client is nil")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sched.RunMaintenance(ctx, client) }()
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM stepwise_schedule WHERE name = 'maint'`) == 1
+	}, 10*time.Second, 20*time.Millisecond, "the first tick creates the row")
+	clock.Set(t0.Add(2 * time.Minute))
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM stepwise_schedule_slot WHERE schedule = 'maint'`) == 2
+	}, 10*time.Second, 20*time.Millisecond, "later ticks decide the due slots")
+	cancel()
+	require.NoError(t, <-done)
+	requireOneRunPerSlotShard(t, pool, "maint")
 }

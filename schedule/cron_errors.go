@@ -1,25 +1,25 @@
-package cronslot
+package schedule
 
 import (
 	"errors"
 	"fmt"
 )
 
-// ErrInvalidSpec is matched (errors.Is) by every error Parse returns for a
+// ErrInvalidSpec is matched (errors.Is) by every error ParseSpec returns for a
 // spec it cannot accept, including one whose CRON_TZ= prefix names an unknown
 // zone.
 var ErrInvalidSpec = errors.New("invalid cron spec")
 
 // ErrUnknownZone is matched (errors.Is) by every error LoadZone returns, and
-// by Parse errors caused by a bad CRON_TZ= or TZ= prefix.
+// by ParseSpec errors caused by a bad CRON_TZ= or TZ= prefix.
 var ErrUnknownZone = errors.New("unknown time zone")
 
-// SpecError is the error Parse returns. Its message names the spec, the field
+// SpecError is the error ParseSpec returns. Its message names the spec, the field
 // at fault when there is one, and what to write instead:
 //
 //	cron spec "61 * * * *": minute field: value 61 out of range 0-59
 type SpecError struct {
-	// Spec is the spec as passed to Parse.
+	// Spec is the spec as passed to ParseSpec.
 	Spec string
 
 	// Field names the field at fault: "minute", "hour", "day-of-month",

@@ -1,4 +1,4 @@
-package cronslot_test
+package schedule_test
 
 import (
 	"errors"
@@ -8,18 +8,18 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/cronslot"
+	"github.com/stepwise-go/stepwise/schedule"
 )
 
-func mustParse(t testing.TB, spec string, loc *time.Location) *cronslot.Spec {
+func mustParse(t testing.TB, spec string, loc *time.Location) *schedule.Spec {
 	t.Helper()
-	s, err := cronslot.Parse(spec, loc, cronslot.GapRunAfter)
+	s, err := schedule.ParseSpec(spec, loc, schedule.GapRunAfter)
 	require.NoError(t, err)
 	return s
 }
 
 // chain follows Next n times from after and formats the slots in loc.
-func chain(s *cronslot.Spec, after time.Time, n int, loc *time.Location) []string {
+func chain(s *schedule.Spec, after time.Time, n int, loc *time.Location) []string {
 	out := make([]string, 0, n)
 	for at := after; len(out) < n; {
 		at = s.Next(at)
@@ -155,7 +155,7 @@ func TestZonePrefix(t *testing.T) {
 	for _, spec := range []string{"CRON_TZ=Asia/Tokyo 0 9 * * *", "TZ=Asia/Tokyo 0 9 * * *", "  CRON_TZ=Asia/Tokyo\t0  9 * * * "} {
 		t.Run(spec, func(t *testing.T) {
 			t.Parallel()
-			s, err := cronslot.Parse(spec, ny, cronslot.GapRunAfter)
+			s, err := schedule.ParseSpec(spec, ny, schedule.GapRunAfter)
 			require.NoError(t, err)
 			require.Equal(t, "Asia/Tokyo", s.Location().String())
 			// 09:00 JST is 00:00 UTC.
@@ -164,10 +164,10 @@ func TestZonePrefix(t *testing.T) {
 	}
 
 	// The prefix also stands in for a missing zone argument.
-	s, err := cronslot.Parse("CRON_TZ=UTC @daily", nil, cronslot.GapSkip)
+	s, err := schedule.ParseSpec("CRON_TZ=UTC @daily", nil, schedule.GapSkip)
 	require.NoError(t, err)
 	require.Equal(t, time.UTC, s.Location())
-	require.Equal(t, cronslot.GapSkip, s.Gap())
+	require.Equal(t, schedule.GapSkip, s.Gap())
 	require.Equal(t, "CRON_TZ=UTC @daily", s.String())
 }
 
@@ -296,7 +296,7 @@ func TestParseErrors(t *testing.T) {
 		spec   string
 		zone   *time.Location // UTC when nil, unless noZone
 		noZone bool
-		gap    cronslot.GapPolicy
+		gap    schedule.GapPolicy
 		field  string
 		want   string
 	}{
@@ -332,7 +332,7 @@ func TestParseErrors(t *testing.T) {
 		{spec: "TZ= 0 9 * * *", want: `cron spec "TZ= 0 9 * * *": empty time zone name: use an IANA name such as "America/New_York", or "UTC"`},
 		{spec: "0 9 * * *", noZone: true, want: `cron spec "0 9 * * *": no time zone: pass one loaded with LoadZone, or prefix the spec with CRON_TZ=, e.g. "CRON_TZ=UTC 0 9 * * *"`},
 		{spec: "0 9 * * *", zone: time.Local, want: `cron spec "0 9 * * *": time.Local is each host's own zone and differs between nodes: pass a zone loaded with LoadZone`},
-		{spec: "0 9 * * *", gap: cronslot.GapPolicy(7), want: `cron spec "0 9 * * *": unknown gap policy 7: use GapRunAfter or GapSkip`},
+		{spec: "0 9 * * *", gap: schedule.GapPolicy(7), want: `cron spec "0 9 * * *": unknown gap policy 7: use GapRunAfter or GapSkip`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {
@@ -341,12 +341,12 @@ func TestParseErrors(t *testing.T) {
 			if zone == nil && !tt.noZone {
 				zone = utc
 			}
-			s, err := cronslot.Parse(tt.spec, zone, tt.gap)
+			s, err := schedule.ParseSpec(tt.spec, zone, tt.gap)
 			require.Nil(t, s)
 			require.EqualError(t, err, tt.want)
-			require.ErrorIs(t, err, cronslot.ErrInvalidSpec)
+			require.ErrorIs(t, err, schedule.ErrInvalidSpec)
 
-			var specErr *cronslot.SpecError
+			var specErr *schedule.SpecError
 			require.ErrorAs(t, err, &specErr)
 			require.Equal(t, tt.spec, specErr.Spec)
 			require.Equal(t, tt.field, specErr.Field)
@@ -369,23 +369,23 @@ func TestLoadZone(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			loc, err := cronslot.LoadZone(tt.name)
+			loc, err := schedule.LoadZone(tt.name)
 			require.Nil(t, loc)
 			require.EqualError(t, err, tt.want)
-			require.ErrorIs(t, err, cronslot.ErrUnknownZone)
-			require.False(t, errors.Is(err, cronslot.ErrInvalidSpec))
+			require.ErrorIs(t, err, schedule.ErrUnknownZone)
+			require.False(t, errors.Is(err, schedule.ErrInvalidSpec))
 		})
 	}
 
-	loc, err := cronslot.LoadZone("Asia/Shanghai")
+	loc, err := schedule.LoadZone("Asia/Shanghai")
 	require.NoError(t, err)
 	require.Equal(t, "Asia/Shanghai", loc.String())
 
 	// A bad prefix zone is both a spec error and a zone error.
-	_, err = cronslot.Parse("CRON_TZ=Mars/Olympus 0 9 * * *", time.UTC, cronslot.GapRunAfter)
-	require.ErrorIs(t, err, cronslot.ErrInvalidSpec)
-	require.ErrorIs(t, err, cronslot.ErrUnknownZone)
-	var zoneErr *cronslot.ZoneError
+	_, err = schedule.ParseSpec("CRON_TZ=Mars/Olympus 0 9 * * *", time.UTC, schedule.GapRunAfter)
+	require.ErrorIs(t, err, schedule.ErrInvalidSpec)
+	require.ErrorIs(t, err, schedule.ErrUnknownZone)
+	var zoneErr *schedule.ZoneError
 	require.ErrorAs(t, err, &zoneErr)
 	require.Equal(t, "Mars/Olympus", zoneErr.Name)
 }
@@ -417,9 +417,9 @@ func TestFixedTime(t *testing.T) {
 func TestGapPolicyString(t *testing.T) {
 	t.Parallel()
 
-	require.Equal(t, "GapRunAfter", cronslot.GapRunAfter.String())
-	require.Equal(t, "GapSkip", cronslot.GapSkip.String())
-	require.Equal(t, "GapPolicy(9)", cronslot.GapPolicy(9).String())
+	require.Equal(t, "GapRunAfter", schedule.GapRunAfter.String())
+	require.Equal(t, "GapSkip", schedule.GapSkip.String())
+	require.Equal(t, "GapPolicy(9)", schedule.GapPolicy(9).String())
 }
 
 // TestConcurrentUse runs one Spec from many goroutines; with -race it

@@ -1,4 +1,4 @@
-package cronslot
+package schedule
 
 import (
 	"math"

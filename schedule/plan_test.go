@@ -1,4 +1,4 @@
-package workflow
+package schedule
 
 import (
 	"errors"
@@ -310,7 +310,7 @@ func TestScheduleRegistrationErrors(t *testing.T) {
 			tt.change(&s)
 			_, err := compileSchedule(s, 5*time.Second)
 			require.Error(t, err)
-			require.True(t, errors.Is(err, ErrInvalidSchedule), "%v", err)
+			require.True(t, errors.Is(err, ErrInvalid), "%v", err)
 			for _, w := range tt.want {
 				require.Contains(t, err.Error(), w)
 			}

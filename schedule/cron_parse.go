@@ -1,4 +1,4 @@
-package cronslot
+package schedule
 
 import (
 	"errors"
@@ -54,7 +54,7 @@ var fieldDefs = [5]field{
 	}},
 }
 
-// parse turns spec into a Spec. See Parse for the rules.
+// parse turns spec into a Spec. See ParseSpec for the rules.
 func parse(spec string, zone *time.Location, gap GapPolicy) (*Spec, error) {
 	fail := func(fieldName string, err error) (*Spec, error) {
 		return nil, &SpecError{Spec: spec, Field: fieldName, Err: err}

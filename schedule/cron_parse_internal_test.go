@@ -1,4 +1,4 @@
-package cronslot
+package schedule
 
 import (
 	"errors"
@@ -25,7 +25,7 @@ func robfigFieldBits(i int, text string) (uint64, error) {
 
 // FuzzCheckField holds checkField, which only words the error messages, to
 // robfig's grammar: it must reject exactly the fields robfig rejects (plus
-// the empty set, which robfig accepts and Parse refuses).
+// the empty set, which robfig accepts and ParseSpec refuses).
 func FuzzCheckField(f *testing.F) {
 	for _, seed := range []string{
 		"*", "?", "*/5", "5", "1-5", "1-5/2", "5/10", "jan-mar", "MON-fri", "1,2,3", "*-5", "+5", "07",
@@ -50,7 +50,7 @@ func FuzzCheckField(f *testing.F) {
 	})
 }
 
-// FuzzParse feeds Parse arbitrary text: it must never panic, every error
+// FuzzParse feeds ParseSpec arbitrary text: it must never panic, every error
 // must be a *SpecError naming the spec, and a rejected five-field spec must
 // name its field.
 func FuzzParse(f *testing.F) {
@@ -61,7 +61,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
-		s, err := Parse(spec, time.UTC, GapRunAfter)
+		s, err := ParseSpec(spec, time.UTC, GapRunAfter)
 		if err == nil {
 			require.NotNil(t, s.Location())
 			require.NotZero(t, s.cal.minute)

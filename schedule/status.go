@@ -1,4 +1,4 @@
-package workflow
+package schedule
 
 import (
 	"context"
@@ -8,6 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflow"
 )
 
 // BatchStatus is a slot's status derived from evidence: the runs of its shards and the
@@ -62,10 +66,6 @@ const (
 // RunMissing is the key of SlotReport.Runs that counts shards whose run does not exist.
 const RunMissing = "missing"
 
-// terminalOperationStates are the operation states that end an operation with a proven
-// outcome. Any other state, including one this version does not know, keeps a batch open.
-var terminalOperationStates = map[string]bool{"SUCCEEDED": true, "FAILED_PERMANENT": true}
-
 // SlotReport is a slot's decision and its batch status with the evidence behind it.
 type SlotReport struct {
 	Schedule string
@@ -84,11 +84,11 @@ type SlotReport struct {
 	// cancelled; RunMissing for shards without a run).
 	Runs map[string]int
 	// Operations counts the operations the slot's runs enqueued, by state.
-	Operations map[string]int
+	Operations map[outbox.State]int
 
 	// Status is derived from Decision, Runs and Operations by DeriveBatchStatus.
 	Status BatchStatus
-	// NeedsAttention counts MANUAL operations.
+	// NeedsAttention counts outbox.StateManual operations.
 	NeedsAttention int
 
 	// DecidedAt, MaterializedAt, StartedAt (first claim of a run) and RunsDoneAt (when a
@@ -109,7 +109,10 @@ type SlotReport struct {
 //  5. an operation is MANUAL → NEEDS_ATTENTION;
 //  6. an operation is in any state but SUCCEEDED or FAILED_PERMANENT → RECONCILING;
 //  7. otherwise → COMPLETED (all runs succeeded, all operations terminal, or none).
-func DeriveBatchStatus(decision string, shards int, runs, operations map[string]int) BatchStatus {
+//
+// An operation state this version does not know keeps a batch open (RECONCILING): only
+// outbox.State.Terminal states close it.
+func DeriveBatchStatus(decision string, shards int, runs map[string]int, operations map[outbox.State]int) BatchStatus {
 	switch decision {
 	case SlotSkipped:
 		return BatchSkipped
@@ -123,33 +126,26 @@ func DeriveBatchStatus(decision string, shards int, runs, operations map[string]
 		}
 	}
 	switch {
-	case runs[string(StatusFailed)] > 0 || present < shards || runs[RunMissing] > 0:
+	case runs[string(workflow.StatusFailed)] > 0 || present < shards || runs[RunMissing] > 0:
 		return BatchFailed
-	case runs[string(StatusCancelled)] > 0:
+	case runs[string(workflow.StatusCancelled)] > 0:
 		return BatchCancelled
-	case runs[string(StatusPending)] > 0 || runs[string(StatusRunning)] > 0:
+	case runs[string(workflow.StatusPending)] > 0 || runs[string(workflow.StatusRunning)] > 0:
 		return BatchRunning
-	case operations["MANUAL"] > 0:
+	case operations[outbox.StateManual] > 0:
 		return BatchNeedsAttention
 	}
 	for state, n := range operations {
-		if n > 0 && !terminalOperationStates[state] {
+		if n > 0 && !state.Terminal() {
 			return BatchReconciling
 		}
 	}
 	return BatchCompleted
 }
 
-// queryer is what the status functions read through: a pool, a connection or a tx.
-type queryer interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // SlotStatus reports one slot of a schedule: its decision, its runs and operations counted
 // by status, and its derived batch status. A slot no tick has decided is ErrSlotNotFound.
-func SlotStatus(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schedule string, slot time.Time) (*SlotReport, error) {
+func SlotStatus(ctx context.Context, q stepwise.DBTX, schedule string, slot time.Time) (*SlotReport, error) {
 	reports, err := slotReports(ctx, q, schedule, `schedule = $1 AND slot = $2`, slot.UTC())
 	if err != nil {
 		return nil, err
@@ -163,16 +159,14 @@ func SlotStatus(ctx context.Context, q interface {
 // ListSlots reports the newest limit slots of a schedule, newest first, as SlotStatus does
 // for one. A limit below 1 means 100. It reads three statements however many slots there
 // are, so a report of a month of daily slots costs the same as one of a day.
-func ListSlots(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schedule string, limit int) ([]*SlotReport, error) {
+func ListSlots(ctx context.Context, q stepwise.DBTX, schedule string, limit int) ([]*SlotReport, error) {
 	if limit < 1 {
 		limit = 100
 	}
 	return slotReports(ctx, q, schedule, `schedule = $1 ORDER BY slot DESC LIMIT $2`, limit)
 }
 
-func slotReports(ctx context.Context, q queryer, schedule, where string, arg any) ([]*SlotReport, error) {
+func slotReports(ctx context.Context, q stepwise.DBTX, schedule, where string, arg any) ([]*SlotReport, error) {
 	rows, err := q.Query(ctx, `SELECT slot, status, coalesce(reason, ''), coalesce(detail, ''), shards,
 			created_at, materialized_at, started_at, runs_done_at
 		FROM stepwise_schedule_slot WHERE `+where, schedule, arg)
@@ -180,7 +174,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 		return nil, fmt.Errorf("reading slots of schedule %q: %w", schedule, err)
 	}
 	reports, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*SlotReport, error) {
-		r := &SlotReport{Schedule: schedule, Runs: map[string]int{}, Operations: map[string]int{}}
+		r := &SlotReport{Schedule: schedule, Runs: map[string]int{}, Operations: map[outbox.State]int{}}
 		err := row.Scan(&r.Slot, &r.Decision, &r.Reason, &r.Detail, &r.Shards, &r.DecidedAt, &r.MaterializedAt, &r.StartedAt, &r.RunsDoneAt)
 		r.Slot = r.Slot.UTC()
 		return r, err
@@ -197,7 +191,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 		bySlot[r.Slot] = r
 		slots = append(slots, r.Slot)
 	}
-	count := func(what, sql string, into func(*SlotReport) map[string]int) error {
+	count := func(what, sql string, into func(r *SlotReport, key string, n int)) error {
 		rows, err := q.Query(ctx, sql, schedule, slots)
 		if err != nil {
 			return fmt.Errorf("counting %s of schedule %q: %w", what, schedule, err)
@@ -207,7 +201,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 		var n int
 		_, err = pgx.ForEachRow(rows, []any{&slot, &key, &n}, func() error {
 			if r := bySlot[slot.UTC()]; r != nil {
-				into(r)[key] += n
+				into(r, key, n)
 			}
 			return nil
 		})
@@ -218,7 +212,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 	}
 	if err := count("runs", `SELECT slot, status, count(*)::int FROM stepwise_run
 			WHERE schedule = $1 AND slot = ANY($2) GROUP BY slot, status`,
-		func(r *SlotReport) map[string]int { return r.Runs }); err != nil {
+		func(r *SlotReport, status string, n int) { r.Runs[status] += n }); err != nil {
 		return nil, err
 	}
 	// Operations reach their slot through the run that enqueued them; a slot whose runs
@@ -226,7 +220,7 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 	if err := count("operations", `SELECT r.slot, o.state, count(*)::int
 			FROM stepwise_run r JOIN stepwise_operation o ON o.run_key = r.key
 			WHERE r.schedule = $1 AND r.slot = ANY($2) GROUP BY r.slot, o.state`,
-		func(r *SlotReport) map[string]int { return r.Operations }); err != nil {
+		func(r *SlotReport, state string, n int) { r.Operations[outbox.State(state)] += n }); err != nil {
 		return nil, err
 	}
 	for _, r := range reports {
@@ -239,14 +233,14 @@ func slotReports(ctx context.Context, q queryer, schedule, where string, arg any
 				r.Runs[RunMissing] = r.Shards - present
 			}
 		}
-		r.NeedsAttention = r.Operations["MANUAL"]
+		r.NeedsAttention = r.Operations[outbox.StateManual]
 		r.Status = DeriveBatchStatus(r.Decision, r.Shards, r.Runs, r.Operations)
 	}
 	return reports, nil
 }
 
-// ScheduleInfo is a schedule's row: its stored definition and progress.
-type ScheduleInfo struct {
+// Info is a schedule's row: its stored definition and progress.
+type Info struct {
 	Name      string
 	Spec      string
 	Zone      string
@@ -261,15 +255,15 @@ type ScheduleInfo struct {
 	UpdatedAt time.Time
 }
 
-// GetSchedule reads a schedule's row. A schedule registered in code has a row from its first
-// tick on; before that it is ErrScheduleNotFound.
-func GetSchedule(ctx context.Context, q Querier, name string) (*ScheduleInfo, error) {
-	s := &ScheduleInfo{Name: name}
+// Get reads a schedule's row. A schedule registered in code has a row from its first
+// tick on; before that it is ErrNotFound.
+func Get(ctx context.Context, q stepwise.DBTX, name string) (*Info, error) {
+	s := &Info{Name: name}
 	err := q.QueryRow(ctx, `SELECT spec, zone, gap, misfire, overlap, shards, watermark, paused, version, created_at, updated_at
 		FROM stepwise_schedule WHERE name = $1`, name).
 		Scan(&s.Spec, &s.Zone, &s.Gap, &s.Misfire, &s.Overlap, &s.Shards, &s.Watermark, &s.Paused, &s.Version, &s.CreatedAt, &s.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %q", ErrScheduleNotFound, name)
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading schedule %q: %w", name, err)
@@ -278,22 +272,22 @@ func GetSchedule(ctx context.Context, q Querier, name string) (*ScheduleInfo, er
 	return s, nil
 }
 
-// PauseSchedule stops ticks from deciding the schedule's slots; the watermark stays where it
+// Pause stops ticks from deciding the schedule's slots; the watermark stays where it
 // is. Runs already started go on. When resumed, the slots that fell due meanwhile are
 // misfires: the schedule's misfire policy decides them as after any outage (so pause a
 // CatchUpAll schedule only if catching up afterwards is what you want). It waits for a tick
 // holding the schedule to finish, and is audited as 'schedule.paused' with actor and reason.
 // Pausing a paused schedule does nothing.
-func PauseSchedule(ctx context.Context, q Querier, name, actor, reason string) error {
+func Pause(ctx context.Context, q stepwise.DBTX, name, actor, reason string) error {
 	return setPaused(ctx, q, name, true, actor, reason)
 }
 
-// ResumeSchedule undoes PauseSchedule, audited as 'schedule.resumed'.
-func ResumeSchedule(ctx context.Context, q Querier, name, actor, reason string) error {
+// Resume undoes Pause, audited as 'schedule.resumed'.
+func Resume(ctx context.Context, q stepwise.DBTX, name, actor, reason string) error {
 	return setPaused(ctx, q, name, false, actor, reason)
 }
 
-func setPaused(ctx context.Context, q Querier, name string, paused bool, actor, reason string) error {
+func setPaused(ctx context.Context, q stepwise.DBTX, name string, paused bool, actor, reason string) error {
 	kind, from, to := "schedule.paused", "active", "paused"
 	if !paused {
 		kind, from, to = "schedule.resumed", "paused", "active"
@@ -314,7 +308,7 @@ func setPaused(ctx context.Context, q Querier, name string, paused bool, actor, 
 		return fmt.Errorf("setting schedule %q paused=%t: %w", name, paused, err)
 	}
 	if !found {
-		return fmt.Errorf("%w: %q (a schedule gets its row at its first tick)", ErrScheduleNotFound, name)
+		return fmt.Errorf("%w: %q (a schedule gets its row at its first tick)", ErrNotFound, name)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package workflow
+package schedule
 
 import (
 	"fmt"
@@ -204,7 +204,7 @@ func misfire(def *schedule, watermark, now time.Time, maxSlots int, p *tickPlan)
 		}
 		run, _ = def.spec.Slots(after, now, budget)
 	default:
-		panic(fmt.Sprintf("workflow: unknown misfire policy %T", def.misfire)) // AddSchedule admits only the three
+		panic(fmt.Sprintf("schedule: unknown misfire policy %T", def.misfire)) // Add admits only the three
 	}
 	if len(run) > 0 {
 		p.watermark = run[len(run)-1]

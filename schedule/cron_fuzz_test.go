@@ -1,4 +1,4 @@
-package cronslot_test
+package schedule_test
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/cronslot"
+	"github.com/stepwise-go/stepwise/schedule"
 )
 
 // fuzzZones covers the ways zones misbehave: none (UTC, Shanghai,
@@ -143,7 +143,7 @@ func fuzzStart(loc *time.Location, start int64, near bool) time.Time {
 // spec is due when the clock first shows a matching time, or (GapRunAfter)
 // first jumps over one. Which wall times match is robfig/cron's own answer,
 // asked in UTC where no clock ever jumps.
-func bruteSlots(t *testing.T, spec string, loc *time.Location, fixed bool, gap cronslot.GapPolicy, after, until time.Time) []time.Time {
+func bruteSlots(t *testing.T, spec string, loc *time.Location, fixed bool, gap schedule.GapPolicy, after, until time.Time) []time.Time {
 	t.Helper()
 	sched, err := cron.ParseStandard("CRON_TZ=UTC " + spec)
 	require.NoError(t, err)
@@ -175,7 +175,7 @@ func bruteSlots(t *testing.T, spec string, loc *time.Location, fixed bool, gap c
 			due = match[w]
 		} else if w >= seen {
 			due = match[w]
-			for x := seen; x < w && !due && gap == cronslot.GapRunAfter; x += 60 {
+			for x := seen; x < w && !due && gap == schedule.GapRunAfter; x += 60 {
 				due = match[x]
 			}
 			seen = w + 60
@@ -197,13 +197,13 @@ func FuzzSlots(f *testing.F) {
 	f.Fuzz(func(t *testing.T, seed uint64, zoneIdx uint8, start int64, spanMin uint16, flags uint8) {
 		spec, fixed := genSpec(seed)
 		zone := fuzzZones[int(zoneIdx)%len(fuzzZones)]
-		loc, err := cronslot.LoadZone(zone)
+		loc, err := schedule.LoadZone(zone)
 		require.NoError(t, err)
-		gap := cronslot.GapRunAfter
+		gap := schedule.GapRunAfter
 		if flags&1 != 0 {
-			gap = cronslot.GapSkip
+			gap = schedule.GapSkip
 		}
-		s, err := cronslot.Parse(spec, loc, gap)
+		s, err := schedule.ParseSpec(spec, loc, gap)
 		if err != nil {
 			require.ErrorContains(t, err, "would never fire", "spec %q", spec)
 			return
@@ -230,7 +230,7 @@ func FuzzSlots(f *testing.F) {
 		}
 
 		// Same watermark, same slots: another Spec from the same text agrees.
-		again, err := cronslot.Parse(spec, loc, gap)
+		again, err := schedule.ParseSpec(spec, loc, gap)
 		require.NoError(t, err)
 		slotsAgain, _ := again.Slots(after, until, 1<<20)
 		require.Equal(t, slots, slotsAgain)

@@ -1,4 +1,4 @@
-package cronslot_test
+package schedule_test
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/cronslot"
+	"github.com/stepwise-go/stepwise/schedule"
 
 	// Real zone rules in every test run, whatever the host has installed.
 	_ "time/tzdata"
@@ -15,7 +15,7 @@ import (
 
 func mustZone(t testing.TB, name string) *time.Location {
 	t.Helper()
-	loc, err := cronslot.LoadZone(name)
+	loc, err := schedule.LoadZone(name)
 	require.NoError(t, err)
 	return loc
 }
@@ -39,7 +39,7 @@ func TestDSTSwitchDays(t *testing.T) {
 		zone   string
 		date   string // local day, YYYY-MM-DD
 		spec   string
-		gap    cronslot.GapPolicy
+		gap    schedule.GapPolicy
 		fixed  bool
 		from   int      // window start, local hour on date (inclusive)
 		to     int      // window end, local hour on date (exclusive)
@@ -53,10 +53,10 @@ func TestDSTSwitchDays(t *testing.T) {
 		berlinSpring = "2026-03-29" // 02:00 CET -> 03:00 CEST
 		berlinFall   = "2026-10-25" // 03:00 CEST -> 02:00 CET
 	)
-	ny := func(date, spec string, gap cronslot.GapPolicy, fixed bool, perDay int, want ...string) dstCase {
+	ny := func(date, spec string, gap schedule.GapPolicy, fixed bool, perDay int, want ...string) dstCase {
 		return dstCase{zone: "America/New_York", date: date, spec: spec, gap: gap, fixed: fixed, from: 0, to: 4, want: want, perDay: perDay}
 	}
-	run, skip := cronslot.GapRunAfter, cronslot.GapSkip
+	run, skip := schedule.GapRunAfter, schedule.GapSkip
 
 	tests := []dstCase{
 		// A fixed time in the spring gap runs right after it, or not at all.
@@ -133,7 +133,7 @@ func TestDSTSwitchDays(t *testing.T) {
 			t.Parallel()
 
 			loc := mustZone(t, tt.zone)
-			spec, err := cronslot.Parse(tt.spec, loc, tt.gap)
+			spec, err := schedule.ParseSpec(tt.spec, loc, tt.gap)
 			require.NoError(t, err)
 			require.Equal(t, tt.fixed, spec.FixedTime())
 
@@ -184,7 +184,7 @@ func TestRobfigNextForComparison(t *testing.T) {
 		return localDates(out, ny)
 	}
 	ourChain := func(spec string, from time.Time, n int) []string {
-		s, err := cronslot.Parse(spec, ny, cronslot.GapRunAfter)
+		s, err := schedule.ParseSpec(spec, ny, schedule.GapRunAfter)
 		require.NoError(t, err)
 		var out []time.Time
 		for at := from; len(out) < n; {

@@ -1,4 +1,4 @@
-package workflow
+package schedule
 
 import (
 	"context"
@@ -12,23 +12,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
-	"github.com/stepwise-go/stepwise/internal/cronslot"
-)
-
-// GapPolicy says what happens to a fixed local time that falls in a spring-forward gap,
-// such as 02:30 in America/New_York on 2026-03-08. It matters only for specs with a fixed
-// minute and hour ("30 2 * * *", @daily); specs with a wildcard hour follow absolute time.
-type GapPolicy = cronslot.GapPolicy
-
-const (
-	// GapRunAfter runs a local time that falls in a gap once, at the first instant after
-	// the gap (03:00 EDT in New York), as Vixie cron does: a daily job still runs that day.
-	GapRunAfter = cronslot.GapRunAfter
-
-	// GapSkip drops a local time that falls in a gap: no slot for it that day.
-	GapSkip = cronslot.GapSkip
+	"github.com/stepwise-go/stepwise/internal/slotrun"
+	"github.com/stepwise-go/stepwise/workflow"
 )
 
 // OverlapPolicy decides what happens to a slot that falls due while runs of an earlier slot
@@ -94,17 +82,23 @@ type MisfirePolicy interface {
 	validate(tickInterval time.Duration) error
 }
 
+// Defaults of CatchUpAll's fields, applied to zero fields.
+const (
+	CatchUpMaxDefault     = 1000
+	CatchUpPerTickDefault = 100
+)
+
 // CatchUpAll runs every missed slot, oldest first, but bounded so that a long outage does
 // not flood the database and the workers: at most PerTick slots are materialized per tick
-// (a rate of PerTick per SchedulerConfig.TickInterval), and when more than Max slots are
+// (a rate of PerTick per Config.TickInterval), and when more than Max slots are
 // waiting, the oldest beyond Max are recorded as skipped (reason catch_up_limit).
 type CatchUpAll struct {
 	// Max is the most slots a tick keeps waiting to be caught up; older ones are skipped.
-	// Defaults to 1000.
+	// Defaults to CatchUpMaxDefault (1000).
 	Max int
 
 	// PerTick is the most slots one tick materializes (each with Shards runs).
-	// Defaults to 100.
+	// Defaults to CatchUpPerTickDefault (100).
 	PerTick int
 }
 
@@ -114,10 +108,10 @@ func (p CatchUpAll) describe() map[string]any {
 
 func (p CatchUpAll) withDefaults() MisfirePolicy {
 	if p.Max == 0 {
-		p.Max = 1000
+		p.Max = CatchUpMaxDefault
 	}
 	if p.PerTick == 0 {
-		p.PerTick = 100
+		p.PerTick = CatchUpPerTickDefault
 	}
 	return p
 }
@@ -125,9 +119,9 @@ func (p CatchUpAll) withDefaults() MisfirePolicy {
 func (p CatchUpAll) validate(time.Duration) error {
 	switch {
 	case p.Max < 0:
-		return fmt.Errorf("misfire policy CatchUpAll.Max is %d; it must be positive (0 means the default, 1000)", p.Max)
+		return fmt.Errorf("misfire policy CatchUpAll.Max is %d; it must be positive (0 means CatchUpMaxDefault, %d)", p.Max, CatchUpMaxDefault)
 	case p.PerTick < 0:
-		return fmt.Errorf("misfire policy CatchUpAll.PerTick is %d; it must be positive (0 means the default, 100)", p.PerTick)
+		return fmt.Errorf("misfire policy CatchUpAll.PerTick is %d; it must be positive (0 means CatchUpPerTickDefault, %d)", p.PerTick, CatchUpPerTickDefault)
 	}
 	return nil
 }
@@ -166,7 +160,7 @@ func (p SkipMissed) validate(tickInterval time.Duration) error {
 }
 
 // Schedule defines a durable cron schedule whose slots start runs of A's workflow. Register
-// it with AddSchedule.
+// it with Add.
 type Schedule[A river.JobArgs] struct {
 	// Name identifies the schedule forever: its row, its slots and its run keys
 	// ("<Name>/<slot>/<shard>"). 1 to 128 characters of letters, digits, '_', '.', ':' and
@@ -223,7 +217,7 @@ var scheduleNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 // schedule is a registered Schedule with its type parameter erased.
 type schedule struct {
 	name       string
-	spec       *cronslot.Spec
+	spec       *Spec
 	specText   string
 	zone       string
 	gap        GapPolicy
@@ -232,7 +226,7 @@ type schedule struct {
 	shards     int
 	startAt    time.Time
 	workflow   string
-	start      func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, slot time.Time, shard int) (*Run, error)
+	start      func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, slot time.Time, shard int) (created bool, err error)
 	misfireDoc []byte // misfire.describe() as JSON
 }
 
@@ -243,10 +237,17 @@ func gapName(g GapPolicy) string {
 	return "run_after"
 }
 
-// SchedulerConfig configures a Scheduler.
-type SchedulerConfig struct {
+// Defaults of Config's fields, which WithDefaults applies to zero fields.
+const (
+	TickIntervalDefault    = 5 * time.Second
+	MaxSlotsPerTickDefault = 10_000
+)
+
+// Config configures a Scheduler.
+type Config struct {
 	// TickInterval is how often River's leader inserts the tick job that materializes due
-	// slots. A slot starts at most about TickInterval after its time. Defaults to 5s.
+	// slots. A slot starts at most about TickInterval after its time. Defaults to
+	// TickIntervalDefault (5s).
 	TickInterval time.Duration
 
 	// Now is the clock ticks compare slots with. Defaults to nil: the database's clock
@@ -258,7 +259,7 @@ type SchedulerConfig struct {
 
 	// MaxSlotsPerTick bounds how many slots one tick decides per schedule (skipped ones
 	// included), which bounds the tick's transaction. A longer backlog is worked off over
-	// the following ticks. Defaults to 10,000.
+	// the following ticks. Defaults to MaxSlotsPerTickDefault (10,000).
 	MaxSlotsPerTick int
 
 	// Logger receives schedule changes and tick failures. Defaults to the Engine's logger.
@@ -266,112 +267,49 @@ type SchedulerConfig struct {
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c *SchedulerConfig) WithDefaults() *SchedulerConfig {
-	out := SchedulerConfig{}
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
 	if c != nil {
 		out = *c
 	}
 	if out.TickInterval == 0 {
-		out.TickInterval = 5 * time.Second
+		out.TickInterval = TickIntervalDefault
 	}
 	if out.MaxSlotsPerTick == 0 {
-		out.MaxSlotsPerTick = 10_000
+		out.MaxSlotsPerTick = MaxSlotsPerTickDefault
 	}
 	return &out
 }
 
-func (c *SchedulerConfig) validate() error {
+func (c *Config) validate() error {
 	switch {
 	case c.TickInterval <= 0:
-		return fmt.Errorf("workflow.SchedulerConfig.TickInterval is %s; it must be positive (0 means the default, 5s)", c.TickInterval)
+		return fmt.Errorf("schedule.Config.TickInterval is %s; it must be positive (0 means TickIntervalDefault, %s)", c.TickInterval, TickIntervalDefault)
 	case c.MaxSlotsPerTick < 1:
-		return fmt.Errorf("workflow.SchedulerConfig.MaxSlotsPerTick is %d; it must be positive (0 means the default, 10000)", c.MaxSlotsPerTick)
+		return fmt.Errorf("schedule.Config.MaxSlotsPerTick is %d; it must be positive (0 means MaxSlotsPerTickDefault, %d)", c.MaxSlotsPerTick, MaxSlotsPerTickDefault)
 	}
 	return nil
 }
 
-// Scheduler turns cron specs into durable, deterministic slots, each fanned out to one run per
-// shard. River's own periodic jobs keep their state in the leader's memory, so a slot that
-// falls due during a deploy or a leader change is lost; a Stepwise schedule keeps a
-// watermark (the last slot decided) in stepwise_schedule and advances it only in the
-// transaction that inserts the slot's runs and River jobs. A tick that commits and then
-// crashes leaves nothing to redo; a tick that crashes before commit leaves nothing done.
-//
-// # Slots
-//
-// The slots of a schedule are the chain spec.Next(previous) in the schedule's zone, stored
-// as UTC timestamps (package internal/cronslot does the arithmetic, DST included), so every
-// node computes the same instants. Each slot is decided exactly once, under the schedule
-// row's lock, and recorded in stepwise_schedule_slot as materialized, skipped (with a reason)
-// or buffered (waiting for the previous slot's runs to finish). A materialized slot has one
-// run per shard with key "<schedule>/<slot RFC 3339 UTC>/<shard>" (ScheduleRunKey); run keys
-// are unique forever, so even a tick that somehow ran twice could not start a second run.
-//
-// # Misfires
-//
-// Slots missed while no tick ran (an outage, a long deploy, a paused schedule) are decided
-// by the schedule's MisfirePolicy when ticking resumes: CatchUpAll runs them (bounded in
-// count and rate), RunLatest runs only the newest, SkipMissed runs none older than a
-// starting deadline. Every slot not run is recorded as skipped with its reason.
-//
-// # Overlap
-//
-// When a slot is due while runs of an earlier slot are unfinished, the OverlapPolicy
-// decides: OverlapAllowAll, OverlapSkip, OverlapBufferOne, OverlapBufferAll (strictly serial,
-// in slot order) or OverlapCancelOther (cooperative cancellation of the older runs through
-// CancelRun; the new slot starts once they have ended).
-//
-// # Batch status
-//
-// SlotStatus and ListSlots derive a slot's status from evidence (its runs and the operations
-// they enqueued), never from a loop that merely returned: see BatchStatus.
-//
-// # Example
-//
-//	sched, err := workflow.NewScheduler(engine, &workflow.SchedulerConfig{TickInterval: 5 * time.Second})
-//	if err != nil {
-//		return err
-//	}
-//	err = workflow.AddSchedule(sched, workflow.Schedule[SettleArgs]{
-//		Name:    "settle",
-//		Spec:    "30 2 * * *",
-//		Zone:    "America/New_York",
-//		Misfire: workflow.CatchUpAll{Max: 30, PerTick: 5},
-//		Overlap: workflow.OverlapBufferAll,
-//		Shards:  8,
-//		Args: func(slot time.Time, shard int) SettleArgs {
-//			return SettleArgs{Date: slot.In(ny).Format(time.DateOnly), Shard: shard}
-//		},
-//	})
-//	if err != nil {
-//		return err
-//	}
-//	if err := sched.AddWorkers(workers); err != nil {
-//		return err
-//	}
-//	riverConfig.PeriodicJobs = append(riverConfig.PeriodicJobs, sched.PeriodicJobs()...)
-//
-// # Wiring
-//
-// Create one Scheduler per Engine with NewScheduler, register schedules with AddSchedule,
-// its tick worker with AddWorkers and its tick job with PeriodicJobs. Every node should
-// register the same schedules: the tick job runs on whichever node fetches it, and ticks
-// only the schedules that node knows. Tick can also be called by hand.
+// Scheduler ticks the registered schedules: it decides their due slots and starts the slots'
+// runs (see the package doc). Create one per Engine with New and register schedules with Add.
+// Every node should register the same schedules: the tick job runs on whichever node fetches
+// it, and ticks only the schedules that node knows. Tick can also be called by hand.
 type Scheduler struct {
-	e       *Engine
-	cfg     *SchedulerConfig
+	pool    *pgxpool.Pool
+	cfg     *Config
 	logger  *slog.Logger
-	metrics *ScheduleMetrics
+	metrics *metrics
 
 	mu        sync.Mutex
 	schedules []*schedule
 	byName    map[string]*schedule
 }
 
-// NewScheduler returns a Scheduler whose runs are started through engine's tables.
-func NewScheduler(engine *Engine, cfg *SchedulerConfig) (*Scheduler, error) {
+// New returns a Scheduler whose runs are started through engine's tables.
+func New(engine *workflow.Engine, cfg *Config) (*Scheduler, error) {
 	if engine == nil {
-		return nil, errors.New("workflow.NewScheduler: engine is nil; create one with workflow.New")
+		return nil, errors.New("schedule.New: engine is nil; create one with workflow.New")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -379,18 +317,18 @@ func NewScheduler(engine *Engine, cfg *SchedulerConfig) (*Scheduler, error) {
 	}
 	logger := cfg.Logger
 	if logger == nil {
-		logger = engine.logger
+		logger = engine.Config().Logger
 	}
 	return &Scheduler{
-		e:       engine,
+		pool:    engine.Checkpoints().Pool(),
 		cfg:     cfg,
 		logger:  logger,
-		metrics: NewScheduleMetrics(),
+		metrics: newMetrics(),
 		byName:  map[string]*schedule{},
 	}, nil
 }
 
-// AddSchedule registers a schedule. Every mistake a schedule can hold is reported here, at
+// Add registers a schedule. Every mistake a schedule can hold is reported here, at
 // registration, naming the schedule and the fix, never at fire time: an invalid spec, an
 // unknown zone, a missing policy, fewer than one shard, a name already registered.
 //
@@ -400,11 +338,11 @@ func NewScheduler(engine *Engine, cfg *SchedulerConfig) (*Scheduler, error) {
 // event with the old and new definition. The code's definition is the source of truth; the
 // row mirrors it for operators and audit. During a rolling deploy that changes a definition,
 // old and new nodes may both work tick jobs and the row follows whichever ticked last (each
-// switch audited); pause the schedule for the deploy (PauseSchedule) if a slot decided under
+// switch audited); pause the schedule for the deploy (Pause) if a slot decided under
 // the old definition in that window would matter.
-func AddSchedule[A river.JobArgs](s *Scheduler, sch Schedule[A]) error {
+func Add[A river.JobArgs](s *Scheduler, sch Schedule[A]) error {
 	if s == nil {
-		return errors.New("workflow.AddSchedule: scheduler is nil; create one with workflow.NewScheduler")
+		return errors.New("schedule.Add: scheduler is nil; create one with schedule.New")
 	}
 	def, err := compileSchedule(sch, s.cfg.TickInterval)
 	if err != nil {
@@ -413,7 +351,7 @@ func AddSchedule[A river.JobArgs](s *Scheduler, sch Schedule[A]) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.byName[sch.Name]; dup {
-		return fmt.Errorf("%w: schedule %q is registered twice: give each schedule its own Name", ErrInvalidSchedule, sch.Name)
+		return fmt.Errorf("%w: schedule %q is registered twice: give each schedule its own Name", ErrInvalid, sch.Name)
 	}
 	s.byName[sch.Name] = def
 	s.schedules = append(s.schedules, def)
@@ -424,35 +362,35 @@ func AddSchedule[A river.JobArgs](s *Scheduler, sch Schedule[A]) error {
 // scheduler's, which some policies are checked against.
 func compileSchedule[A river.JobArgs](sch Schedule[A], tickInterval time.Duration) (*schedule, error) {
 	fail := func(format string, args ...any) error {
-		return fmt.Errorf("%w: schedule %q: %s", ErrInvalidSchedule, sch.Name, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: schedule %q: %s", ErrInvalid, sch.Name, fmt.Sprintf(format, args...))
 	}
 	if !scheduleNameRE.MatchString(sch.Name) {
 		return nil, fmt.Errorf("%w: schedule name %q: use 1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit (it goes into run keys \"<name>/<slot>/<shard>\")",
-			ErrInvalidSchedule, sch.Name)
+			ErrInvalid, sch.Name)
 	}
 	var zone *time.Location
 	if sch.Zone != "" {
 		var err error
-		if zone, err = cronslot.LoadZone(sch.Zone); err != nil {
+		if zone, err = LoadZone(sch.Zone); err != nil {
 			return nil, fail("Zone: %v", err)
 		}
 	}
-	spec, err := cronslot.Parse(sch.Spec, zone, sch.Gap)
+	spec, err := ParseSpec(sch.Spec, zone, sch.Gap)
 	if err != nil {
-		if zone == nil && !errors.Is(err, cronslot.ErrUnknownZone) {
+		if zone == nil && !errors.Is(err, ErrUnknownZone) {
 			return nil, fail("%v (Zone is empty: set Zone to an IANA name such as \"America/New_York\" or \"UTC\", or prefix the spec with CRON_TZ=)", err)
 		}
 		return nil, fail("Spec: %v", err)
 	}
 	if sch.Misfire == nil {
-		return nil, fail("Misfire is nil: choose workflow.CatchUpAll{Max: ..., PerTick: ...}, workflow.RunLatest{} or workflow.SkipMissed{StartingDeadline: ...}")
+		return nil, fail("Misfire is nil: choose schedule.CatchUpAll{Max: ..., PerTick: ...}, schedule.RunLatest{} or schedule.SkipMissed{StartingDeadline: ...}")
 	}
 	misfire := sch.Misfire.withDefaults()
 	if err := misfire.validate(tickInterval); err != nil {
 		return nil, fail("%v", err)
 	}
 	if sch.Overlap < OverlapAllowAll || sch.Overlap > OverlapCancelOther {
-		return nil, fail("Overlap is %s: choose workflow.OverlapAllowAll, OverlapSkip, OverlapBufferOne, OverlapBufferAll or OverlapCancelOther", sch.Overlap)
+		return nil, fail("Overlap is %s: choose schedule.OverlapAllowAll, OverlapSkip, OverlapBufferOne, OverlapBufferAll or OverlapCancelOther", sch.Overlap)
 	}
 	if sch.Shards < 1 {
 		return nil, fail("Shards is %d: a slot needs at least one run; set Shards to 1 for an unsharded schedule", sch.Shards)
@@ -479,25 +417,21 @@ func compileSchedule[A river.JobArgs](sch Schedule[A], tickInterval time.Duratio
 		misfireDoc: misfireDoc,
 	}
 	args, insertOpts, name := sch.Args, sch.InsertOpts, sch.Name
-	def.start = func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, slot time.Time, shard int) (*Run, error) {
+	def.start = func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, slot time.Time, shard int) (bool, error) {
 		var opts *river.InsertOpts
 		if insertOpts != nil {
 			cp := *insertOpts
 			opts = &cp
 		}
-		return StartTx(ctx, client, tx, ScheduleRunKey(name, slot, shard), args(slot, shard), &StartOpts{
-			Schedule:   name,
-			Slot:       slot,
-			Shard:      &shard,
-			InsertOpts: opts,
-		})
+		return slotrun.StartTx(ctx, client, tx, RunKey(name, slot, shard), args(slot, shard), opts,
+			slotrun.Slot{Schedule: name, Time: slot, Shard: shard})
 	}
 	return def, nil
 }
 
-// ScheduleRunKey returns the run key of a schedule's slot and shard:
+// RunKey returns the run key of a schedule's slot and shard:
 // "<schedule>/<slot in RFC 3339, UTC>/<shard>", e.g. "settle/2026-03-08T07:00:00Z/3".
-func ScheduleRunKey(schedule string, slot time.Time, shard int) string {
+func RunKey(schedule string, slot time.Time, shard int) string {
 	return fmt.Sprintf("%s/%s/%d", schedule, slot.UTC().Format(time.RFC3339), shard)
 }
 
@@ -507,9 +441,52 @@ func ScheduleRunKey(schedule string, slot time.Time, shard int) string {
 // shards or by none. ShardOf panics if n < 1, like a division by zero.
 func ShardOf(key string, n int) int {
 	if n < 1 {
-		panic(fmt.Sprintf("workflow.ShardOf: n is %d; a schedule has at least one shard", n))
+		panic(fmt.Sprintf("schedule.ShardOf: n is %d; a schedule has at least one shard", n))
 	}
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(key)) // hash.Hash.Write never fails
 	return int(h.Sum64() % uint64(n))
+}
+
+// StartSlot starts the runs of one slot of sch in tx, as the tick that materializes the slot
+// does: one run per shard, keyed RunKey(sch.Name, slot, shard), with input
+// sch.Args(slot, shard) and the schedule, slot and shard recorded on the run. A run that
+// exists already is returned as it is (Created false), so StartSlot may be called for a slot
+// a tick has started or will start: the tick finds the runs and starts none again. Use it to
+// run a slot by hand, ahead of its tick or in a process without a Scheduler.
+//
+// slot must be one of the spec's slots; sch is checked as Add checks it. The slot's decision
+// is not recorded here (the tick that reaches the slot records it), so SlotStatus reports
+// ErrSlotNotFound until then. This is the only way, besides a Scheduler, to start a run that
+// belongs to a slot: workflow.StartOpts cannot set one.
+func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, sch Schedule[A], slot time.Time) ([]*workflow.Run, error) {
+	switch {
+	case client == nil:
+		return nil, errors.New("schedule.StartSlot: client is nil; pass the River client the runs should be inserted with")
+	case tx == nil:
+		return nil, errors.New("schedule.StartSlot: tx is nil; pass the transaction the runs should be started in")
+	}
+	def, err := compileSchedule(sch, 0)
+	if err != nil {
+		return nil, err
+	}
+	slot = slot.UTC()
+	if next := def.spec.Next(slot.Add(-time.Nanosecond)); !next.Equal(slot) {
+		return nil, fmt.Errorf("%w: schedule %q: %s is not a slot of %q in %s; pass one of its slots, e.g. %s",
+			ErrInvalid, sch.Name, fmtSlot(slot), def.specText, def.zone, fmtSlot(next))
+	}
+	runs := make([]*workflow.Run, 0, def.shards)
+	for shard := range def.shards {
+		created, err := def.start(ctx, client, tx, slot, shard)
+		if err != nil {
+			return nil, fmt.Errorf("starting run of schedule %q slot %s shard %d: %w", sch.Name, fmtSlot(slot), shard, err)
+		}
+		run, err := workflow.GetRun(ctx, tx, RunKey(sch.Name, slot, shard))
+		if err != nil {
+			return nil, err
+		}
+		run.Created = created
+		runs = append(runs, run)
+	}
+	return runs, nil
 }

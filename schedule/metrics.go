@@ -1,11 +1,11 @@
-package workflow
+package schedule
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// ScheduleMetrics are a Scheduler's Prometheus collectors, labelled by schedule. They count
-// what this process's ticks committed; sum them across processes. Register them with
-// prometheus.MustRegister(sched.Metrics()): ScheduleMetrics is a prometheus.Collector.
-type ScheduleMetrics struct {
+// metrics are a Scheduler's Prometheus collectors, labelled by schedule. They count
+// what this process's ticks committed; sum them across processes. Scheduler.Metrics returns
+// them as one prometheus.Collector.
+type metrics struct {
 	// StartLag is run start minus slot time, in seconds (stepwise_schedule_start_lag_seconds):
 	// from the slot's time to the first claim of its first run by a worker, observed by the
 	// tick after the run started. It is the lag a schedule's users feel: tick interval,
@@ -32,11 +32,10 @@ type ScheduleMetrics struct {
 	Ticks *prometheus.CounterVec
 }
 
-// NewScheduleMetrics returns unregistered collectors. Every Scheduler has its own; this is
-// exported for tests and for users who build their own registry layout.
-func NewScheduleMetrics() *ScheduleMetrics {
+// newMetrics returns unregistered collectors. Every Scheduler has its own.
+func newMetrics() *metrics {
 	lagBuckets := []float64{0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 6 * 3600, 24 * 3600}
-	return &ScheduleMetrics{
+	return &metrics{
 		StartLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "stepwise_schedule_start_lag_seconds",
 			Help:    "Run start (first claim of the slot's first run) minus the slot's time.",
@@ -66,19 +65,19 @@ func NewScheduleMetrics() *ScheduleMetrics {
 	}
 }
 
-func (m *ScheduleMetrics) collectors() []prometheus.Collector {
+func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.StartLag, m.MaterializeLag, m.Misfires, m.SkippedSlots, m.Slots, m.Ticks}
 }
 
 // Describe implements prometheus.Collector.
-func (m *ScheduleMetrics) Describe(ch chan<- *prometheus.Desc) {
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
 }
 
 // Collect implements prometheus.Collector.
-func (m *ScheduleMetrics) Collect(ch chan<- prometheus.Metric) {
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.collectors() {
 		c.Collect(ch)
 	}

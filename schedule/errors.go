@@ -1,0 +1,14 @@
+package schedule
+
+import "errors"
+
+// ErrInvalid is matched (errors.Is) by every error Add returns for a schedule it cannot
+// accept; the message names the schedule, the field and the fix.
+var ErrInvalid = errors.New("schedule: invalid schedule")
+
+// ErrNotFound is returned for a schedule name that has no row (it was never ticked).
+var ErrNotFound = errors.New("schedule: schedule not found")
+
+// ErrSlotNotFound is returned by SlotStatus for a slot no tick has decided: not due yet, not
+// a slot of the schedule's spec, or due but not yet ticked.
+var ErrSlotNotFound = errors.New("schedule: slot not found")

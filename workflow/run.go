@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 
 	"github.com/stepwise-go/stepwise"
@@ -228,9 +227,7 @@ func GetRun(ctx context.Context, q stepwise.DBTX, key string) (*Run, error) {
 // that is not being worked (sleeping, or waiting for River's retry) is ended 'cancelled' by
 // the next maintenance pass, within about MaintenanceInterval.
 // Committed steps stay committed. Cancelling a finished run does nothing and returns nil.
-func CancelRun(ctx context.Context, q interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}, key, reason string) error {
+func CancelRun(ctx context.Context, q stepwise.DBTX, key, reason string) error {
 	if err := requestCancel(ctx, q, key, reason); err != nil {
 		return fmt.Errorf("requesting cancellation of run %q: %w", key, err)
 	}

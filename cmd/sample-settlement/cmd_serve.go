@@ -300,7 +300,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	go gatherer.run(ctx)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(svc.Client, nil),
-		Logger:    logger,
+		Logger:    slog.New(raiseInternalErrors{logger.Handler()}),
 		Prefix:    "/riverui",
 	})
 	if err != nil {
@@ -330,7 +330,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		}
 		fmt.Fprintln(w, "ready")
 	})))
-	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
+	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(genericServerErrors(ui, "River UI", logger), os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
 	// The operator's console checks credentials, origin and CSRF itself (package console).
 	cons, err := newConsole(svc.Pool, svc, logger)
 	if err != nil {

@@ -474,7 +474,9 @@ func TestHealthBodiesAreGeneric(t *testing.T) {
 	require.NoError(t, bank.Start())
 	t.Cleanup(func() { _ = bank.Close() })
 	proxy, proxied := testkit.NewProxy(t, dbURL)
-	p, addr := startServe(t, "health", "--database-url", proxied, "--bank-url", bank.URL(), "--scheduler=false", "--metrics-interval", "500ms")
+	// No credentials: River UI reads and the console are anonymous (on loopback).
+	p, addr := startServeEnv(t, []string{"RIVERUI_USER=", "RIVERUI_PASSWORD=", "CONSOLE_USER=", "CONSOLE_PASSWORD="},
+		"health", "--database-url", proxied, "--bank-url", bank.URL(), "--scheduler=false", "--metrics-interval", "500ms")
 
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + addr + path)
@@ -493,11 +495,17 @@ func TestHealthBodiesAreGeneric(t *testing.T) {
 		dbName = dbName[:i]
 	}
 	time.Sleep(time.Second) // a metrics gather against the cut database
-	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+	// Every endpoint an anonymous caller reaches: health, metrics, River UI's API and page,
+	// the console's pages. Those that need the database fail, and say so generically.
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/riverui/api/jobs?state=completed&limit=20",
+		"/riverui/api/queues", "/riverui/", "/console/", "/console/runs", "/console/operations"} {
 		code, body := get(path)
 		t.Logf("%s with the database cut: %d %q", path, code, truncateForLog(body))
-		for _, leak := range []string{dbName, "user=", "postgres", "FATAL", "dial", "127.0.0.1"} {
+		for _, leak := range []string{dbName, "user=", "postgres", "FATAL", "dial", "127.0.0.1", "SQLSTATE", "connect:", "refused"} {
 			require.NotContains(t, body, leak, "%s tells an anonymous caller about the database", path)
+		}
+		if strings.HasPrefix(path, "/riverui/api/") || strings.HasPrefix(path, "/console/") {
+			require.GreaterOrEqual(t, code, 400, "%s answered without its database", path)
 		}
 	}
 	code, body := get("/healthz")
@@ -507,8 +515,12 @@ func TestHealthBodiesAreGeneric(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Equal(t, "not ready: database unavailable\n", body)
 	// The detail is in the log, for the operator.
-	_, err := p.WaitForLine(context.Background(), "readiness: the database does not answer")
-	require.NoError(t, err)
+	logCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, line := range []string{"readiness: the database does not answer", "internal_error=", "console: "} {
+		_, err := p.WaitForLine(logCtx, line)
+		require.NoError(t, err, "the log lacks the detail the caller was not told (%q)", line)
+	}
 }
 
 func truncateForLog(s string) string {

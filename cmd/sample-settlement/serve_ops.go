@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -207,3 +208,103 @@ func (rd *readiness) ready() (bool, string) {
 	}
 	return true, "ok"
 }
+
+// raiseInternalErrors passes River UI's log records on, raising those that carry a failure's
+// detail (an "internal_error" attribute, such as the database's connection error behind the
+// generic "problem connecting to the configured database" answer) from INFO to WARN. Guards
+// against: the detail an anonymous caller is not told being lost too, since serve logs WARN
+// and above unless -v.
+type raiseInternalErrors struct{ slog.Handler }
+
+func (h raiseInternalErrors) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelInfo || h.Handler.Enabled(ctx, l)
+}
+
+func (h raiseInternalErrors) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level < slog.LevelWarn {
+		internal := false
+		r.Attrs(func(a slog.Attr) bool {
+			internal = a.Key == "internal_error"
+			return !internal
+		})
+		if !internal {
+			if !h.Handler.Enabled(ctx, r.Level) {
+				return nil
+			}
+			return h.Handler.Handle(ctx, r)
+		}
+		r.Level = slog.LevelWarn
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h raiseInternalErrors) WithAttrs(as []slog.Attr) slog.Handler {
+	return raiseInternalErrors{h.Handler.WithAttrs(as)}
+}
+
+func (h raiseInternalErrors) WithGroup(name string) slog.Handler {
+	return raiseInternalErrors{h.Handler.WithGroup(name)}
+}
+
+// genericServerErrors answers every 5xx of next with a generic body and logs the body next
+// wrote instead. Guards against: a handler this service does not own (River UI) telling an
+// anonymous caller what failed inside (a host, a user, SQL, a server's FATAL text), in this
+// version or the next.
+func genericServerErrors(next http.Handler, what string, logger *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gw := &genericWriter{ResponseWriter: w}
+		next.ServeHTTP(gw, r)
+		if gw.status >= 500 {
+			logger.Warn(what+": server error answered with a generic body", "method", r.Method, "path", r.URL.Path,
+				"status", gw.status, "body", strings.TrimSpace(gw.held.String()))
+		}
+	})
+}
+
+// genericWriter is genericServerErrors' ResponseWriter: below 500 it passes everything on;
+// from 500 it writes a generic body itself and holds what the handler writes (up to 4 KiB)
+// for the log.
+type genericWriter struct {
+	http.ResponseWriter
+	status int
+	held   bytes.Buffer
+}
+
+// maxHeldBody bounds the failure body genericWriter keeps for the log.
+const maxHeldBody = 4 << 10
+
+func (g *genericWriter) WriteHeader(code int) {
+	if g.status != 0 {
+		return
+	}
+	g.status = code
+	if code < 500 {
+		g.ResponseWriter.WriteHeader(code)
+		return
+	}
+	h := g.ResponseWriter.Header()
+	for _, k := range []string{"Content-Length", "Content-Encoding", "Content-Disposition", "Etag", "Last-Modified"} {
+		h.Del(k)
+	}
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	g.ResponseWriter.WriteHeader(code)
+	_, _ = io.WriteString(g.ResponseWriter, http.StatusText(code)+": the details are in the server's log\n")
+}
+
+func (g *genericWriter) Write(p []byte) (int, error) {
+	if g.status == 0 {
+		g.WriteHeader(http.StatusOK)
+	}
+	if g.status < 500 {
+		return g.ResponseWriter.Write(p)
+	}
+	if room := maxHeldBody - g.held.Len(); room > 0 {
+		g.held.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+// Unwrap lets http.ResponseController reach the connection (deadlines, flushes).
+func (g *genericWriter) Unwrap() http.ResponseWriter { return g.ResponseWriter }

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -10,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
-
 	"github.com/stretchr/testify/require"
 )
 
@@ -107,4 +109,42 @@ func BenchmarkScrape(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A server error of a handler serve does not own (River UI) reaches the caller as a generic
+// body; what the handler wrote goes to the log. Below 500 the handler's answer passes as is.
+func TestGenericServerErrors(t *testing.T) {
+	t.Parallel()
+	var logged bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logged, nil))
+	secret := `connecting to host=10.0.0.5 user=payments database=ledger: FATAL: password authentication failed`
+	h := genericServerErrors(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/fail":
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", "999")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"message":"`+secret+`"}`)
+		case "/missing":
+			http.Error(w, "job 42 not found", http.StatusNotFound)
+		default:
+			_, _ = io.WriteString(w, "fine")
+		}
+	}), "River UI", logger)
+
+	for path, want := range map[string]struct {
+		code int
+		body string
+	}{
+		"/fail":    {http.StatusInternalServerError, "Internal Server Error: the details are in the server's log\n"},
+		"/missing": {http.StatusNotFound, "job 42 not found\n"},
+		"/ok":      {http.StatusOK, "fine"},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		require.Equal(t, want.code, rec.Code, path)
+		require.Equal(t, want.body, rec.Body.String(), path)
+	}
+	require.Contains(t, logged.String(), "password authentication failed", "the detail is in the log")
+	require.Contains(t, logged.String(), "path=/fail")
 }

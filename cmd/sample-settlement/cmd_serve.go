@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -330,13 +332,13 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		}
 		fmt.Fprintln(w, "ready")
 	})))
-	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(genericServerErrors(ui, "River UI", logger), os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
+	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, readWholeBody(requireAuthForWrites(genericServerErrors(ui, "River UI", logger), os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")))))
 	// The operator's console checks credentials, origin and CSRF itself (package console).
 	cons, err := newConsole(svc.Pool, svc, logger)
 	if err != nil {
 		return nil, err
 	}
-	mux.Handle("/console/", limitInFlight(o.maxUIRequests, cons))
+	mux.Handle("/console/", limitInFlight(o.maxUIRequests, readWholeBody(cons)))
 	return limitBodies(readOnlyUnlessAuthorized(mux)), nil
 }
 
@@ -454,6 +456,32 @@ func limitBodies(next http.Handler) http.Handler {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// readWholeBody reads a request's body (already capped by limitBodies) before next sees it,
+// and answers 413 when it is over the cap. Guards against: a body sent without a length
+// (chunked) passing limitBodies' Content-Length check, being cut at the cap while River UI
+// decodes it, and answered as a malformed request (400) instead of a refused size. It runs
+// under the in-flight cap, so at most that many bodies are held at once.
+func readWholeBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "reading the request body failed", http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)
 	})
 }

@@ -580,6 +580,20 @@ func TestServeRefusesCSRFAndOpenBind(t *testing.T) {
 	big := `{"ids":["` + strings.Repeat("1", 2<<20) + `"]}`
 	code, _ = do(http.MethodPost, "/riverui/api/jobs/retry", "application/json", "", big, true)
 	require.Equal(t, http.StatusRequestEntityTooLarge, code, "request bodies are bounded")
+	// The same body sent without a length (chunked) is refused the same way, not cut at
+	// the cap and handed on as a malformed request.
+	for _, path := range []string{"/riverui/api/jobs/retry", "/console/runs/x/cancel"} {
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, struct{ io.Reader }{strings.NewReader(big)})
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.SetBasicAuth("ops", "pw")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil { // the server may hang up before the whole body is sent
+			resp.Body.Close()
+			t.Logf("chunked %d-byte POST %s → %d", len(big), path, resp.StatusCode)
+			require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "a chunked body over the cap must be refused as too large")
+		}
+	}
 
 	// Beyond loopback without credentials: refused, with the fix; with the flag: starts.
 	args := append([]string{"serve", "--addr", "0.0.0.0:0", "--id", "open"}, common...)
@@ -598,4 +612,57 @@ func TestServeRefusesCSRFAndOpenBind(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, open.Signal(syscall.SIGTERM))
 	require.NoError(t, open.Wait())
+}
+
+// Issue 15 item 5: a client that dribbles its request headers (slowloris) is cut off after
+// the server's header timeout (5s), whatever it keeps sending, so that slow clients cannot hold
+// connections and goroutines without bound.
+func TestServeCutsSlowClients(t *testing.T) {
+	t.Parallel()
+	dbURL := seededDBURL(t)
+	bank := fakebank.New(nil)
+	require.NoError(t, bank.Start())
+	t.Cleanup(func() { _ = bank.Close() })
+	_, addr := startServe(t, "slow", "--database-url", dbURL, "--bank-url", bank.URL(), "--scheduler=false")
+
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	start := time.Now()
+	_, err = io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: "+addr+"\r\n")
+	require.NoError(t, err)
+	// One header line a second, never the blank line that ends them.
+	closed := make(chan time.Duration, 1)
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			if _, err := conn.Read(buf); err != nil {
+				closed <- time.Since(start)
+				return
+			}
+		}
+	}()
+	var cutAfter time.Duration
+dribble:
+	for i := 0; ; i++ {
+		select {
+		case cutAfter = <-closed:
+			break dribble
+		case <-time.After(time.Second):
+		}
+		if _, err := fmt.Fprintf(conn, "X-Slow-%d: a\r\n", i); err != nil {
+			cutAfter = time.Since(start)
+			break
+		}
+		require.Less(t, time.Since(start), 20*time.Second, "a client dribbling its headers was never cut off")
+	}
+	t.Logf("a client sending a header line a second was cut off after %s (header timeout 5s)", cutAfter.Round(time.Millisecond))
+	require.GreaterOrEqual(t, cutAfter, 4*time.Second, "cut before the header timeout")
+	require.Less(t, cutAfter, 9*time.Second, "cut long after the header timeout")
+
+	// A well-behaved client on a connection of its own is served meanwhile and after.
+	resp, err := http.Get("http://" + addr + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

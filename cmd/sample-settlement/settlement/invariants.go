@@ -17,7 +17,7 @@ import (
 )
 
 // Check is one invariant of docs/design.md, checked for one date, with the evidence either way.
-// Invariant 0 is the summary of Stepwise's own checkers over the whole database.
+// Invariant 0 is the summary of Stepwise's own checkers over the date's runs, operations and slot.
 type Check struct {
 	Invariant int    `json:"invariant"`
 	Name      string `json:"name"`

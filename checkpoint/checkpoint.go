@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise"
 )
 
 // MaxKeyLen is the longest key the stepwise_checkpoint table accepts.
@@ -130,14 +132,9 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// Querier is what Ensure needs: a pool, a connection or a transaction.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // Ensure creates the checkpoint row for key if it does not exist, in q's transaction when q
 // is one, so a run and its checkpoint appear together or not at all.
-func Ensure(ctx context.Context, q Querier, key string) error {
+func Ensure(ctx context.Context, q stepwise.DBTX, key string) error {
 	if err := ValidateKey(key); err != nil {
 		return err
 	}

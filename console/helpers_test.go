@@ -52,7 +52,7 @@ func newReconciler(t testing.TB, pool *pgxpool.Pool) *reconcile.Reconciler {
 	// The fixtures enqueue payouts: the kind must be registered, as a service's outbox does.
 	require.NoError(t, ob.Register(context.Background()))
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{
-		"payout": {Querier: reconcile.QuerierFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+		"payout": {Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
 			return reconcile.LookupResult{Status: reconcile.NotFound}, nil
 		})},
 	}})
@@ -88,7 +88,7 @@ func (f *fixture) enqueue(t testing.TB, prefix, run string, n int) {
 	ctx := context.Background()
 	for i := range n {
 		require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ctx, tx, outbox.Operation{Kind: "payout", BusinessKey: fmt.Sprintf("%s-%d", prefix, i),
+			_, err := outbox.Enqueue(ctx, tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: fmt.Sprintf("%s-%d", prefix, i),
 				Payload: []byte(`{"account":"acct"}`), Amount: int64(1000 + i), Currency: "EUR", RunKey: run})
 			return err
 		}))

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
@@ -458,13 +459,13 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 		if len(c) > 0 {
 			where = strings.Join(c, " AND ")
 		}
-		parts = append(parts, `(SELECT `+outbox.Columns("o")+` FROM stepwise_operation o WHERE `+where+
+		parts = append(parts, `(SELECT `+ledger.Columns("o")+` FROM stepwise_operation o WHERE `+where+
 			` ORDER BY o.created_at DESC, o.operation_id DESC LIMIT `+limit+`)`)
 	}
 	var sql string
 	switch len(parts) {
 	case 0: // no operation at all yet
-		sql = `SELECT ` + outbox.Columns("o") + ` FROM stepwise_operation o WHERE false`
+		sql = `SELECT ` + ledger.Columns("o") + ` FROM stepwise_operation o WHERE false`
 	case 1:
 		sql = parts[0]
 	default:
@@ -475,7 +476,7 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 		h.internal(w, r, "listing operations", err)
 		return
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Operation, error) { return outbox.ScanOperation(row) })
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](row) })
 	if err != nil {
 		h.internal(w, r, "listing operations", err)
 		return

@@ -96,9 +96,9 @@ func BenchmarkConsoleIndexesWriteCost(b *testing.B) {
 func enqueueSteps(b *testing.B, pool *pgxpool.Pool, from, n, step int) {
 	ctx := context.Background()
 	for i := from; i < from+n; i += step {
-		ops := make([]outbox.Operation, 0, step)
+		ops := make([]outbox.EnqueueParams, 0, step)
 		for j := i; j < i+step && j < from+n; j++ {
-			ops = append(ops, outbox.Operation{Kind: "payout", BusinessKey: fmt.Sprintf("w-%d", j), Payload: []byte(`{"account":"acct"}`),
+			ops = append(ops, outbox.EnqueueParams{Kind: "payout", BusinessKey: fmt.Sprintf("w-%d", j), Payload: []byte(`{"account":"acct"}`),
 				Amount: int64(100 + j), Currency: "EUR", RunKey: fmt.Sprintf("settle/2026-03-01/%d", j%4)})
 		}
 		require.NoError(b, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -33,6 +33,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/stepwise-go/stepwise"
 )
 
 //go:embed sql/*.up.sql
@@ -170,9 +172,7 @@ func migrateStepwise(ctx context.Context, tx pgx.Tx) error {
 }
 
 // Version reports the newest Stepwise migration applied to the database (0 when none).
-func Version(ctx context.Context, q interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}) (int, error) {
+func Version(ctx context.Context, q stepwise.DBTX) (int, error) {
 	var v int
 	err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM stepwise_migration`).Scan(&v)
 	if err != nil {

@@ -28,7 +28,7 @@ func BenchmarkDeliver(b *testing.B) {
 			ob := newOutbox(b, pool, bankSender{Client: client}, func(kc *outbox.KindConfig) {
 				kc.BatchSize, kc.Concurrency = bc.batch, bc.concurrency
 			})
-			ops := make([]outbox.Operation, 0, 1000)
+			ops := make([]outbox.EnqueueParams, 0, 1000)
 			for i := range b.N {
 				ops = append(ops, payout(fmt.Sprintf("bench/m-%d", i), "acct", int64(i+1)))
 				if len(ops) == cap(ops) || i == b.N-1 {

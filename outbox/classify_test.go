@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
@@ -123,9 +124,11 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, 30*time.Second, kc.Timeout)
 	require.Equal(t, time.Minute, kc.Lease)
 	require.Equal(t, 25, kc.MaxAttempts)
+	rc := &river.Config{}
+	require.NoError(t, ob.Install(rc))
 	require.Equal(t, map[string]int{"stepwise_outbox": 2, "stepwise_outbox_payout": 2}, func() map[string]int {
 		out := map[string]int{}
-		for name, q := range ob.Queues() {
+		for name, q := range rc.Queues {
 			out[name] = q.MaxWorkers
 		}
 		return out
@@ -180,4 +183,6 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	return out
 }
 
-func outboxOp(key string) outbox.Operation { return outbox.Operation{Kind: "payout", BusinessKey: key} }
+func outboxOp(key string) outbox.EnqueueParams {
+	return outbox.EnqueueParams{Kind: "payout", BusinessKey: key}
+}

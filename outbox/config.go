@@ -93,12 +93,12 @@ type KindConfig struct {
 	// most how many outcomes it records in one transaction. Claiming, sending and recording
 	// overlap: a slow send holds up its own operation, not its batch.
 	//
-	// Defaults to 200.
+	// Defaults to DefaultBatchSize (200).
 	BatchSize int
 
 	// Concurrency is how many Send calls of this kind run at once in one process.
 	//
-	// Defaults to 16.
+	// Defaults to DefaultConcurrency (16).
 	Concurrency int
 
 	// RatePerSecond caps Send calls per second for this kind in one process, so that a burst
@@ -109,7 +109,7 @@ type KindConfig struct {
 
 	// Timeout bounds each Send call. A send that times out is UNKNOWN_EXTERNAL, not failed.
 	//
-	// Defaults to 30s.
+	// Defaults to DefaultTimeout (30s).
 	Timeout time.Duration
 
 	// Lease is how long a claim protects an operation in PROCESSING without being renewed.
@@ -135,7 +135,7 @@ type KindConfig struct {
 	// MaxAttempts is how many times an operation is sent (all RETRYABLE) before it is moved to
 	// MANUAL with the reason, for a person to decide.
 	//
-	// Defaults to 25. -1 retries forever.
+	// Defaults to DefaultMaxAttempts (25). -1 retries forever.
 	MaxAttempts int
 }
 
@@ -159,14 +159,14 @@ type Config struct {
 	// due operations that no dispatcher was woken for: operations enqueued outside a River
 	// worker, RETRYABLE ones whose backoff elapsed, and PROCESSING ones whose lease expired.
 	//
-	// Defaults to 1s (River's minimum for a periodic job).
+	// Defaults to DefaultPollInterval (1s, River's minimum for a periodic job).
 	PollInterval time.Duration
 
 	// Slice is how long one dispatcher job delivers before it returns to River and queues
 	// itself again, so that a busy kind never looks stuck to River and the job's timeout
 	// stays bounded.
 	//
-	// Defaults to 30s.
+	// Defaults to DefaultSlice (30s).
 	Slice time.Duration
 
 	// DispatcherLease is how long a kind's dispatcher may go without proving it is alive
@@ -179,17 +179,20 @@ type Config struct {
 	// dispatcher is safe (claims skip locked rows, outcomes are fenced by claim), only
 	// wasteful.
 	//
-	// Defaults to DefaultDispatcherLease.
+	// Defaults to DefaultDispatcherLease (5s).
 	DispatcherLease time.Duration
 }
 
-// Defaults of Config and KindConfig.
+// Defaults of Config and KindConfig: the value an unset (zero) field takes.
 const (
-	DefaultDispatcherLease = 5 * time.Second
-	DefaultPollInterval    = time.Second
-	DefaultSlice           = 30 * time.Second
-	DefaultTimeout         = 30 * time.Second
-	DefaultLease           = time.Minute
+	DefaultDispatcherLease = 5 * time.Second  // Config.DispatcherLease
+	DefaultPollInterval    = time.Second      // Config.PollInterval
+	DefaultSlice           = 30 * time.Second // Config.Slice
+	DefaultBatchSize       = 200              // KindConfig.BatchSize
+	DefaultConcurrency     = 16               // KindConfig.Concurrency
+	DefaultTimeout         = 30 * time.Second // KindConfig.Timeout
+	DefaultLease           = time.Minute      // KindConfig.Lease
+	DefaultMaxAttempts     = 25               // KindConfig.MaxAttempts
 )
 
 // DefaultRetryBackoff waits 1s, 2s, 4s, ... up to 10 minutes before the attempt-th resend,
@@ -246,10 +249,10 @@ func (c *Config) WithDefaults() *Config {
 
 func (k KindConfig) withDefaults() KindConfig {
 	if k.BatchSize == 0 {
-		k.BatchSize = 200
+		k.BatchSize = DefaultBatchSize
 	}
 	if k.Concurrency == 0 {
-		k.Concurrency = 16
+		k.Concurrency = DefaultConcurrency
 	}
 	if k.Timeout == 0 {
 		k.Timeout = DefaultTimeout
@@ -261,7 +264,7 @@ func (k KindConfig) withDefaults() KindConfig {
 		k.RetryBackoff = DefaultRetryBackoff
 	}
 	if k.MaxAttempts == 0 {
-		k.MaxAttempts = 25
+		k.MaxAttempts = DefaultMaxAttempts
 	}
 	return k
 }
@@ -319,8 +322,8 @@ func (c *Config) validate() error {
 		}
 		if k.Lease <= k.Timeout {
 			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s is not longer than Timeout %s; no Send starts unless its claim "+
-				"outlasts the send timeout, so make Lease at least twice Timeout (the default Lease is 1m for the default 30s Timeout)",
-				name, k.Lease, k.Timeout)
+				"outlasts the send timeout, so make Lease at least twice Timeout (the default Lease is %s for the default %s Timeout)",
+				name, k.Lease, k.Timeout, DefaultLease, DefaultTimeout)
 		}
 		if k.MaxAttempts < -1 {
 			return fmt.Errorf("outbox: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)

@@ -12,7 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stepwise-go/stepwise/internal/ledger"
 
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
 )
@@ -84,9 +86,9 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 			if err != nil {
 				return err
 			}
-			var ts []Transition
+			var ts []transition
 			for rows.Next() {
-				var t Transition
+				var t transition
 				var by string
 				var until time.Time
 				if err := rows.Scan(&t.OperationID, &t.Claim, &by, &until); err != nil {
@@ -106,7 +108,7 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 			if err := rows.Err(); err != nil {
 				return err
 			}
-			out, err := o.TransitionTx(ctx, tx, ts)
+			out, err := o.transitionTx(ctx, tx, ts)
 			n = len(out)
 			return err
 		})
@@ -336,7 +338,7 @@ WITH c AS (
 )
 SELECT ` + "%s" + ` FROM u ORDER BY next_attempt_at`
 
-var claimQuery = fmt.Sprintf(claimSQL, Columns("u"))
+var claimQuery = fmt.Sprintf(claimSQL, ledger.Columns("u"))
 
 func (o *Outbox) claim(ctx context.Context, ks *kindState) ([]*Operation, error) {
 	// The claim's validity is measured from before the statement, on the monotonic clock:
@@ -426,8 +428,8 @@ func (o *Outbox) sendOne(ctx context.Context, ks *kindState, op *Operation) (r s
 }
 
 // outcomeOf turns a send's result into the transition it proves.
-func (o *Outbox) outcomeOf(ks *kindState, op *Operation, r sendResult) (Transition, bool) {
-	t := Transition{OperationID: op.ID, From: StateProcessing, Claim: op.Claims, Actor: o.actor}
+func (o *Outbox) outcomeOf(ks *kindState, op *Operation, r sendResult) (transition, bool) {
+	t := transition{OperationID: op.ID, From: StateProcessing, Claim: op.Claims, Actor: o.actor}
 	if r.abandoned {
 		return t, false
 	}
@@ -469,7 +471,7 @@ func (o *Outbox) outcomeOf(ks *kindState, op *Operation, r sendResult) (Transiti
 func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	ts := make([]Transition, 0, len(batch))
+	ts := make([]transition, 0, len(batch))
 	for _, d := range batch {
 		if t, ok := o.outcomeOf(ks, d.op, d.r); ok {
 			ts = append(ts, t)
@@ -479,7 +481,7 @@ func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) e
 		return nil
 	}
 	batchErr := pgx.BeginFunc(rctx, o.db, func(tx pgx.Tx) error {
-		_, err := o.TransitionTx(rctx, tx, ts)
+		_, err := o.transitionTx(rctx, tx, ts)
 		return err
 	})
 	if batchErr == nil {
@@ -488,7 +490,7 @@ func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) e
 	var dbErrs []error
 	for _, t := range ts {
 		err := pgx.BeginFunc(rctx, o.db, func(tx pgx.Tx) error {
-			_, err := o.TransitionTx(rctx, tx, []Transition{t})
+			_, err := o.transitionTx(rctx, tx, []transition{t})
 			return err
 		})
 		if err == nil {

@@ -49,7 +49,7 @@ func TestDeliveryClassifiesEachFaultOfTheBank(t *testing.T) {
 		{"drop", "acct-d", fakebank.DropAfterApply, outbox.StateUnknownExternal, 1},
 		{"timeout", "acct-t", fakebank.DelayAfterApply, outbox.StateUnknownExternal, 1},
 	}
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for _, tc := range cases {
 		op := payout(tc.key, tc.account, 100)
 		ops = append(ops, op)
@@ -165,7 +165,7 @@ func TestDeliveryClassification(t *testing.T) {
 		"hang":         outbox.StateUnknownExternal,
 	}
 	for key := range want {
-		enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: key})
+		enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: key})
 	}
 	_, err := ob.Drain(ctx, "payout")
 	require.NoError(t, err)
@@ -189,7 +189,7 @@ func TestRetryableGivesUpToManual(t *testing.T) {
 	sender := &scriptSender{}
 	ob := newOutbox(t, pool, sender, func(kc *outbox.KindConfig) { kc.MaxAttempts = 3 })
 
-	enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: "not-sent"})
+	enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: "not-sent"})
 	_, err := ob.Drain(ctx, "payout")
 	require.NoError(t, err)
 	op := get(t, pool, outbox.OperationID("payout", "not-sent"))
@@ -208,7 +208,7 @@ func TestExpiredLeaseBecomesUnknown(t *testing.T) {
 	sender := &scriptSender{}
 	ob := newOutbox(t, pool, sender, nil)
 
-	enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: "ok"}, outbox.Operation{Kind: "payout", BusinessKey: "ok-2"})
+	enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"}, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok-2"})
 	id := outbox.OperationID("payout", "ok")
 	// What a killed dispatcher leaves: claimed, lease running out, nothing recorded.
 	_, err := pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'PROCESSING', attempts = 1,
@@ -264,9 +264,9 @@ func TestOutcomeCallbackRunsInTheRecordingTransaction(t *testing.T) {
 			return err
 		}
 	})
-	enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: "ok"},
-		outbox.Operation{Kind: "payout", BusinessKey: "permanent"},
-		outbox.Operation{Kind: "payout", BusinessKey: "ok-refuses"})
+	enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"},
+		outbox.EnqueueParams{Kind: "payout", BusinessKey: "permanent"},
+		outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok-refuses"})
 	_, err = ob.DeliverBatch(ctx, "payout")
 	require.NoError(t, err)
 
@@ -293,7 +293,7 @@ func TestTransitionGuards(t *testing.T) {
 	ctx := context.Background()
 	pool := testkit.DB(t)
 	ob := newOutbox(t, pool, &scriptSender{}, nil)
-	enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: "unclassified"})
+	enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: "unclassified"})
 	_, err := ob.Drain(ctx, "payout")
 	require.NoError(t, err)
 	id := outbox.OperationID("payout", "unclassified")
@@ -302,17 +302,17 @@ func TestTransitionGuards(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 
-	_, err = ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
+	_, err = outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
 	require.ErrorIs(t, err, outbox.ErrStateChanged)
 	require.Contains(t, err.Error(), "UNKNOWN_EXTERNAL")
 
-	_, err = ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateSucceeded, To: outbox.StateRetryable, Actor: "alice"})
+	_, err = outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateSucceeded, To: outbox.StateRetryable, Actor: "alice"})
 	require.ErrorIs(t, err, outbox.ErrInvalidTransition)
 
-	_, err = ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: uuid.New(), From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
+	_, err = outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: uuid.New(), From: outbox.StateManual, To: outbox.StateSucceeded, Actor: "alice"})
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 
-	op, err := ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateUnknownExternal, To: outbox.StateSucceeded, Actor: "alice", ExternalRef: "found"})
+	op, err := outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: id, From: outbox.StateUnknownExternal, To: outbox.StateSucceeded, Actor: "alice", ExternalRef: "found"})
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateSucceeded, op.State)
 	require.Equal(t, "found", op.ExternalRef)
@@ -333,7 +333,7 @@ func TestRateLimitSpacesSends(t *testing.T) {
 	const rate = 100.0
 	ob := newOutbox(t, pool, sender, func(kc *outbox.KindConfig) { kc.RatePerSecond, kc.Concurrency = rate, 8 })
 	for i := range 20 {
-		enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: fmt.Sprintf("k-%d", i)})
+		enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: fmt.Sprintf("k-%d", i)})
 	}
 	_, err := ob.Drain(ctx, "payout")
 	require.NoError(t, err)
@@ -353,7 +353,7 @@ func TestLastErrorIsBounded(t *testing.T) {
 	ob := newOutbox(t, pool, outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
 		return outbox.Receipt{}, errors.New(huge)
 	}), nil)
-	enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: "k"})
+	enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: "k"})
 	_, err := ob.Drain(ctx, "payout")
 	require.NoError(t, err)
 	op := get(t, pool, outbox.OperationID("payout", "k"))

@@ -107,7 +107,7 @@ func TestPausedDispatcherSendsNothingItNoLongerHolds(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := ob.TransitionOneTx(ctx, tx, outbox.Transition{OperationID: waiting, From: outbox.StateUnknownExternal,
+		_, err := outbox.TransitionOneTx(ob, ctx, tx, outbox.Transition{OperationID: waiting, From: outbox.StateUnknownExternal,
 			To: outbox.StateFailedPermanent, Actor: "test", Error: "the bank refused it"})
 		return err
 	})
@@ -213,11 +213,11 @@ func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 			return outbox.Receipt{}, nil
 		})}}})
 	require.NoError(t, err)
-	require.NoError(t, ob.AddWorkersSafely(river.NewWorkers()), "installing the outbox registers its kinds")
+	require.NoError(t, ob.Install(&river.Config{}), "installing the outbox registers its kinds")
 
 	enq := func(kind string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ctx, tx, outbox.Operation{Kind: kind, BusinessKey: "t-1"})
+			_, err := outbox.Enqueue(ctx, tx, outbox.EnqueueParams{Kind: kind, BusinessKey: "t-1"})
 			return err
 		})
 	}

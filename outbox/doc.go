@@ -8,23 +8,23 @@ outcome.
 
 A step writes its operations with Enqueue, on the step's own transaction:
 
-	ops := make([]outbox.Operation, len(batch))
+	ops := make([]outbox.EnqueueParams, len(batch))
 	for i, s := range batch {
-		ops[i] = outbox.Operation{
+		ops[i] = outbox.EnqueueParams{
 			Kind:        "payout",
 			BusinessKey: fmt.Sprintf("settle/%s/%d", date, s.MerchantID),
 			Payload:     mustJSON(PayoutPayload{Account: s.Account}),
 			Amount:      s.Amount, // minor units
 			Currency:    "EUR",
-			RunKey:      runKey,
 		}
 	}
 	if _, err := outbox.Enqueue(ctx, s.Tx, ops...); err != nil {
 		return workflow.Next{}, err
 	}
 
-If the step rolls back, its operations vanish with it: nothing is sent for a step that did not
-commit. The operation_id defaults to OperationID(kind, business key), a UUID v5, so a step that
+Enqueue records the step's run key on each operation (Operation.RunKey), so that a batch is
+complete only when its operations are. If the step rolls back, its operations vanish with it:
+nothing is sent for a step that did not commit. The operation_id defaults to OperationID(kind, business key), a UUID v5, so a step that
 runs twice enqueues the same operations twice, which is a no-op. The same id (or kind and
 business key) with a different payload, amount or currency is ErrOperationConflict: two pieces
 of code disagree about one external effect, and sending either could pay the wrong amount.
@@ -107,15 +107,15 @@ locked on behalf of the step, so concurrent runs enqueueing the same kind do not
 other. When that kind's dispatcher is already running, River swallows the insert; a dispatcher
 that found no more work completes its own job and then checks again for due operations, in one
 transaction: either that check sees the committed rows, or the wake that follows the commit
-finds the job completed and queues a new one. A wake is therefore never lost. (Wake, used by
-the reconciler, still queues the job inside the caller's transaction.)
+finds the job completed and queues a new one. A wake is therefore never lost. (The reconciler's
+resends and reconcile.Resolve still queue the job inside their own transaction.)
 
 Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll wakes every
 kind with due work every Config.PollInterval: a River periodic job run by the leader, and
 RunMaintenance in every process that calls it (so that a dead leader does not hold it up).
 
 Enqueue refuses, with ErrUnknownKind, a kind that no Outbox registered in the database
-(AddWorkers, Install and Register do): an operation nobody delivers would wait forever.
+(Install and Register do): an operation nobody delivers would wait forever.
 
 # Crash recovery
 
@@ -145,12 +145,13 @@ queues to its config:
 		},
 	})
 	riverConfig := &river.Config{Workers: workers, Queues: myQueues}
-	if err := ob.Install(riverConfig); err != nil { // or AddWorkers, PeriodicJobs, Queues
+	if err := ob.Install(riverConfig); err != nil {
 		return err
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
 	// ... client.Start(ctx), then in every process, not only River's leader:
 	go ob.RunMaintenance(ctx, client) // crash recovery, retries and takeovers
+	prometheus.MustRegister(ob.Metrics())
 
 # Reading the ledger
 

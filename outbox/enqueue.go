@@ -12,6 +12,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/stepwise-go/stepwise/internal/ledger"
+
+	"github.com/stepwise-go/stepwise/internal/runctx"
 )
 
 // EnqueueResult reports what Enqueue did.
@@ -34,10 +38,13 @@ type EnqueueResult struct {
 // operations vanish with the business writes they belong to: nothing is sent for a step
 // that did not commit.
 //
-// Every kind must have been registered in the database by an Outbox (AddWorkers, Install or
-// Register) or Enqueue fails with ErrUnknownKind naming the kind and the registered ones: a
+// Every kind must have been registered in the database by an Outbox (Install or Register) or Enqueue fails with ErrUnknownKind naming the kind and the registered ones: a
 // mistyped kind would otherwise wait PENDING forever. The check reads the database once per
 // kind and process.
+//
+// Inside a workflow step, an operation without a RunKey gets the step's run key, and one with
+// another run's key is refused (ErrInvalidOperation): the run's batch must not count as
+// complete while operations it enqueued are unfinished.
 //
 // An operation whose ID is zero gets OperationID(Kind, BusinessKey). Enqueueing an operation
 // that already exists with the same payload (and amount and currency) is a no-op; with
@@ -50,7 +57,7 @@ type EnqueueResult struct {
 // milliseconds), so delivery starts at once. It locks nothing that a concurrent run's
 // transaction could wait for: the wake is not part of tx. Rows are inserted with one
 // set-based statement whatever their number.
-func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, error) {
+func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResult, error) {
 	if tx == nil {
 		return nil, errors.New("outbox.Enqueue: tx is nil; pass the transaction of the step that writes the operations")
 	}
@@ -60,9 +67,19 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...Operation) (*EnqueueResult, 
 	}
 	// Validate everything before the first statement, so that a bad operation leaves tx as
 	// it was (a failed statement would abort the caller's whole transaction).
-	prepared := make([]Operation, 0, len(ops))
+	stepRun, inStep := runctx.From(ctx)
+	prepared := make([]EnqueueParams, 0, len(ops))
 	for i := range ops {
 		op := ops[i]
+		if inStep {
+			if op.RunKey == "" {
+				op.RunKey = stepRun
+			} else if op.RunKey != stepRun {
+				return nil, fmt.Errorf("%w: kind %q, business key %q: RunKey %q is not the key of the run whose step enqueues it, %q; "+
+					"leave RunKey empty inside a step (Enqueue fills it in), or enqueue the operation outside the step",
+					ErrInvalidOperation, op.Kind, op.BusinessKey, op.RunKey, stepRun)
+			}
+		}
 		if err := op.prepare(); err != nil {
 			return nil, err
 		}
@@ -142,7 +159,7 @@ func wakeOnCommit(ctx context.Context, tx pgx.Tx, xid string, kinds []string) (b
 	// Without a pool of its own (a River driver built on a transaction only) the client
 	// cannot wake anything after the commit: wake in the transaction, as before.
 	if !wakeAfterCommit(client, xid, kinds) {
-		return Wake(ctx, tx, kinds...)
+		return wake(ctx, tx, kinds...)
 	}
 	return true, nil
 }
@@ -150,7 +167,7 @@ func wakeOnCommit(ctx context.Context, tx pgx.Tx, xid string, kinds []string) (b
 // dedupe drops repeats of an operation within one call, and refuses two different
 // operations under one id or one kind and business key: the database could only tell the
 // first from the second by position, which one INSERT does not report.
-func dedupe(ops []Operation) ([]Operation, error) {
+func dedupe(ops []EnqueueParams) ([]EnqueueParams, error) {
 	if len(ops) < 2 {
 		return ops, nil
 	}
@@ -172,7 +189,7 @@ func dedupe(ops []Operation) ([]Operation, error) {
 		first := out[i]
 		if first.ID != op.ID || first.Kind != op.Kind || first.BusinessKey != op.BusinessKey ||
 			first.Amount != op.Amount || first.Currency != op.Currency || !sameJSON(first.Payload, op.Payload) {
-			return nil, &ConflictError{New: op, Existing: first}
+			return nil, &ConflictError{New: op, Existing: Operation{EnqueueParams: first}}
 		}
 	}
 	return out, nil
@@ -204,7 +221,7 @@ type opArrays struct {
 	runKeys    []*string
 }
 
-func newOpArrays(ops []Operation) *opArrays {
+func newOpArrays(ops []EnqueueParams) *opArrays {
 	b := &opArrays{
 		ids:        make([]uuid.UUID, len(ops)),
 		kinds:      make([]string, len(ops)),
@@ -229,8 +246,8 @@ func newOpArrays(ops []Operation) *opArrays {
 
 // checkExisting compares the operations that were not inserted with the rows that stopped
 // them. Equal rows are the replay of a step (a no-op); anything else is a conflict.
-func checkExisting(ctx context.Context, tx pgx.Tx, ops []Operation, inserted []uuid.UUID) ([]*Operation, error) {
-	var rest []Operation
+func checkExisting(ctx context.Context, tx pgx.Tx, ops []EnqueueParams, inserted []uuid.UUID) ([]*Operation, error) {
+	var rest []EnqueueParams
 	for i := range ops {
 		if !slices.Contains(inserted, ops[i].ID) {
 			rest = append(rest, ops[i])
@@ -240,7 +257,7 @@ func checkExisting(ctx context.Context, tx pgx.Tx, ops []Operation, inserted []u
 	// Two lookups per operation (by id, by kind and business key) rather than one OR join,
 	// so that both use their unique index even for a replay of a large batch.
 	rows, err := tx.Query(ctx, `
-		SELECT `+Columns("o")+`, n.ord, sha256(convert_to(n.payload::text, 'UTF8')),
+		SELECT `+ledger.Columns("o")+`, n.ord, sha256(convert_to(n.payload::text, 'UTF8')),
 			o.operation_id = n.id AND o.kind = n.kind AND o.business_key = n.bk AND o.payload = n.payload
 				AND o.amount IS NOT DISTINCT FROM n.amount AND o.currency IS NOT DISTINCT FROM n.currency
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::bigint[], $6::text[])
@@ -319,8 +336,8 @@ func QueueName(kind string) string { return "stepwise_outbox_" + kind }
 type clientKey struct{}
 
 // ContextWithClient returns a context with which Enqueue outside a River worker can still
-// have the dispatcher woken once the caller's transaction commits (and Wake queue it in the
-// transaction). Inside a worker, River's own context already carries the client.
+// have the dispatcher woken once the caller's transaction commits (or, when the client has no
+// pool of its own, in the transaction). Inside a worker, River's own context already carries the client.
 func ContextWithClient(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
 	return context.WithValue(ctx, clientKey{}, client)
 }
@@ -335,7 +352,7 @@ func clientFrom(ctx context.Context) *river.Client[pgx.Tx] {
 	return nil
 }
 
-// Wake queues, in tx, a dispatcher for each kind, using the River client from ctx (a worker's
+// wake queues, in tx, a dispatcher for each kind, using the River client from ctx (a worker's
 // context, or ContextWithClient). It reports false, and does nothing, when ctx has no client:
 // the operations are then found by the next poll. Enqueue calls it; so does the reconciler
 // when it sends an operation back to RETRYABLE.
@@ -344,7 +361,7 @@ func clientFrom(ctx context.Context) *river.Client[pgx.Tx] {
 // takes a row lock on that job until tx commits, and the dispatcher cannot complete while the
 // lock is held; it then looks for due operations once more (see Outbox.dispatch). That is what
 // makes a wake during a running dispatcher never lost.
-func Wake(ctx context.Context, tx pgx.Tx, kinds ...string) (bool, error) {
+func wake(ctx context.Context, tx pgx.Tx, kinds ...string) (bool, error) {
 	client := clientFrom(ctx)
 	if client == nil || len(kinds) == 0 {
 		return false, nil

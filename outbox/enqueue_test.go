@@ -87,16 +87,16 @@ func TestEnqueueConflict(t *testing.T) {
 
 	cases := []struct {
 		name string
-		op   outbox.Operation
+		op   outbox.EnqueueParams
 	}{
 		{"same business key, different amount", payout("settle/m-7", "acct-7", 1001)},
 		{"same business key, different payload", payout("settle/m-7", "acct-8", 1000)},
-		{"same business key, different currency", func() outbox.Operation {
+		{"same business key, different currency", func() outbox.EnqueueParams {
 			op := payout("settle/m-7", "acct-7", 1000)
 			op.Currency = "USD"
 			return op
 		}()},
-		{"same id, different business key", func() outbox.Operation {
+		{"same id, different business key", func() outbox.EnqueueParams {
 			op := payout("settle/m-other", "acct-7", 1000)
 			op.ID = before.ID
 			return op
@@ -150,16 +150,16 @@ func TestEnqueueRejectsBeforeTouchingTheTransaction(t *testing.T) {
 
 	cases := []struct {
 		name string
-		op   outbox.Operation
+		op   outbox.EnqueueParams
 		want error
 	}{
 		{"payload over the limit", big, outbox.ErrPayloadTooLarge},
-		{"payload not JSON", outbox.Operation{Kind: "payout", BusinessKey: "k", Payload: json.RawMessage(`{`)}, outbox.ErrInvalidOperation},
-		{"kind with capitals", outbox.Operation{Kind: "Payout", BusinessKey: "k"}, outbox.ErrInvalidOperation},
-		{"kind too long", outbox.Operation{Kind: strings.Repeat("k", outbox.MaxKindLen+1), BusinessKey: "k"}, outbox.ErrInvalidOperation},
-		{"empty business key", outbox.Operation{Kind: "payout"}, outbox.ErrInvalidOperation},
-		{"bad currency", outbox.Operation{Kind: "payout", BusinessKey: "k", Amount: 1, Currency: "eur"}, outbox.ErrInvalidOperation},
-		{"amount without currency", outbox.Operation{Kind: "payout", BusinessKey: "k", Amount: 1}, outbox.ErrInvalidOperation},
+		{"payload not JSON", outbox.EnqueueParams{Kind: "payout", BusinessKey: "k", Payload: json.RawMessage(`{`)}, outbox.ErrInvalidOperation},
+		{"kind with capitals", outbox.EnqueueParams{Kind: "Payout", BusinessKey: "k"}, outbox.ErrInvalidOperation},
+		{"kind too long", outbox.EnqueueParams{Kind: strings.Repeat("k", outbox.MaxKindLen+1), BusinessKey: "k"}, outbox.ErrInvalidOperation},
+		{"empty business key", outbox.EnqueueParams{Kind: "payout"}, outbox.ErrInvalidOperation},
+		{"bad currency", outbox.EnqueueParams{Kind: "payout", BusinessKey: "k", Amount: 1, Currency: "eur"}, outbox.ErrInvalidOperation},
+		{"amount without currency", outbox.EnqueueParams{Kind: "payout", BusinessKey: "k", Amount: 1}, outbox.ErrInvalidOperation},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,7 +189,7 @@ func TestStepThatFailsLeavesNothing(t *testing.T) {
 
 	stepErr := errors.New("step failed after enqueueing")
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var ops []outbox.Operation
+		var ops []outbox.EnqueueParams
 		for i := range 50 {
 			m := fmt.Sprintf("m-%d", i)
 			if _, err := tx.Exec(ctx, `INSERT INTO settlement VALUES ($1, $2, 'SETTLED')`, m, 100+i); err != nil {
@@ -217,7 +217,7 @@ func TestEnqueueManyIsOneStatement(t *testing.T) {
 	pool := testkit.DB(t)
 	registerPayout(t, pool)
 
-	ops := make([]outbox.Operation, 5000)
+	ops := make([]outbox.EnqueueParams, 5000)
 	for i := range ops {
 		ops[i] = payout(fmt.Sprintf("k-%d", i), "acct", int64(i+1))
 	}

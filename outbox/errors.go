@@ -25,12 +25,12 @@ var ErrInvalidOperation = errors.New("invalid operation")
 // ErrNotFound is returned by Get when no operation has the id.
 var ErrNotFound = errors.New("operation not found")
 
-// ErrStateChanged is returned by TransitionTx when an operation is no longer in the state
-// the caller expected: somebody else moved it first. Read it again and decide again.
+// ErrStateChanged is returned (by reconcile.Resolve, say) when an operation is no longer in
+// the state the caller expected: somebody else moved it first. Read it again and decide again.
 var ErrStateChanged = errors.New("operation state changed")
 
-// ErrInvalidTransition is returned by TransitionTx for a move the state machine does not
-// allow, such as SUCCEEDED to RETRYABLE.
+// ErrInvalidTransition is returned (by reconcile.Resolve, say) for a move the state machine
+// does not allow, such as SUCCEEDED to RETRYABLE.
 var ErrInvalidTransition = errors.New("invalid operation state transition")
 
 // ErrUnknownKind is returned when an operation's kind has no KindConfig: by Enqueue when no
@@ -42,7 +42,7 @@ var ErrUnknownKind = errors.New("operation kind not configured")
 // ConflictError is the error of ErrOperationConflict: it names the operation being enqueued
 // and the one already in the ledger.
 type ConflictError struct {
-	New      Operation
+	New      EnqueueParams
 	Existing Operation
 	// NewPayloadHash is the sha256 of the new payload's canonical jsonb text, comparable with
 	// Existing.PayloadHash.

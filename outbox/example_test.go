@@ -64,14 +64,14 @@ func Example() {
 	// A step: business rows and their payouts commit together, or neither does. Inside a
 	// River worker the context already carries the client that wakes the dispatcher.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var ops []outbox.Operation
+		var ops []outbox.EnqueueParams
 		for i, amount := range []int64{1250, 990} {
 			merchant := fmt.Sprintf("m-%d", i+1)
 			if _, err := tx.Exec(ctx, `INSERT INTO settlement VALUES ($1, $2, 'SETTLED')`, merchant, amount); err != nil {
 				return err
 			}
 			payload, _ := json.Marshal(map[string]string{"account": "acct-" + merchant})
-			ops = append(ops, outbox.Operation{Kind: "payout", BusinessKey: merchant, Payload: payload, Amount: amount, Currency: "EUR"})
+			ops = append(ops, outbox.EnqueueParams{Kind: "payout", BusinessKey: merchant, Payload: payload, Amount: amount, Currency: "EUR"})
 		}
 		_, err := outbox.Enqueue(outbox.ContextWithClient(ctx, client), tx, ops...)
 		return err

@@ -46,13 +46,13 @@ func startBank(t testing.TB, cfg *fakebank.Config, timeout time.Duration, keepAl
 }
 
 // payout builds a payout operation of amount cents to account.
-func payout(key, account string, amount int64) outbox.Operation {
+func payout(key, account string, amount int64) outbox.EnqueueParams {
 	p, _ := json.Marshal(payoutPayload{Account: account})
-	return outbox.Operation{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
+	return outbox.EnqueueParams{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
 }
 
 // enqueue commits ops in a transaction of their own.
-func enqueue(t testing.TB, pool *pgxpool.Pool, ops ...outbox.Operation) {
+func enqueue(t testing.TB, pool *pgxpool.Pool, ops ...outbox.EnqueueParams) {
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

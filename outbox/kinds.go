@@ -11,11 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// registerTimeout bounds registering kinds from AddWorkers, which has no context.
+// registerTimeout bounds registering kinds from Install, which has no context.
 const registerTimeout = 10 * time.Second
 
 // Register records this Outbox's kinds in the database (stepwise_outbox_kind), so that
-// Enqueue accepts operations of them. AddWorkers and Install call it; call it yourself in a
+// Enqueue accepts operations of them. Install calls it; call it yourself in a
 // process that delivers only with DeliverBatch or Drain. It is idempotent.
 func (o *Outbox) Register(ctx context.Context) error {
 	_, err := o.db.Exec(ctx, `
@@ -73,7 +73,7 @@ func checkKinds(ctx context.Context, tx pgx.Tx, kinds []string) error {
 		if !slices.Contains(registered, k) {
 			return fmt.Errorf("%w: %q: no outbox has registered it in this database, so nothing would ever send it; "+
 				"registered kinds are %q. Check the spelling, or start an Outbox configured for %q "+
-				"(AddWorkers, Install or Register) before enqueueing", ErrUnknownKind, k, registered, k)
+				"(Install or Register) before enqueueing", ErrUnknownKind, k, registered, k)
 		}
 	}
 	return nil

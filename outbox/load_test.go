@@ -52,7 +52,7 @@ func TestDeliver10000WithMixedFaults(t *testing.T) {
 	}
 	const total = 10000
 	fates := make(map[string]fate, total)
-	ops := make([]outbox.Operation, 0, total)
+	ops := make([]outbox.EnqueueParams, 0, total)
 	for i := range total {
 		var f fate
 		if i%10 == 0 {

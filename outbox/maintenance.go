@@ -19,7 +19,7 @@ import (
 //
 //	go ob.RunMaintenance(ctx, riverClient)
 //
-// The periodic poll of PeriodicJobs runs on River's elected leader only; when the process that
+// The periodic poll Install adds runs on River's elected leader only; when the process that
 // dies is the leader, retries and takeovers would otherwise wait for a new election. Polls in
 // several processes at once are safe: recovery claims rows with SKIP LOCKED and wakes are
 // unique inserts.

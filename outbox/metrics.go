@@ -6,12 +6,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stepwise-go/stepwise"
 )
 
 // metrics are the Outbox's Prometheus metrics: counters kept in this process, and gauges read
 // from the ledger when scraped (so every process reports the same, database-wide numbers).
 type metrics struct {
-	db    Querier
+	db    stepwise.DBTX
 	kinds []string
 
 	claimed     *prometheus.CounterVec

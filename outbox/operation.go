@@ -4,15 +4,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/ledger"
 )
 
-// MaxPayloadBytes is the largest Operation.Payload Enqueue accepts. The payload travels in
+// MaxPayloadBytes is the largest EnqueueParams.Payload Enqueue accepts. The payload travels in
 // every claim and is kept forever in the ledger; a larger document belongs in the caller's
 // own table, with its key in the payload.
 const MaxPayloadBytes = 64 << 10
@@ -101,13 +102,14 @@ func OperationID(kind, businessKey string) uuid.UUID {
 	return uuid.NewSHA1(namespace, []byte(kind+"\x00"+businessKey))
 }
 
-// Operation is one external side effect in the ledger. The caller fills the first group of
-// fields for Enqueue; the ledger fills the rest when it reads rows back.
-type Operation struct {
+// EnqueueParams is what a caller says about one external side effect when it enqueues it:
+// Kind, BusinessKey and Payload, Amount and Currency for money, and optionally the ID and the
+// RunKey (which Enqueue fills in).
+type EnqueueParams struct {
 	// ID is the operation_id and the idempotency key sent to the external system.
 	// Defaults to OperationID(Kind, BusinessKey) when zero.
 	ID uuid.UUID
-	// Kind selects the Sender (and reconcile's Querier), e.g. "payout".
+	// Kind selects the Sender (and reconcile's Checker), e.g. "payout".
 	Kind string
 	// BusinessKey identifies the effect in the caller's terms, e.g. "settle/2026-03-01/m-42".
 	// (Kind, BusinessKey) is unique.
@@ -121,8 +123,18 @@ type Operation struct {
 	Amount   int64
 	Currency string
 	// RunKey is the key of the workflow run that enqueued the operation, so that a batch is
-	// complete only when the operations of its runs are. Optional.
+	// complete only when the operations of its runs are (see UnfinishedForRuns). Inside a
+	// step Enqueue fills it in from the step's context, and refuses another run's key; set
+	// it only when enqueueing for a run from outside its steps.
 	RunKey string
+}
+
+// Operation is one external side effect in the ledger, as read back: the EnqueueParams it was
+// enqueued with (so a Sender reads op.Kind, op.Payload, op.Amount) and what the ledger has
+// recorded since (State, Attempts, ExternalRef, ...). Enqueue fills ID and RunKey when the
+// caller left them empty.
+type Operation struct {
+	EnqueueParams
 
 	State State
 	// Attempts counts requests: Send calls begun, plus claims lost with a dispatcher that
@@ -171,7 +183,7 @@ func validateKind(kind string) error {
 
 // prepare validates op and fills its defaults, before any SQL runs, so that a bad operation
 // leaves the caller's transaction exactly as it was.
-func (op *Operation) prepare() error {
+func (op *EnqueueParams) prepare() error {
 	if err := validateKind(op.Kind); err != nil {
 		return err
 	}
@@ -203,26 +215,10 @@ func (op *Operation) prepare() error {
 	return nil
 }
 
-// columnsTmpl is the select list scanOperation reads, in order, with {a} standing for a
-// table alias.
-const columnsTmpl = `{a}.operation_id, {a}.kind, {a}.business_key, {a}.payload, {a}.payload_hash,
-	coalesce({a}.amount, 0), coalesce({a}.currency, ''), coalesce({a}.run_key, ''), {a}.state, {a}.attempts,
-	{a}.checks, {a}.lease_until, coalesce({a}.leased_by, ''), {a}.next_attempt_at, {a}.next_check_at,
-	{a}.last_sent_at, {a}.unknown_since, coalesce({a}.external_ref, ''), coalesce({a}.last_error, ''),
-	coalesce({a}.last_lookup, ''), coalesce({a}.manual_reason, ''), {a}.created_at, {a}.updated_at,
-	{a}.finished_at, {a}.claims, {a}.claimed_at, {a}.in_flight_until`
+// columns is the select list scanOperation reads (see ledger.Columns).
+var columns = ledger.Columns("stepwise_operation")
 
-// Columns returns the select list that ScanOperation reads, with every column qualified by
-// alias (as "o"). Package reconcile uses it to read ledger rows in its own statements.
-func Columns(alias string) string { return strings.ReplaceAll(columnsTmpl, "{a}", alias) }
-
-var columns = Columns("stepwise_operation")
-
-// ScanOperation scans a row selected with Columns, followed by any extra destinations.
-func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
-	return scanOperation(row, extra...)
-}
-
+// scanOperation scans a row selected with ledger.Columns, followed by any extra destinations.
 func scanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	var op Operation
 	var payload []byte

@@ -14,17 +14,18 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/stepwise-go/stepwise"
 )
 
-// DB is what the Outbox needs of a database handle; *pgxpool.Pool satisfies it.
+// DB is what the Outbox (and the Reconciler and the console) need of a database handle:
+// stepwise.DBTX plus Begin, because they open transactions of their own (to claim a batch, to
+// record its outcomes). *pgxpool.Pool satisfies it; pass the pool your River client uses.
 type DB interface {
+	stepwise.DBTX
 	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // PollQueue is the River queue of the poll job.
@@ -107,34 +108,26 @@ func (o *Outbox) KindConfig(kind string) *KindConfig {
 	return nil
 }
 
-// AddWorkers registers the Outbox's River workers (dispatcher and poll) on workers. It
-// panics if they are already registered, like river.AddWorker.
-func (o *Outbox) AddWorkers(workers *river.Workers) {
-	if err := o.AddWorkersSafely(workers); err != nil {
-		panic(err)
-	}
-}
-
-// AddWorkersSafely is AddWorkers returning an error instead of panicking. Both also register
-// the Outbox's kinds in the database (see Register), so that Enqueue accepts them.
-func (o *Outbox) AddWorkersSafely(workers *river.Workers) error {
+// addWorkers registers the Outbox's River workers (dispatcher and poll) on workers, and the
+// Outbox's kinds in the database (see Register), so that Enqueue accepts them.
+func (o *Outbox) addWorkers(workers *river.Workers) error {
 	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
 	defer cancel()
 	if err := o.Register(ctx); err != nil {
 		return err
 	}
 	if err := river.AddWorkerSafely[DispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
-		return fmt.Errorf("adding the outbox dispatcher: %w", err)
+		return fmt.Errorf("outbox: Install: adding the dispatcher: %w", err)
 	}
 	if err := river.AddWorkerSafely[PollArgs](workers, &pollWorker{o: o}); err != nil {
-		return fmt.Errorf("adding the outbox poll: %w", err)
+		return fmt.Errorf("outbox: Install: adding the poll: %w", err)
 	}
 	return nil
 }
 
-// PeriodicJobs returns the poll, to add to the River client's Config.PeriodicJobs. River runs
-// periodic jobs on its elected leader only.
-func (o *Outbox) PeriodicJobs() []*river.PeriodicJob {
+// periodicJobs returns the poll. River runs periodic jobs on its elected leader only, hence
+// RunMaintenance in every process.
+func (o *Outbox) periodicJobs() []*river.PeriodicJob {
 	kinds := o.Kinds()
 	return []*river.PeriodicJob{river.NewPeriodicJob(
 		river.PeriodicInterval(o.config.PollInterval),
@@ -149,11 +142,10 @@ func (o *Outbox) PeriodicJobs() []*river.PeriodicJob {
 	)}
 }
 
-// Queues returns the River queues the Outbox's jobs run in, to merge into the client's
-// Config.Queues: one per kind, so that a slow external system holds up its own kind only,
+// queues returns the River queues the Outbox's jobs run in: one per kind, so that a slow external system holds up its own kind only,
 // and PollQueue. Each holds at most one dispatcher (plus a takeover after a crash); the
 // concurrency of sends is KindConfig.Concurrency, inside the dispatcher.
-func (o *Outbox) Queues() map[string]river.QueueConfig {
+func (o *Outbox) queues() map[string]river.QueueConfig {
 	q := map[string]river.QueueConfig{PollQueue: {MaxWorkers: 2}}
 	for _, k := range o.kindNames {
 		q[QueueName(k)] = river.QueueConfig{MaxWorkers: 2}
@@ -161,23 +153,30 @@ func (o *Outbox) Queues() map[string]river.QueueConfig {
 	return q
 }
 
-// Install adds the Outbox's workers, periodic jobs and queues to a River client config, before
-// river.NewClient. Queues already in the config are left as configured.
+// Install adds the Outbox's workers (a dispatcher per kind and the poll), its periodic poll and
+// its queues (PollQueue and QueueName of each kind) to a River client config, before
+// river.NewClient, and registers its kinds in the database (see Register). It is the one way
+// to wire an Outbox; queues already in the config are left as configured. Then call
+// RunMaintenance in every process, and register Metrics with your Prometheus registry:
+//
+//	if err := ob.Install(riverConfig); err != nil { ... }
+//	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+//	go ob.RunMaintenance(ctx, client)
 func (o *Outbox) Install(rc *river.Config) error {
 	if rc == nil {
-		return errors.New("outbox: Install: river config is nil")
+		return errors.New("outbox: Install: the River config is nil; pass the *river.Config you give river.NewClient")
 	}
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
-	if err := o.AddWorkersSafely(rc.Workers); err != nil {
+	if err := o.addWorkers(rc.Workers); err != nil {
 		return err
 	}
-	rc.PeriodicJobs = append(rc.PeriodicJobs, o.PeriodicJobs()...)
+	rc.PeriodicJobs = append(rc.PeriodicJobs, o.periodicJobs()...)
 	if rc.Queues == nil {
 		rc.Queues = map[string]river.QueueConfig{}
 	}
-	for name, qc := range o.Queues() {
+	for name, qc := range o.queues() {
 		if _, ok := rc.Queues[name]; !ok {
 			rc.Queues[name] = qc
 		}
@@ -222,7 +221,7 @@ func (PollArgs) Kind() string { return "stepwise_outbox_poll" }
 // InsertOpts puts the poll in PollQueue. It is deliberately not unique by state: River
 // keeps the job of a killed process "running" until its rescuer runs (an hour by default),
 // and a poll unique among running jobs would then be skipped for that hour, and with it
-// every takeover. PeriodicJobs makes it unique per poll period instead.
+// every takeover. Install's periodic job makes it unique per poll period instead.
 func (PollArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{Queue: PollQueue, MaxAttempts: 1}
 }

@@ -34,7 +34,7 @@ type settleWorker struct {
 
 func (w *settleWorker) Work(ctx context.Context, job *river.Job[settleArgs]) error {
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		ops := make([]outbox.Operation, job.Args.Ops)
+		ops := make([]outbox.EnqueueParams, job.Args.Ops)
 		for i := range ops {
 			ops[i] = payout(fmt.Sprintf("b%d/m%d", job.Args.Batch, i), "acct", int64(i+1))
 		}
@@ -131,7 +131,7 @@ func TestRiverPollFindsOperationsEnqueuedOutsideAWorker(t *testing.T) {
 	ob := newOutbox(t, pool, &scriptSender{}, nil)
 	startClient(t, pool, ob, river.NewWorkers())
 	time.Sleep(100 * time.Millisecond) // let the first (on start) poll pass, so the next one finds it
-	enqueue(t, pool, outbox.Operation{Kind: "payout", BusinessKey: "ok"})
+	enqueue(t, pool, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"})
 	waitForState(t, pool, outbox.StateSucceeded, 1, 10*time.Second)
 }
 
@@ -155,7 +155,7 @@ func TestRiverTakeoverOfADeadDispatcher(t *testing.T) {
 	rc := startClient(t, pool, ob, river.NewWorkers())
 	var res *outbox.EnqueueResult
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err = outbox.Enqueue(outbox.ContextWithClient(ctx, rc), tx, outbox.Operation{Kind: "payout", BusinessKey: "ok"})
+		res, err = outbox.Enqueue(outbox.ContextWithClient(ctx, rc), tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"})
 		return err
 	}))
 	require.True(t, res.Woken)
@@ -188,7 +188,7 @@ func TestRiverTakeoverOfADeadTakeover(t *testing.T) {
 
 	rc := startClient(t, pool, ob, river.NewWorkers())
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err = outbox.Enqueue(outbox.ContextWithClient(ctx, rc), tx, outbox.Operation{Kind: "payout", BusinessKey: "ok"})
+		_, err = outbox.Enqueue(outbox.ContextWithClient(ctx, rc), tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"})
 		return err
 	}))
 	waitForState(t, pool, outbox.StateSucceeded, 1, 15*time.Second)

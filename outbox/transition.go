@@ -8,10 +8,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/ledger"
 )
 
-// Transition is one move of one operation, for TransitionTx.
-type Transition struct {
+// transition is one move of one operation, for transitionTx.
+type transition struct {
 	OperationID uuid.UUID
 	// From is the state the mover saw. The move happens only if the operation is still in it.
 	From State
@@ -117,16 +119,16 @@ WITH n AS (
 )
 SELECT ` + columnsOfU + `, from_state, actor, coalesce(err, ''), coalesce(reason, '') FROM u`
 
-var columnsOfU = Columns("u")
+var columnsOfU = ledger.Columns("u")
 
-// TransitionTx moves operations along the state machine in tx, writes an audit event per
+// transitionTx moves operations along the state machine in tx, writes an audit event per
 // move, and calls each kind's outcome callback in the same tx, so that business state moves
 // with the ledger or not at all. A transition whose guard no longer holds (the operation left
 // From, or its attempt or check moved on) is skipped: it is absent from the result. Use
-// TransitionOneTx to get ErrStateChanged for a single move instead.
+// transitionOneTx to get ErrStateChanged for a single move instead.
 //
 // Package reconcile moves UNKNOWN_EXTERNAL and MANUAL operations with it.
-func (o *Outbox) TransitionTx(ctx context.Context, tx pgx.Tx, ts []Transition) ([]OperationOutcome, error) {
+func (o *Outbox) transitionTx(ctx context.Context, tx pgx.Tx, ts []transition) ([]OperationOutcome, error) {
 	if len(ts) == 0 {
 		return nil, nil
 	}
@@ -214,11 +216,11 @@ func (o *Outbox) TransitionTx(ctx context.Context, tx pgx.Tx, ts []Transition) (
 	return out, nil
 }
 
-// TransitionOneTx is TransitionTx for one operation. It returns a *StateChangedError
+// transitionOneTx is transitionTx for one operation. It returns a *StateChangedError
 // (errors.Is ErrStateChanged) when the operation is no longer where t.From says, and
 // ErrNotFound when there is no such operation.
-func (o *Outbox) TransitionOneTx(ctx context.Context, tx pgx.Tx, t Transition) (*Operation, error) {
-	out, err := o.TransitionTx(ctx, tx, []Transition{t})
+func (o *Outbox) transitionOneTx(ctx context.Context, tx pgx.Tx, t transition) (*Operation, error) {
+	out, err := o.transitionTx(ctx, tx, []transition{t})
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func (w *payWorker) Step(ctx context.Context, s *workflow.Step[payArgs, payCurso
 	if s.Cursor.After >= s.Args.Merchants {
 		return workflow.Done(), nil
 	}
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	last := min(s.Cursor.After+10, s.Args.Merchants)
 	for m := s.Cursor.After + 1; m <= last; m++ {
 		merchant := fmt.Sprintf("m-%d", m)
@@ -147,4 +147,88 @@ func TestWorkflowStepFailsThenRetries(t *testing.T) {
 	var withRun int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation WHERE run_key = $1 AND state = 'SUCCEEDED'`, run.Key).Scan(&withRun))
 	require.Equal(t, 30, withRun)
+}
+
+// runKeyWorker enqueues one payout without a RunKey, then tries one under another run's key.
+type runKeyWorker struct {
+	workflow.StepperDefaults[runKeyArgs, payCursor]
+	foreign chan error
+}
+
+type runKeyArgs struct{}
+
+func (runKeyArgs) Kind() string { return "test_run_key_from_step" }
+
+func (w *runKeyWorker) Step(ctx context.Context, s *workflow.Step[runKeyArgs, payCursor]) (workflow.Next, error) {
+	if _, err := outbox.Enqueue(ctx, s.Tx, payout("forgot-run-key", "acct-1", 100)); err != nil {
+		return workflow.Next{}, err
+	}
+	// A savepoint, so that the refused enqueue leaves the step's transaction usable.
+	sp, err := s.Tx.Begin(ctx)
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	other := payout("someone-elses-run", "acct-2", 200)
+	other.RunKey = "another/run"
+	_, err = outbox.Enqueue(ctx, sp, other)
+	_ = sp.Rollback(ctx)
+	w.foreign <- err
+	return workflow.Done(), nil
+}
+
+// TestEnqueueInStepTakesRunKey: a step that forgets Operation.RunKey still ties its operations
+// to its run (or a batch would count as complete while its payouts are PENDING), and a RunKey
+// naming another run is refused.
+func TestEnqueueInStepTakesRunKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	quiet := slog.New(slog.DiscardHandler)
+	ob, err := outbox.New(pool, &outbox.Config{Logger: quiet, Kinds: map[string]*outbox.KindConfig{"payout": {
+		Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil }),
+	}}})
+	require.NoError(t, err)
+	engine, err := workflow.New(pool, &workflow.Config{Lease: 10 * time.Second, Logger: quiet})
+	require.NoError(t, err)
+	rc := &river.Config{Logger: quiet, Workers: river.NewWorkers(), TestOnly: true,
+		FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond,
+		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}}
+	w := &runKeyWorker{foreign: make(chan error, 10)}
+	workflow.AddWorker(engine, rc.Workers, w)
+	require.NoError(t, engine.Install(rc))
+	require.NoError(t, ob.Install(rc))
+	rclient, err := river.NewClient(riverpgxv5.New(pool), rc)
+	require.NoError(t, err)
+	require.NoError(t, rclient.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, rclient.Stop(sctx))
+	})
+
+	run, err := workflow.Start(ctx, rclient, "runkey/1", runKeyArgs{}, nil)
+	require.NoError(t, err)
+	select {
+	case err := <-w.foreign:
+		require.ErrorIs(t, err, outbox.ErrInvalidOperation)
+		require.ErrorContains(t, err, `"another/run"`)
+		require.ErrorContains(t, err, `"runkey/1"`)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the step did not run")
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r, err := workflow.GetRun(ctx, pool, run.Key)
+		require.NoError(t, err)
+		if r.Status == workflow.StatusSucceeded {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "run %s", r.Status)
+	}
+	var runKey *string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT run_key FROM stepwise_operation WHERE business_key = 'forgot-run-key'`).Scan(&runKey))
+	require.NotNil(t, runKey, "the operation enqueued in the step without a RunKey carries no run key")
+	require.Equal(t, run.Key, *runKey)
+	var foreign int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation WHERE business_key = 'someone-elses-run'`).Scan(&foreign))
+	require.Zero(t, foreign)
 }

@@ -83,7 +83,7 @@ func TestReconcile10000With20PercentDroppedAnswers(t *testing.T) {
 	start := time.Now()
 	wctx := outbox.ContextWithClient(ctx, rc)
 	for i := 0; i < total; i += 500 {
-		ops := make([]outbox.Operation, 0, 500)
+		ops := make([]outbox.EnqueueParams, 0, 500)
 		for j := i; j < i+500; j++ {
 			ops = append(ops, payout(key(j), fmt.Sprintf("acct-%d", j), int64(100+j)))
 		}
@@ -201,7 +201,7 @@ func TestDrillKillAfterSendThenReconcile(t *testing.T) {
 	}}})
 	require.NoError(t, err)
 	b.rec, err = reconcile.New(pool, &reconcile.Config{Outbox: b.ob, Logger: discard, Interval: time.Second,
-		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{Client: client}, Grace: 5 * time.Second}}})
+		Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: bankChecker{Client: client}, Grace: 5 * time.Second}}})
 	require.NoError(t, err)
 	b.startClient(t)
 	b.waitQuiet(t, 60*time.Second)
@@ -230,7 +230,7 @@ func TestRiverResendAfterGraceWakesTheDispatcher(t *testing.T) {
 		Kinds: map[string]*outbox.KindConfig{"payout": {Sender: bankSender{Client: b.client}, Timeout: time.Second}}})
 	require.NoError(t, err)
 	b.rec, err = reconcile.New(b.pool, &reconcile.Config{Outbox: b.ob, Logger: quiet, Interval: time.Second,
-		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{Client: b.client}, Grace: time.Hour}}})
+		Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: bankChecker{Client: b.client}, Grace: time.Hour}}})
 	require.NoError(t, err)
 	b.startClient(t)
 	b.waitQuiet(t, 30*time.Second)

@@ -28,7 +28,7 @@ const (
 	NotFound Status = "not_found"
 )
 
-// LookupResult is the answer of a Querier.
+// LookupResult is the answer of a Checker.
 type LookupResult struct {
 	Status Status
 	// ExternalRef is the external system's reference for a found operation.
@@ -42,35 +42,35 @@ type LookupResult struct {
 	Reason string
 }
 
-// Querier asks the external system of one kind what became of an operation, by its
+// Checker asks the external system of one kind what became of an operation, by its
 // operation_id (op.IdempotencyKey()). Return an error only when the question itself failed
 // (a timeout, a 5xx): the reconciler then asks again later. "No such operation" is NotFound,
 // not an error.
-type Querier interface {
+type Checker interface {
 	Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error)
 }
 
-// QuerierFunc adapts a function to Querier.
-type QuerierFunc func(ctx context.Context, op *outbox.Operation) (LookupResult, error)
+// CheckerFunc adapts a function to Checker.
+type CheckerFunc func(ctx context.Context, op *outbox.Operation) (LookupResult, error)
 
 // Lookup calls f.
-func (f QuerierFunc) Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error) {
+func (f CheckerFunc) Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error) {
 	return f(ctx, op)
 }
 
 // KindConfig configures the reconciliation of one kind of operation.
 type KindConfig struct {
-	// Querier looks operations up. Required.
-	Querier Querier
+	// Checker looks operations up. Required.
+	Checker Checker
 
 	// BatchSize is how many due operations one pass claims at a time.
 	//
-	// Defaults to 100.
+	// Defaults to DefaultBatchSize (100).
 	BatchSize int
 
 	// Concurrency is how many lookups run at once in one process.
 	//
-	// Defaults to 8.
+	// Defaults to DefaultConcurrency (8).
 	Concurrency int
 
 	// RatePerSecond caps lookups per second in one process, so that reconciling a backlog
@@ -82,7 +82,7 @@ type KindConfig struct {
 	// Timeout bounds each lookup. A lookup that times out counts as a lookup error: the
 	// operation is checked again later.
 	//
-	// Defaults to 10s.
+	// Defaults to DefaultTimeout (10s).
 	Timeout time.Duration
 
 	// Grace is how long after an operation was last sent a NotFound is believed. Before
@@ -90,20 +90,20 @@ type KindConfig struct {
 	// proxy) and land after the lookup, so the reconciler waits instead of resending. It
 	// must exceed the outbox kind's send Timeout.
 	//
-	// Defaults to 5m.
+	// Defaults to DefaultGrace (5m).
 	Grace time.Duration
 
 	// GiveUpAfter is how long an operation may stay UNKNOWN_EXTERNAL before the reconciler
 	// stops asking and moves it to MANUAL, with the reason, for a person to decide. A
 	// definitive answer found on the last check is still applied.
 	//
-	// Defaults to 72h.
+	// Defaults to DefaultGiveUpAfter (72h).
 	GiveUpAfter time.Duration
 
 	// MaxChecks is how many lookups an operation gets in one UNKNOWN_EXTERNAL episode before
 	// it moves to MANUAL, with the reason.
 	//
-	// Defaults to 100.
+	// Defaults to DefaultMaxChecks (100).
 	MaxChecks int
 
 	// CheckBackoff is the wait before the next lookup after the check-th one was pending or
@@ -125,19 +125,19 @@ type Config struct {
 
 	// Actor names the reconciler in audit events.
 	//
-	// Defaults to "reconcile".
+	// Defaults to DefaultActor ("reconcile").
 	Actor string
 
 	// Interval is how often River's leader runs a reconciliation pass (a periodic job), and
 	// how often RunMaintenance runs one in every process that calls it.
 	//
-	// Defaults to 10s.
+	// Defaults to DefaultInterval (10s).
 	Interval time.Duration
 
 	// Slice is the longest one pass runs before it returns to River; the next pass goes on
 	// where it stopped.
 	//
-	// Defaults to 1m.
+	// Defaults to DefaultSlice (1m).
 	Slice time.Duration
 
 	// Logger receives what cannot be returned: a transition whose outcome callback failed.
@@ -145,6 +145,19 @@ type Config struct {
 	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+// Defaults of Config and KindConfig: the value an unset (zero) field takes.
+const (
+	DefaultActor       = "reconcile"      // Config.Actor
+	DefaultInterval    = 10 * time.Second // Config.Interval
+	DefaultSlice       = time.Minute      // Config.Slice
+	DefaultBatchSize   = 100              // KindConfig.BatchSize
+	DefaultConcurrency = 8                // KindConfig.Concurrency
+	DefaultTimeout     = 10 * time.Second // KindConfig.Timeout
+	DefaultGrace       = 5 * time.Minute  // KindConfig.Grace
+	DefaultGiveUpAfter = 72 * time.Hour   // KindConfig.GiveUpAfter
+	DefaultMaxChecks   = 100              // KindConfig.MaxChecks
+)
 
 // DefaultCheckBackoff waits 5s, 10s, 20s, ... up to an hour before the next lookup, each with
 // ±25% jitter, so that a backlog of unknown operations spreads out instead of returning in
@@ -165,13 +178,13 @@ func (c *Config) WithDefaults() *Config {
 		out = *c
 	}
 	if out.Actor == "" {
-		out.Actor = "reconcile"
+		out.Actor = DefaultActor
 	}
 	if out.Interval == 0 {
-		out.Interval = 10 * time.Second
+		out.Interval = DefaultInterval
 	}
 	if out.Slice == 0 {
-		out.Slice = time.Minute
+		out.Slice = DefaultSlice
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -184,22 +197,22 @@ func (c *Config) WithDefaults() *Config {
 		}
 		k := *kc
 		if k.BatchSize == 0 {
-			k.BatchSize = 100
+			k.BatchSize = DefaultBatchSize
 		}
 		if k.Concurrency == 0 {
-			k.Concurrency = 8
+			k.Concurrency = DefaultConcurrency
 		}
 		if k.Timeout == 0 {
-			k.Timeout = 10 * time.Second
+			k.Timeout = DefaultTimeout
 		}
 		if k.Grace == 0 {
-			k.Grace = 5 * time.Minute
+			k.Grace = DefaultGrace
 		}
 		if k.GiveUpAfter == 0 {
-			k.GiveUpAfter = 72 * time.Hour
+			k.GiveUpAfter = DefaultGiveUpAfter
 		}
 		if k.MaxChecks == 0 {
-			k.MaxChecks = 100
+			k.MaxChecks = DefaultMaxChecks
 		}
 		if k.CheckBackoff == nil {
 			k.CheckBackoff = DefaultCheckBackoff
@@ -215,7 +228,7 @@ func (c *Config) validate() error {
 		return errors.New("reconcile: Config.Outbox is nil; pass the *outbox.Outbox whose operations it settles (its outcome callbacks must run on every transition)")
 	}
 	if len(c.Kinds) == 0 {
-		return errors.New("reconcile: Config.Kinds is empty; configure at least one kind with its Querier")
+		return errors.New("reconcile: Config.Kinds is empty; configure at least one kind with its Checker")
 	}
 	names := make([]string, 0, len(c.Kinds))
 	for name := range c.Kinds {
@@ -225,10 +238,10 @@ func (c *Config) validate() error {
 	for _, name := range names {
 		k := c.Kinds[name]
 		if k == nil {
-			return fmt.Errorf("reconcile: Config.Kinds[%q] is nil; give it a KindConfig with a Querier", name)
+			return fmt.Errorf("reconcile: Config.Kinds[%q] is nil; give it a KindConfig with a Checker", name)
 		}
-		if k.Querier == nil {
-			return fmt.Errorf("reconcile: Config.Kinds[%q].Querier is nil; every kind needs a Querier", name)
+		if k.Checker == nil {
+			return fmt.Errorf("reconcile: Config.Kinds[%q].Checker is nil; every kind needs a Checker", name)
 		}
 		ok := c.Outbox.KindConfig(name)
 		if ok == nil {

@@ -69,7 +69,7 @@ func decide(op *outbox.Operation, res LookupResult, lookupErr error, now time.Ti
 		}
 	default:
 		d = decision{stay: true, next: backoff(), result: "error",
-			lookup: fmt.Sprintf("lookup failed: the Querier returned status %q; want found_succeeded, found_failed, pending or not_found", res.Status)}
+			lookup: fmt.Sprintf("lookup failed: the Checker returned status %q; want found_succeeded, found_failed, pending or not_found", res.Status)}
 	}
 
 	// Not definitive: has the operation used up its patience?

@@ -22,7 +22,7 @@ func TestDecide(t *testing.T) {
 	}
 	ago := func(d time.Duration) *time.Time { t := now.Add(-d); return &t }
 	op := func(mod func(*outbox.Operation)) *outbox.Operation {
-		o := &outbox.Operation{Amount: 1000, Currency: "EUR", Checks: 1, Attempts: 1,
+		o := &outbox.Operation{EnqueueParams: outbox.EnqueueParams{Amount: 1000, Currency: "EUR"}, Checks: 1, Attempts: 1,
 			CreatedAt: now.Add(-time.Hour), LastSentAt: ago(time.Hour), InFlightUntil: ago(time.Hour), UnknownSince: ago(time.Hour)}
 		if mod != nil {
 			mod(o)

@@ -90,11 +90,11 @@ func TestSlowBankNoResendWhileTheFirstRequestIsOnTheWire(t *testing.T) {
 	bank := newSlowBank(800 * time.Millisecond)
 	b := setup(t, nil, func(okc *outbox.KindConfig, rkc *reconcile.KindConfig) {
 		okc.Sender, okc.Concurrency, okc.BatchSize, okc.Timeout = bank, 1, 5, 300*time.Millisecond
-		rkc.Querier, rkc.Grace = bank, 1200*time.Millisecond
+		rkc.Checker, rkc.Grace = bank, 1200*time.Millisecond
 		rkc.CheckBackoff = func(int) time.Duration { return 10 * time.Millisecond }
 	})
 	keys := []string{"slow/1", "slow/2", "slow/3", "slow/4", "slow/5"}
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for _, k := range keys {
 		ops = append(ops, payout(k, "acct", 100))
 	}
@@ -149,7 +149,7 @@ func TestRunMaintenanceReconcilesWithoutTheLeadersJob(t *testing.T) {
 		Kinds: map[string]*outbox.KindConfig{"payout": {Sender: bankSender{Client: b.client}, Timeout: time.Second}}})
 	require.NoError(t, err)
 	b.rec, err = reconcile.New(b.pool, &reconcile.Config{Outbox: b.ob, Logger: quiet, Interval: time.Second,
-		Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: bankQuerier{Client: b.client}, Grace: time.Hour}}})
+		Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: bankChecker{Client: b.client}, Grace: time.Hour}}})
 	require.NoError(t, err)
 	cfg := &river.Config{Logger: quiet, FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond, TestOnly: true}
 	require.NoError(t, b.ob.Install(cfg)) // the dispatcher; no reconciler job at all

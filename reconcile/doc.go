@@ -7,7 +7,7 @@ never got it, or handed to a person (MANUAL). It never sends a new operation.
 # Rules
 
 A pass takes the UNKNOWN_EXTERNAL operations whose next check is due, in batches (FOR UPDATE
-SKIP LOCKED), asks the kind's Querier about each (at most Concurrency at once, RatePerSecond
+SKIP LOCKED), asks the kind's Checker about each (at most Concurrency at once, RatePerSecond
 per second, Timeout each), and records what each answer proves:
 
 	lookup                                      the operation
@@ -36,8 +36,8 @@ Grace after that moment: an operation that waited its turn in the dispatcher and
 out is never resent while its first request can still land.
 
 The rules are one pure function, table tested; the SQL only guards it. Each transition goes
-through outbox.Outbox.TransitionTx: the kind's outcome callback and an audit event in the same
-transaction as the state change.
+through the Outbox, as the dispatcher's do: the kind's outcome callback and an audit event in the
+same transaction as the state change.
 
 # Overlapping passes
 
@@ -78,12 +78,20 @@ or assert on.
 	rec, err := reconcile.New(pool, &reconcile.Config{
 		Outbox: ob, // its outcome callbacks run on every transition
 		Kinds: map[string]*reconcile.KindConfig{
-			"payout": {Querier: bankLookup, Grace: 10 * time.Minute, RatePerSecond: 50},
+			"payout": {Checker: bankLookup, Grace: 10 * time.Minute, RatePerSecond: 50},
 		},
 	})
 	if err := rec.Install(riverConfig); err != nil { // worker, periodic pass, queue
 		return err
 	}
+	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+	// ... client.Start(ctx), then in every process, not only River's leader:
+	go rec.RunMaintenance(ctx, client)
+	prometheus.MustRegister(rec.Metrics())
+
+Install is the only way to add the Reconciler to a River client, as for the Outbox and the
+workflow Engine. Every Config default is an exported constant (DefaultInterval, DefaultGrace,
+...).
 
 # Metrics
 

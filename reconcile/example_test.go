@@ -75,7 +75,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: quiet, Kinds: map[string]*reconcile.KindConfig{
-		"payout": {Querier: bank},
+		"payout": {Checker: bank},
 	}})
 	if err != nil {
 		log.Fatal(err)
@@ -84,8 +84,8 @@ func Example() {
 	from := time.Now().Add(-time.Minute)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := outbox.Enqueue(ctx, tx,
-			outbox.Operation{Kind: "payout", BusinessKey: "m-1", Amount: 1250, Currency: "EUR"},
-			outbox.Operation{Kind: "payout", BusinessKey: "m-2", Amount: 990, Currency: "EUR"})
+			outbox.EnqueueParams{Kind: "payout", BusinessKey: "m-1", Amount: 1250, Currency: "EUR"},
+			outbox.EnqueueParams{Kind: "payout", BusinessKey: "m-2", Amount: 990, Currency: "EUR"})
 		return err
 	})
 	if err != nil {

@@ -28,7 +28,7 @@ func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 type (
 	payoutPayload = bankops.Payload
 	bankSender    = bankops.Sender
-	bankQuerier   = bankops.Querier
+	bankChecker   = bankops.Checker
 )
 
 var bankStatement = bankops.Statement
@@ -70,7 +70,7 @@ func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, 
 		},
 	}
 	rkc := &reconcile.KindConfig{
-		Querier:      bankQuerier{Client: client},
+		Checker:      bankChecker{Client: client},
 		Grace:        time.Hour, // tests move last_sent_at back instead of waiting
 		CheckBackoff: func(int) time.Duration { return time.Hour },
 	}
@@ -86,12 +86,12 @@ func setup(t testing.TB, bankCfg *fakebank.Config, mod func(*outbox.KindConfig, 
 	return &bundle{pool: pool, bank: bank, client: client, ob: ob, rec: rec}
 }
 
-func payout(key, account string, amount int64) outbox.Operation {
+func payout(key, account string, amount int64) outbox.EnqueueParams {
 	p, _ := json.Marshal(payoutPayload{Account: account})
-	return outbox.Operation{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
+	return outbox.EnqueueParams{Kind: "payout", BusinessKey: key, Payload: p, Amount: amount, Currency: "EUR"}
 }
 
-func (b *bundle) enqueue(t testing.TB, ops ...outbox.Operation) {
+func (b *bundle) enqueue(t testing.TB, ops ...outbox.EnqueueParams) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {

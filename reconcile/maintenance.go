@@ -19,7 +19,7 @@ import (
 //
 //	go rec.RunMaintenance(ctx, riverClient)
 //
-// The periodic pass of PeriodicJobs runs on River's elected leader only, so a frozen or dead
+// The periodic pass Install adds runs on River's elected leader only, so a frozen or dead
 // leader would hold reconciliation until a new election. Passes in several processes at once
 // are safe (see Overlapping passes in the package documentation). The client wakes the
 // dispatcher of an operation sent back to RETRYABLE.

@@ -20,8 +20,8 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
-		inner := rk.Querier
-		rk.Querier = reconcile.QuerierFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+		inner := rk.Checker
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 			if op.BusinessKey == "erring" {
 				return reconcile.LookupResult{}, errors.New("lookup API down")
 			}
@@ -75,7 +75,7 @@ func TestConfigValidation(t *testing.T) {
 	sender := outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil })
 	ob, err := outbox.New(pool, &outbox.Config{Kinds: map[string]*outbox.KindConfig{"payout": {Sender: sender, Timeout: 30 * time.Second}}})
 	require.NoError(t, err)
-	q := reconcile.QuerierFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+	q := reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
 		return reconcile.LookupResult{}, nil
 	})
 	cases := []struct {
@@ -83,13 +83,13 @@ func TestConfigValidation(t *testing.T) {
 		cfg  *reconcile.Config
 		want string
 	}{
-		{"no outbox", &reconcile.Config{Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: q}}}, "Config.Outbox is nil"},
+		{"no outbox", &reconcile.Config{Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: q}}}, "Config.Outbox is nil"},
 		{"no kinds", &reconcile.Config{Outbox: ob}, "Config.Kinds is empty"},
-		{"no querier", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {}}}, `Kinds["payout"].Querier is nil`},
-		{"kind not in the outbox", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"refund": {Querier: q}}}, "the Outbox has no such kind"},
-		{"grace not past the send timeout", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: q, Grace: 30 * time.Second}}},
+		{"no checker", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {}}}, `Kinds["payout"].Checker is nil`},
+		{"kind not in the outbox", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"refund": {Checker: q}}}, "the Outbox has no such kind"},
+		{"grace not past the send timeout", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: q, Grace: 30 * time.Second}}},
 			"Grace 30s is not longer than the outbox's send Timeout 30s"},
-		{"fast interval", &reconcile.Config{Outbox: ob, Interval: time.Millisecond, Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: q}}}, "Interval"},
+		{"fast interval", &reconcile.Config{Outbox: ob, Interval: time.Millisecond, Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: q}}}, "Interval"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,6 +98,6 @@ func TestConfigValidation(t *testing.T) {
 			require.Contains(t, err.Error(), tc.want)
 		})
 	}
-	_, err = reconcile.New(pool, &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {Querier: q}}})
+	_, err = reconcile.New(pool, &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: q}}})
 	require.NoError(t, err)
 }

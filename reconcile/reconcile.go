@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
+	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -174,7 +175,7 @@ WITH c AS (
 )
 UPDATE stepwise_operation o SET checks = o.checks + 1, next_check_at = now() + $6::interval, updated_at = now()
 FROM c WHERE o.operation_id = c.operation_id
-RETURNING ` + outbox.Columns("o") + `, now()`
+RETURNING ` + ledger.Columns("o") + `, now()`
 
 func (r *Reconciler) batch(ctx context.Context, ks *kindState, opts *RunOpts, passStart time.Time) (*PassResult, int, error) {
 	res := newPassResult()
@@ -190,7 +191,7 @@ func (r *Reconciler) batch(ctx context.Context, ks *kindState, opts *RunOpts, pa
 	// clock runs fast must not cut a grace period short.
 	var dbNow time.Time
 	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Operation, error) {
-		return outbox.ScanOperation(row, &dbNow)
+		return ledger.Scan[*outbox.Operation](row, &dbNow)
 	})
 	if err != nil {
 		return res, 0, fmt.Errorf("claiming unknown operations of kind %q: %w", ks.name, err)
@@ -253,7 +254,7 @@ func (r *Reconciler) lookupOne(ctx context.Context, ks *kindState, op *outbox.Op
 		}
 	}()
 	cp := *op
-	return ks.cfg.Querier.Lookup(lctx, &cp)
+	return ks.cfg.Checker.Lookup(lctx, &cp)
 }
 
 // apply records a batch's decisions in one transaction: the transitions (with the outcome
@@ -304,7 +305,7 @@ func (r *Reconciler) apply(ctx context.Context, ks *kindState, ops []*outbox.Ope
 
 func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops []*outbox.Operation, ds []decision) ([]outbox.OperationOutcome, int, error) {
 	var (
-		ts       []outbox.Transition
+		ts       []ledger.Move
 		stayIDs  []uuid.UUID
 		stayChk  []int32
 		stayNext []time.Time
@@ -317,13 +318,13 @@ func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops 
 			stayNext, stayLook = append(stayNext, d.next), append(stayLook, d.lookup)
 			continue
 		}
-		ts = append(ts, outbox.Transition{
-			OperationID: op.ID, From: outbox.StateUnknownExternal, To: d.to, Checks: op.Checks,
+		ts = append(ts, ledger.Move{
+			OperationID: op.ID, From: string(outbox.StateUnknownExternal), To: string(d.to), Checks: op.Checks,
 			Actor: r.config.Actor, ExternalRef: d.ref, Error: d.err, Reason: d.reason, Lookup: d.lookup,
 			Detail: map[string]any{"check": op.Checks},
 		})
 	}
-	moved, err := r.ob.TransitionTx(ctx, tx, ts)
+	moved, err := ledger.TransitionTx[outbox.OperationOutcome](ctx, r.ob, tx, ts)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -341,7 +342,7 @@ func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops 
 	}
 	for _, oo := range moved {
 		if oo.Outcome.To == outbox.StateRetryable {
-			if _, err := outbox.Wake(ctx, tx, ks.name); err != nil {
+			if _, err := ledger.Wake(ctx, tx, ks.name); err != nil {
 				return nil, 0, err
 			}
 			break
@@ -383,25 +384,17 @@ func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[ReconcileArgs
 	return err
 }
 
-// AddWorkers registers the reconciliation worker on workers. It panics if it is already
-// registered, like river.AddWorker.
-func (r *Reconciler) AddWorkers(workers *river.Workers) {
-	if err := r.AddWorkersSafely(workers); err != nil {
-		panic(err)
-	}
-}
-
-// AddWorkersSafely is AddWorkers returning an error instead of panicking.
-func (r *Reconciler) AddWorkersSafely(workers *river.Workers) error {
+// addWorkers registers the reconciliation worker on workers.
+func (r *Reconciler) addWorkers(workers *river.Workers) error {
 	if err := river.AddWorkerSafely[ReconcileArgs](workers, &reconcileWorker{r: r}); err != nil {
-		return fmt.Errorf("adding the reconciler: %w", err)
+		return fmt.Errorf("reconcile: Install: adding the reconciler: %w", err)
 	}
 	return nil
 }
 
-// PeriodicJobs returns the periodic pass, to add to the River client's Config.PeriodicJobs.
-// River runs periodic jobs on its elected leader only; passes that still overlap are safe.
-func (r *Reconciler) PeriodicJobs() []*river.PeriodicJob {
+// periodicJobs returns the periodic pass. River runs periodic jobs on its elected leader only
+// (hence RunMaintenance in every process); passes that still overlap are safe.
+func (r *Reconciler) periodicJobs() []*river.PeriodicJob {
 	interval := r.config.Interval
 	return []*river.PeriodicJob{river.NewPeriodicJob(
 		river.PeriodicInterval(interval),
@@ -415,28 +408,30 @@ func (r *Reconciler) PeriodicJobs() []*river.PeriodicJob {
 	)}
 }
 
-// Queues returns the River queue the pass runs in, to merge into the client's Config.Queues.
-func (r *Reconciler) Queues() map[string]river.QueueConfig {
+// queues returns the River queue the pass runs in.
+func (r *Reconciler) queues() map[string]river.QueueConfig {
 	return map[string]river.QueueConfig{Queue: {MaxWorkers: 2}}
 }
 
-// Install adds the reconciler's worker, periodic job and queue to a River client config,
-// before river.NewClient. A queue already in the config is left as configured.
+// Install adds the reconciler's worker, its periodic pass (every Config.Interval) and its
+// queue (Queue) to a River client config, before river.NewClient. It is the one way to wire a
+// Reconciler; a queue already in the config is left as configured. Then call RunMaintenance in
+// every process, and register Metrics with your Prometheus registry.
 func (r *Reconciler) Install(rc *river.Config) error {
 	if rc == nil {
-		return errors.New("reconcile: Install: river config is nil")
+		return errors.New("reconcile: Install: the River config is nil; pass the *river.Config you give river.NewClient")
 	}
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
-	if err := r.AddWorkersSafely(rc.Workers); err != nil {
+	if err := r.addWorkers(rc.Workers); err != nil {
 		return err
 	}
-	rc.PeriodicJobs = append(rc.PeriodicJobs, r.PeriodicJobs()...)
+	rc.PeriodicJobs = append(rc.PeriodicJobs, r.periodicJobs()...)
 	if rc.Queues == nil {
 		rc.Queues = map[string]river.QueueConfig{}
 	}
-	for name, qc := range r.Queues() {
+	for name, qc := range r.queues() {
 		if _, ok := rc.Queues[name]; !ok {
 			rc.Queues[name] = qc
 		}

@@ -17,7 +17,7 @@ import (
 
 // unknown makes operations UNKNOWN_EXTERNAL the honest way: their send meets an ambiguous 5xx
 // (before apply, so the bank holds nothing).
-func (b *bundle) unknown(t testing.TB, ops ...outbox.Operation) {
+func (b *bundle) unknown(t testing.TB, ops ...outbox.EnqueueParams) {
 	t.Helper()
 	for _, op := range ops {
 		b.bank.FailKey(outbox.OperationID(op.Kind, op.BusinessKey).String(), fakebank.Error5xxBeforeApply)
@@ -57,11 +57,11 @@ func TestEachLookupResult(t *testing.T) {
 		},
 	}
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
-		rk.Querier = reconcile.QuerierFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 			return answers[op.BusinessKey]()
 		})
 	})
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for k := range answers {
 		ops = append(ops, payout(k, "acct", 100))
 	}
@@ -190,8 +190,8 @@ func TestOverlappingPassesProcessEachOperationOnce(t *testing.T) {
 	)
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
 		rk.BatchSize, rk.Concurrency = 10, 10
-		inner := rk.Querier
-		rk.Querier = reconcile.QuerierFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+		inner := rk.Checker
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 			mu.Lock()
 			lookups[op.BusinessKey]++
 			mu.Unlock()
@@ -200,7 +200,7 @@ func TestOverlappingPassesProcessEachOperationOnce(t *testing.T) {
 			return inner.Lookup(ctx, op)
 		})
 	})
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for i := range 40 {
 		ops = append(ops, payout(key(i), "acct", int64(100+i)))
 		b.bank.FailKey(outbox.OperationID("payout", key(i)).String(), fakebank.Error5xxAfterApply)
@@ -251,8 +251,8 @@ func TestForcedCheckDuringAPassFencesTheSlowerDecision(t *testing.T) {
 	var calls atomic.Int64
 	slowEntered, slowRelease := make(chan struct{}), make(chan struct{})
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
-		inner := rk.Querier
-		rk.Querier = reconcile.QuerierFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+		inner := rk.Checker
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 			if calls.Add(1) == 1 {
 				close(slowEntered)
 				<-slowRelease

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -65,10 +66,10 @@ func (r *Reconciler) ResolveTx(ctx context.Context, tx pgx.Tx, params *ResolvePa
 	case p.Reason == "":
 		return nil, fmt.Errorf("%w: Reason is required: the audit trail says why", ErrInvalidResolution)
 	}
-	op, err := r.ob.TransitionOneTx(ctx, tx, outbox.Transition{
+	op, err := ledger.TransitionOneTx[*outbox.Operation](ctx, r.ob, tx, ledger.Move{
 		OperationID: p.OperationID,
-		From:        p.ExpectedState,
-		To:          p.Outcome,
+		From:        string(p.ExpectedState),
+		To:          string(p.Outcome),
 		Actor:       p.Actor,
 		Reason:      p.Reason,
 		ExternalRef: p.ExternalRef,
@@ -78,7 +79,7 @@ func (r *Reconciler) ResolveTx(ctx context.Context, tx pgx.Tx, params *ResolvePa
 		return nil, fmt.Errorf("resolving operation %s: %w", p.OperationID, err)
 	}
 	if op.State == outbox.StateRetryable {
-		if _, err := outbox.Wake(ctx, tx, op.Kind); err != nil {
+		if _, err := ledger.Wake(ctx, tx, op.Kind); err != nil {
 			return nil, err
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -149,7 +151,7 @@ func (t *Totals) String() string {
 // external system's statement for it, effect by effect (matched by idempotency key), and
 // returns the totals per currency and every difference. It reads only; what to do about a
 // difference is a person's decision (Resolve).
-func CompareTotals(ctx context.Context, q outbox.Querier, stmt Statement, params *TotalsParams) (*Totals, error) {
+func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
 	if params == nil || params.Kind == "" || params.From.IsZero() || params.To.IsZero() || !params.From.Before(params.To) {
 		return nil, errors.New("reconcile.CompareTotals: TotalsParams needs a Kind and a period with From before To")
 	}
@@ -168,13 +170,13 @@ func CompareTotals(ctx context.Context, q outbox.Querier, stmt Statement, params
 	}
 	here := map[string]*ours{}
 	var order []string
-	rows, err := q.Query(ctx, `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o
+	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o
 		WHERE kind = $1 AND state = 'SUCCEEDED' AND last_sent_at >= $2 AND last_sent_at < $3
 		ORDER BY last_sent_at, operation_id`, params.Kind, params.From, params.To)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return outbox.ScanOperation(r) })
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](r) })
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
@@ -230,7 +232,7 @@ func CompareTotals(ctx context.Context, q outbox.Querier, stmt Statement, params
 	return t, nil
 }
 
-func statesOf(ctx context.Context, q outbox.Querier, entries []StatementEntry) (map[string]*outbox.Operation, error) {
+func statesOf(ctx context.Context, q stepwise.DBTX, entries []StatementEntry) (map[string]*outbox.Operation, error) {
 	var ids []uuid.UUID
 	for _, e := range entries {
 		if id, err := uuid.Parse(e.Key); err == nil {
@@ -241,11 +243,11 @@ func statesOf(ctx context.Context, q outbox.Querier, entries []StatementEntry) (
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o WHERE operation_id = ANY($1)`, ids)
+	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o WHERE operation_id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return outbox.ScanOperation(r) })
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](r) })
 	if err != nil {
 		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
 	}

@@ -22,7 +22,7 @@ func TestTotalsListEveryDifference(t *testing.T) {
 	from := time.Now().Add(-time.Minute)
 
 	// Five ordinary payouts, on both sides.
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for i := range 5 {
 		ops = append(ops, payout(key(i), "acct", int64(1000*(i+1))))
 	}

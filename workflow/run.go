@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/checkpoint"
 )
 
@@ -64,10 +65,10 @@ type StartOpts struct {
 	InsertOpts *river.InsertOpts
 }
 
-// Querier is the read side of a pool, connection or transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// Querier is the old name of stepwise.DBTX, kept for the schedule functions.
+//
+// Deprecated: use stepwise.DBTX.
+type Querier = stepwise.DBTX
 
 // Start starts the run key of args's workflow in its own transaction. See StartTx.
 func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], key string, args A, opts *StartOpts) (*Run, error) {
@@ -194,7 +195,7 @@ func runKeyOf(metadata []byte, args any) (string, error) {
 }
 
 // GetRun reads one run.
-func GetRun(ctx context.Context, q Querier, key string) (*Run, error) {
+func GetRun(ctx context.Context, q stepwise.DBTX, key string) (*Run, error) {
 	r := &Run{Key: key}
 	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts, failures,
 			last_error, wake_at, created_at, updated_at, finished_at, cancel_requested_at

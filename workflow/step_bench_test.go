@@ -152,10 +152,10 @@ func ovhStep(ctx context.Context, tx pgx.Tx, key string, step, rows int, ops boo
 	if err != nil || !ops {
 		return err
 	}
-	batch := make([]outbox.Operation, rows)
+	batch := make([]outbox.EnqueueParams, rows)
 	for i := range batch {
 		n := step*rows + i
-		batch[i] = outbox.Operation{Kind: "bench_payout", BusinessKey: fmt.Sprintf("%s/%d", key, n),
+		batch[i] = outbox.EnqueueParams{Kind: "bench_payout", BusinessKey: fmt.Sprintf("%s/%d", key, n),
 			Payload: []byte(fmt.Sprintf(`{"n":%d}`, n)), Amount: int64(n * 7), Currency: "EUR", RunKey: key}
 	}
 	_, err = outbox.Enqueue(ctx, tx, batch...)
@@ -219,7 +219,7 @@ func newOvhRig(b *testing.B, pool *pgxpool.Pool, rows int, ops bool, workers int
 			})},
 		}})
 		require.NoError(b, err)
-		ob.AddWorkers(ws)
+		require.NoError(b, ob.Install(&river.Config{Workers: ws})) // its workers only, into ws
 	}
 	rig.client, err = river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(b, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
+	"github.com/stepwise-go/stepwise/internal/runctx"
 )
 
 // maxErrorLen bounds last_error on a run: an error message may embed a whole payload.
@@ -119,7 +120,8 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 		return a.finishCancelled(ctx)
 	}
 
-	stepCtx, cancel := context.WithCancelCause(ctx)
+	// The run key travels with the step, so that outbox.Enqueue ties operations to this run.
+	stepCtx, cancel := context.WithCancelCause(runctx.With(ctx, key))
 	defer cancel(nil)
 	stopWatch := a.watchCancel(stepCtx, cancel)
 	defer stopWatch()

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise"
 )
 
 // Violation is one broken invariant, with the rows that prove it.
@@ -25,14 +27,9 @@ func (v Violation) String() string {
 	return fmt.Sprintf("invariant %d (%s) violated: %s", v.Invariant, v.Name, v.Evidence)
 }
 
-// Querier is what the checks need: a pool, a connection or a transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // CheckFunc is a domain invariant check (money balances, one effect per key at the
 // external system...). It returns every violation it finds.
-type CheckFunc func(ctx context.Context, q Querier) ([]Violation, error)
+type CheckFunc func(ctx context.Context, q stepwise.DBTX) ([]Violation, error)
 
 // CheckOpts are options for CheckInvariants.
 type CheckOpts struct {
@@ -70,7 +67,7 @@ type CheckOpts struct {
 // CheckInvariants checks invariants 1, 2, 4 and 5 of docs/design.md over Stepwise's tables, then opts'
 // domain checks, and returns every violation found (nil when all hold). An error means a
 // check could not run, not that an invariant failed.
-func CheckInvariants(ctx context.Context, q Querier, opts *CheckOpts) ([]Violation, error) {
+func CheckInvariants(ctx context.Context, q stepwise.DBTX, opts *CheckOpts) ([]Violation, error) {
 	if opts == nil {
 		opts = &CheckOpts{}
 	}

@@ -59,7 +59,7 @@ func pendingPayouts(ctx context.Context, pool *pgxpool.Pool, dates *dateSeq, n i
 }
 
 // sampleService is the sample's Service on pool, not started: its Outbox and Reconciler are
-// the sample's delivery and reconciliation wiring (BankSender, OnPayoutOutcomes, BankQuerier,
+// the sample's delivery and reconciliation wiring (BankSender, OnPayoutOutcomes, BankChecker,
 // the sample's concurrency and timeouts), driven here on demand.
 func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*settlement.Service, error) {
 	return settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Logger: quietLogger(), ID: "bench"})
@@ -161,7 +161,7 @@ func (r *runner) reconcileSection(ctx context.Context) error {
 		return fmt.Errorf("reconcile pass checked %d and moved %d to SUCCEEDED, want %d each (lookups %v)", res.Checked, res.Moved[outbox.StateSucceeded], n, res.Lookups)
 	}
 	r.printf("\n== reconcile: UNKNOWN_EXTERNAL payouts looked up at the bank by operation id and recorded SUCCEEDED (settlement PAID in the same tx) ==\n")
-	r.printf("%s lookups/s (%d payouts in one forced pass, %s), the sample's BankQuerier and reconcile defaults\n",
+	r.printf("%s lookups/s (%d payouts in one forced pass, %s), the sample's BankChecker and reconcile defaults\n",
 		fmtRate(float64(n)/elapsed.Seconds()), n, fmtDur(elapsed))
 	return nil
 }

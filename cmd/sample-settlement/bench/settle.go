@@ -112,7 +112,10 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 	if err != nil {
 		return nil, err
 	}
-	ob.AddWorkers(workers)
+	// Into a throwaway config: its workers land in workers, its queues and poll are dropped.
+	if err := ob.Install(&river.Config{Workers: workers}); err != nil {
+		return nil, err
+	}
 	rc := &river.Config{
 		ID: fmt.Sprintf("bench-stepwise-%d", time.Now().UnixNano()),
 		// One worker per run of the concurrent part (one run at a time elsewhere).

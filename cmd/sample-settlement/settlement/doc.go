@@ -32,7 +32,7 @@ can never start two sets of runs for one date.
 
 BankSender pays each payout under its operation id and classifies the bank's answer only as
 far as it proves something (declined: FAILED_PERMANENT; refused before processing:
-RETRYABLE; anything else: UNKNOWN_EXTERNAL). BankQuerier answers the reconciler. The outcome
+RETRYABLE; anything else: UNKNOWN_EXTERNAL). BankChecker answers the reconciler. The outcome
 callback OnPayoutOutcomes moves settlements in the transaction that moves their payouts:
 
 	payout (ledger)       settlement

@@ -124,16 +124,16 @@ func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOu
 	return nil
 }
 
-// BankQuerier answers the reconciler's question about an UNKNOWN_EXTERNAL payout — what did
+// BankChecker answers the reconciler's question about an UNKNOWN_EXTERNAL payout — what did
 // the bank do under this operation id? — from the bank's own lookup by idempotency key. A
 // failed lookup is returned as an error, so the reconciler asks again later; only the bank's
 // explicit "no payment under this key" is NotFound.
-type BankQuerier struct {
+type BankChecker struct {
 	Bank *fakebank.Client
 }
 
 // Lookup asks the bank about op.
-func (q *BankQuerier) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+func (q *BankChecker) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 	p, err := q.Bank.Lookup(ctx, op.IdempotencyKey())
 	switch {
 	case errors.Is(err, fakebank.ErrNotFound):

@@ -194,7 +194,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		Logger:   cfg.Logger,
 		Kinds: map[string]*reconcile.KindConfig{
 			PayoutKind: {
-				Querier:      &BankQuerier{Bank: cfg.Bank},
+				Checker:      &BankChecker{Bank: cfg.Bank},
 				Timeout:      cfg.PayoutTimeout,
 				Grace:        cfg.ReconcileGrace,
 				CheckBackoff: cfg.ReconcileBackoff,

@@ -136,7 +136,7 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("settling merchants after %d (shard %d/%d): %w", b.AfterMerchant, b.Shard, b.Shards, err)
 	}
-	var ops []outbox.Operation
+	var ops []outbox.EnqueueParams
 	for rows.Next() {
 		var (
 			id                      *int64
@@ -155,7 +155,7 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 			rows.Close()
 			return res, fmt.Errorf("encoding payout of settlement %d: %w", *id, err)
 		}
-		ops = append(ops, outbox.Operation{
+		ops = append(ops, outbox.EnqueueParams{
 			Kind:        PayoutKind,
 			BusinessKey: PayoutKey(*code, b.Date, *typ, *cur),
 			Payload:     payload,

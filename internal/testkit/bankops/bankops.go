@@ -1,6 +1,6 @@
 // Package bankops connects the fake bank to the operation ledger for Stepwise's own tests: a
 // payout Sender that classifies the bank's answers only as far as they prove something, a
-// reconcile Querier and a Statement. The sample service has its own (settlement.BankSender),
+// reconcile Checker and a Statement. The sample service has its own (settlement.BankSender),
 // written out as user code is; the SDK's test packages share this one.
 package bankops
 
@@ -47,11 +47,11 @@ func (s Sender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt,
 	}
 }
 
-// Querier looks payments up at the fake bank by operation id.
-type Querier struct{ Client *fakebank.Client }
+// Checker looks payments up at the fake bank by operation id.
+type Checker struct{ Client *fakebank.Client }
 
 // Lookup asks the bank about op.
-func (q Querier) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+func (q Checker) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 	p, err := q.Client.Lookup(ctx, op.IdempotencyKey())
 	switch {
 	case errors.Is(err, fakebank.ErrNotFound):

@@ -1,0 +1,18 @@
+/*
+Package stepwise holds what Stepwise's packages share: DBTX, the one database interface their
+functions take. The work is done in the sub-packages:
+
+  - workflow: step functions on River jobs, each step committed with its cursor and fenced
+    by the run's token; runs resumed from their last committed cursor after a crash.
+  - checkpoint: the fenced, leased checkpoint rows the steps commit through.
+  - outbox: the operation ledger; external side effects enqueued in the step's transaction
+    and delivered under a stable operation_id, with an honest outcome.
+  - reconcile: settles UNKNOWN_EXTERNAL operations by asking the external system (a
+    Checker), and compares totals with its statement.
+  - console: a read-mostly web console over runs and operations.
+  - workflowtest: invariant checks, chaos drills and child processes for users' own tests.
+
+The README's quick start wires them into one River client; docs/design.md gives the protocols,
+the invariants and what is and is not promised.
+*/
+package stepwise

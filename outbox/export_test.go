@@ -1,0 +1,21 @@
+package outbox
+
+import (
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/ledger"
+)
+
+// For the tests in package outbox_test: the plumbing reconcile and console reach through
+// internal/ledger.
+
+type Transition = transition
+
+var (
+	TransitionOneTx = (*Outbox).transitionOneTx
+	Columns         = ledger.Columns
+)
+
+func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
+	return scanOperation(row, extra...)
+}

@@ -83,8 +83,17 @@ type opRow struct {
 var terminalStates = map[string]bool{"SUCCEEDED": true, "FAILED_PERMANENT": true, "MANUAL": true}
 
 // loadLedger reads the operations and their transitions that the request checks compare with.
-func loadLedger(ctx context.Context, q stepwise.DBTX) (map[string]opRow, []opEvent, error) {
-	rows, err := q.Query(ctx, `SELECT operation_id::text, amount, state FROM stepwise_operation`)
+// ledgerSQL are loadLedger's reads: the operations, and their transitions.
+var ledgerSQL = []string{
+	`SELECT operation_id::text, amount, state FROM stepwise_operation WHERE true{{runs:run_key}}`,
+	`SELECT substr(subject, 4), coalesce(from_state, ''), coalesce(to_state, ''), coalesce(actor, ''),
+	        coalesce(detail->>'resolution', ''), at
+	   FROM stepwise_event WHERE kind = 'op.transition' AND subject LIKE 'op:%'{{opsubjects}} ORDER BY id`,
+}
+
+func loadLedger(ctx context.Context, q stepwise.DBTX, runs []string) (map[string]opRow, []opEvent, error) {
+	sql, args := scoped(ledgerSQL[0], runs)
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading operations: %w", err)
 	}
@@ -97,10 +106,9 @@ func loadLedger(ctx context.Context, q stepwise.DBTX) (map[string]opRow, []opEve
 	}); err != nil {
 		return nil, nil, fmt.Errorf("reading operations: %w", err)
 	}
-	rows, err = q.Query(ctx, `
-		SELECT substr(subject, 4), coalesce(from_state, ''), coalesce(to_state, ''), coalesce(actor, ''),
-		       coalesce(detail->>'resolution', ''), at
-		  FROM stepwise_event WHERE kind = 'op.transition' AND subject LIKE 'op:%' ORDER BY id`)
+	// With runs, the events of their operations only: by subject, through its index.
+	sql, args = scoped(ledgerSQL[1], runs)
+	rows, err = q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading operation transitions: %w", err)
 	}

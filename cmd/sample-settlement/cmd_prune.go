@@ -16,11 +16,11 @@ func init() {
 // runPrune runs retention.Prune once: from cron, or a Kubernetes CronJob, beside the serve
 // processes (its batches skip what a step holds and yield to the steps).
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("prune", "prune --older-than 720h [--batch-size 1000]", stderr)
+	fs := newFlagSet("prune", "prune --older-than 720h [--batch-size 500]", stderr)
 	var db dbFlags
 	db.register(fs)
 	olderThan := fs.Duration("older-than", 0, "delete finished history older than this, e.g. 720h for 30 days (required; at least 24h)")
-	batchSize := fs.Int("batch-size", 1000, "rows per transaction")
+	batchSize := fs.Int("batch-size", 500, "finished runs (or events, or slots) deleted per transaction; a run takes its checkpoint and events with it")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +19,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"riverqueue.com/riverui"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
@@ -152,7 +153,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer cancelRun()
 	rd := &readiness{}
 	go rd.watchDB(runCtx, pool, 2*time.Second, logger)
-	handler, err := serveHandler(runCtx, svc, rd, serveOps{metricsInterval: f.metricsInterval, maxScrapes: 4, maxUIRequests: 4}, logger)
+	handler, err := serveHandler(runCtx, svc, rd, serveOps{metricsInterval: f.metricsInterval}, logger)
 	if err != nil {
 		return err
 	}
@@ -287,6 +288,7 @@ func poolSizeFor(settleWorkers int) int {
 // a background gather and readiness from a background ping, so no request rate can take
 // connections from the steps. See cachedGatherer.
 func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o serveOps, logger *slog.Logger) (http.Handler, error) {
+	o = o.withDefaults()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, c := range svc.Collectors() {
@@ -298,7 +300,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	go gatherer.run(ctx)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(svc.Client, nil),
-		Logger:    logger,
+		Logger:    slog.New(raiseInternalErrors{logger.Handler()}),
 		Prefix:    "/riverui",
 	})
 	if err != nil {
@@ -308,15 +310,18 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		return nil, fmt.Errorf("starting the River UI: %w", err)
 	}
 	mux := http.NewServeMux()
-	// Scrapes beyond the cap get 503 at once: serving the cached families costs CPU only,
-	// but a flood must not take the CPU the steps need either.
-	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{MaxRequestsInFlight: o.maxScrapes}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+	// The anonymous endpoints are capped: requests beyond the cap get 503 at once instead
+	// of queueing. Serving the pre-encoded metrics costs a copy, but a flood must not take
+	// the CPU the steps need either. Health has a cap of its own, so that a metrics flood
+	// never fails an orchestrator's probe (a failed liveness probe restarts the process).
+	mux.Handle("/metrics", newLimiter(o.maxScrapes).wrap(gatherer))
+	health := newLimiter(o.maxProbes)
+	mux.Handle("/healthz", health.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Liveness: the process answers. It never touches the database, so a database
 		// outage does not make an orchestrator restart every process at once.
 		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	})))
+	mux.Handle("/readyz", health.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Readiness: schema checked, River started, the database answered the background
 		// ping. The body is generic; the detail is in the log.
 		if ok, why := rd.ready(); !ok {
@@ -324,22 +329,40 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 			return
 		}
 		fmt.Fprintln(w, "ready")
-	})
-	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, requireAuthForWrites(ui, os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD"))))
+	})))
+	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, readWholeBody(requireAuthForWrites(genericServerErrors(ui, "River UI", logger), os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")))))
 	// The operator's console checks credentials, origin and CSRF itself (package console).
 	cons, err := newConsole(svc.Pool, svc, logger)
 	if err != nil {
 		return nil, err
 	}
-	mux.Handle("/console/", limitInFlight(o.maxUIRequests, cons))
+	mux.Handle("/console/", limitInFlight(o.maxUIRequests, readWholeBody(cons)))
 	return limitBodies(readOnlyUnlessAuthorized(mux)), nil
 }
 
 // serveOps are the limits of the operator's HTTP surface.
 type serveOps struct {
 	metricsInterval time.Duration
-	maxScrapes      int
-	maxUIRequests   int
+	maxScrapes      int // /metrics requests in flight
+	maxProbes       int // /healthz and /readyz requests in flight
+	maxUIRequests   int // River UI and console requests in flight, each
+}
+
+// withDefaults fills the zero limits with serve's defaults.
+func (o serveOps) withDefaults() serveOps {
+	if o.metricsInterval <= 0 {
+		o.metricsInterval = 5 * time.Second
+	}
+	if o.maxScrapes <= 0 {
+		o.maxScrapes = 4
+	}
+	if o.maxProbes <= 0 {
+		o.maxProbes = 16
+	}
+	if o.maxUIRequests <= 0 {
+		o.maxUIRequests = 4
+	}
+	return o
 }
 
 // readOnlyUnlessAuthorized refuses every method but GET and HEAD outside /riverui/ (which
@@ -431,6 +454,32 @@ func limitBodies(next http.Handler) http.Handler {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// readWholeBody reads a request's body (already capped by limitBodies) before next sees it,
+// and answers 413 when it is over the cap. Guards against: a body sent without a length
+// (chunked) passing limitBodies' Content-Length check, being cut at the cap while River UI
+// decodes it, and answered as a malformed request (400) instead of a refused size. It runs
+// under the in-flight cap, so at most that many bodies are held at once.
+func readWholeBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "reading the request body failed", http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,38 +162,58 @@ func (o *options) applyQuick() {
 	set("scale-merchants", func() { o.scaleItems = 8000 })
 }
 
+// Upper bounds of the bench's flags. Guards against a typo (an extra zero, a negative
+// number read as huge) that would seed billions of rows, start thousands of processes or
+// run for days before anything is printed.
+const (
+	maxBenchItems  = 10_000_000
+	maxBenchRounds = 1000
+	maxBenchProcs  = 64
+	maxBenchBatch  = 100_000
+)
+
 func (o *options) validate() error {
+	ints := []struct {
+		name   string
+		v      int
+		lo, hi int
+		why    string
+	}{
+		{"merchants", o.merchants, 1, maxBenchItems, ""},
+		{"max-items-b1", o.maxItemsB1, 1, maxBenchItems, ""},
+		{"river-items", o.riverItems, 1, maxBenchItems, ""},
+		{"river-workers", o.riverWorkers, 1, 10_000, ""},
+		{"rounds", o.rounds, 1, maxBenchRounds, ""},
+		{"kills", o.kills, 1, maxBenchRounds, ""},
+		{"takeover-procs", o.takeoverProcs, 2, maxBenchProcs, " (one is killed, another takes over)"},
+		{"delivery-ops", o.deliveryOps, 1, maxBenchItems, ""},
+		{"reconcile-ops", o.reconcileOps, 1, maxBenchItems, ""},
+		{"scale-shards", o.scaleShards, 1, 1024, ""},
+		{"scale-merchants", o.scaleItems, 1, maxBenchItems, ""},
+		{"size-batch", o.sizeBatch, 1, maxBenchBatch, ""},
+	}
+	for _, c := range ints {
+		if c.v < c.lo || c.v > c.hi {
+			return fmt.Errorf("bench: --%s %d: want %d to %d%s", c.name, c.v, c.lo, c.hi, c.why)
+		}
+	}
 	switch {
-	case o.merchants < 1:
-		return fmt.Errorf("bench: --merchants %d: want at least 1", o.merchants)
 	case len(o.batches) == 0:
 		return errors.New("bench: --batches is empty; give batch sizes such as 1,100,1000")
-	case o.maxItemsB1 < 1:
-		return fmt.Errorf("bench: --max-items-b1 %d: want at least 1", o.maxItemsB1)
-	case o.riverItems < 1:
-		return fmt.Errorf("bench: --river-items %d: want at least 1", o.riverItems)
-	case o.riverWorkers < 1:
-		return fmt.Errorf("bench: --river-workers %d: want at least 1", o.riverWorkers)
-	case o.rounds < 1:
-		return fmt.Errorf("bench: --rounds %d: want at least 1", o.rounds)
-	case o.kills < 1:
-		return fmt.Errorf("bench: --kills %d: want at least 1", o.kills)
-	case o.lease < 100*time.Millisecond:
-		return fmt.Errorf("bench: --lease %s: want at least 100ms", o.lease)
-	case o.takeoverProcs < 2:
-		return fmt.Errorf("bench: --takeover-procs %d: want at least 2 (one is killed, another takes over)", o.takeoverProcs)
+	case len(o.sizes) == 0 && o.runs("size"):
+		return errors.New("bench: --sizes is empty; give merchant counts such as 10000,100000")
+	case len(o.scaleProcs) == 0 && o.runs("scale"):
+		return errors.New("bench: --scale-procs is empty; give process counts such as 1,2,4")
+	case o.lease < 100*time.Millisecond || o.lease > time.Hour:
+		return fmt.Errorf("bench: --lease %s: want 100ms to 1h", o.lease)
 	case o.takeoverMaintenance != "every" && o.takeoverMaintenance != "leader":
 		return fmt.Errorf("bench: --takeover-maintenance %q: want every or leader", o.takeoverMaintenance)
-	case o.deliveryOps < 1 || o.reconcileOps < 1:
-		return errors.New("bench: --delivery-ops and --reconcile-ops: want at least 1")
-	case o.scaleShards < 1 || o.scaleItems < o.scaleShards:
-		return fmt.Errorf("bench: --scale-shards %d, --scale-merchants %d: want at least one shard and a merchant per shard", o.scaleShards, o.scaleItems)
-	case o.sizeBatch < 1:
-		return fmt.Errorf("bench: --size-batch %d: want at least 1", o.sizeBatch)
+	case o.scaleItems < o.scaleShards:
+		return fmt.Errorf("bench: --scale-shards %d, --scale-merchants %d: want a merchant per shard at least", o.scaleShards, o.scaleItems)
 	}
 	for _, b := range o.batches {
-		if b < 1 || b > 100000 {
-			return fmt.Errorf("bench: --batches: %d is not a batch size; want 1 to 100000", b)
+		if b < 1 || b > maxBenchBatch {
+			return fmt.Errorf("bench: --batches: %d is not a batch size; want 1 to %d", b, maxBenchBatch)
 		}
 	}
 	for _, s := range o.sizes {
@@ -201,8 +222,8 @@ func (o *options) validate() error {
 		}
 	}
 	for _, p := range o.scaleProcs {
-		if p < 1 || p > 64 {
-			return fmt.Errorf("bench: --scale-procs: %d processes; want 1 to 64", p)
+		if p < 1 || p > maxBenchProcs {
+			return fmt.Errorf("bench: --scale-procs: %d processes; want 1 to %d", p, maxBenchProcs)
 		}
 	}
 	return nil
@@ -228,6 +249,11 @@ func parseInts(name, s string) ([]int, error) {
 		n, err := strconv.Atoi(f)
 		if err != nil {
 			return nil, fmt.Errorf("bench: --%s: %q is not a number; want a list such as 1,100,1000", name, f)
+		}
+		// A count beyond an int's range once multiplied (9223372036854775807k) would wrap
+		// around to a small or negative number and slip past the bounds.
+		if n > math.MaxInt/mult || n < math.MinInt/mult {
+			return nil, fmt.Errorf("bench: --%s: %s%s is out of range; want a list such as 1,100,1000", name, f, map[int]string{1000: "k", 1_000_000: "M"}[mult])
 		}
 		out = append(out, n*mult)
 	}

@@ -20,6 +20,7 @@ func TestDatePayoutsReadOnlyTheDate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
+	require.NoError(t, settlement.ApplySchema(ctx, pool))
 	plan, err := settlement.Plan{Shards: 4}.Compile()
 	require.NoError(t, err)
 	keys, err := plan.RunKeys(testDate)
@@ -56,4 +57,24 @@ func TestDatePayoutsReadOnlyTheDate(t *testing.T) {
 	// Any index on run_key serves it (migration 006 replaced the first one with the
 	// console's (run_key, state, created_at) index).
 	require.Contains(t, now, "Index Cond: (run_key")
+
+	// The other date-limited reads of report and invariants. Invariant 1b read every payout
+	// of the kind (20000 here, through the kind index) and filtered on the business key; now
+	// by the date's run keys. Invariant 4's lapsed leases and the report's oldest unknown
+	// payout are served by the partial indexes of leased and unknown payouts (the few in
+	// flight, not the history), and now also carry the run keys.
+	for name, q := range map[string]struct {
+		sql  string
+		args []any
+		want string
+	}{
+		"invariant 1b":            {settlement.Invariant1bSQL, []any{settlement.PayoutKind, testDate, keys}, "Index Cond: (run_key"},
+		"invariant 4 (lapsed)":    {settlement.Invariant4LapsedSQL, []any{settlement.PayoutKind, testDate.Format("2006-01-02"), keys}, "Index Cond: ("},
+		"report (oldest unknown)": {settlement.OldestUnknownSQL, []any{settlement.PayoutKind, testDate.Format("2006-01-02"), keys}, "Index Cond: ("},
+	} {
+		plan := explain(q.sql, q.args...)
+		t.Logf("%s:\n%s", name, plan)
+		require.NotContains(t, plan, "Seq Scan on stepwise_operation", "%s scans the whole ledger", name)
+		require.Contains(t, plan, q.want, "%s does not read the date through an index", name)
+	}
 }

@@ -124,6 +124,10 @@ type payoutRow struct {
 // datePayoutsSQL reads the date's payouts: those its runs (runKeys) wrote, through the
 // run_key index, so that a report or an invariant check reads the date asked for and not
 // the whole ledger's history. Their business keys are "<merchant>/<date>/<type>/<currency>".
+// oldestUnknownSQL is the age of the date's oldest UNKNOWN_EXTERNAL payout, by run key.
+const oldestUnknownSQL = `SELECT extract(epoch FROM now() - min(unknown_since))::float8 FROM stepwise_operation
+		WHERE run_key = ANY($3) AND kind = $1 AND state = 'UNKNOWN_EXTERNAL' AND split_part(business_key, '/', 2) = $2`
+
 const datePayoutsSQL = `SELECT operation_id::text, business_key, state, coalesce(amount, 0), coalesce(currency, '')
 		FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 2) = $2`
 
@@ -227,9 +231,7 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client,
 	}
 
 	var oldest *float64
-	if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - min(unknown_since))::float8 FROM stepwise_operation
-		WHERE kind = $1 AND state = 'UNKNOWN_EXTERNAL' AND split_part(business_key, '/', 2) = $2`,
-		PayoutKind, r.Date).Scan(&oldest); err != nil {
+	if err := pool.QueryRow(ctx, oldestUnknownSQL, PayoutKind, r.Date, keys).Scan(&oldest); err != nil {
 		return nil, fmt.Errorf("reading the oldest unknown payout of %s: %w", r.Date, err)
 	}
 	if oldest != nil {

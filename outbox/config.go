@@ -94,12 +94,12 @@ type KindConfig struct {
 	// most how many outcomes it records in one transaction. Claiming, sending and recording
 	// overlap: a slow send holds up its own operation, not its batch.
 	//
-	// Defaults to DefaultBatchSize (200).
+	// Defaults to BatchSizeDefault (200).
 	BatchSize int
 
 	// Concurrency is how many Send calls of this kind run at once in one process.
 	//
-	// Defaults to DefaultConcurrency (16).
+	// Defaults to ConcurrencyDefault (16).
 	Concurrency int
 
 	// RatePerSecond caps Send calls per second for this kind in one process, so that a burst
@@ -110,7 +110,7 @@ type KindConfig struct {
 
 	// Timeout bounds each Send call. A send that times out is UNKNOWN_EXTERNAL, not failed.
 	//
-	// Defaults to DefaultTimeout (30s).
+	// Defaults to TimeoutDefault (30s).
 	Timeout time.Duration
 
 	// Lease is how long a claim protects an operation in PROCESSING without being renewed.
@@ -125,7 +125,7 @@ type KindConfig struct {
 	// falls short is renewed once, or dropped unsent), so Lease must be longer than Timeout;
 	// twice Timeout or more keeps renewals off the sending path.
 	//
-	// Defaults to DefaultLease (1m).
+	// Defaults to LeaseDefault (1m).
 	Lease time.Duration
 
 	// RetryBackoff is the wait before the attempt-th resend of a RETRYABLE operation.
@@ -136,7 +136,7 @@ type KindConfig struct {
 	// MaxAttempts is how many times an operation is sent (all RETRYABLE) before it is moved to
 	// MANUAL with the reason, for a person to decide.
 	//
-	// Defaults to DefaultMaxAttempts (25). -1 retries forever.
+	// Defaults to MaxAttemptsDefault (25). -1 retries forever.
 	MaxAttempts int
 }
 
@@ -160,14 +160,14 @@ type Config struct {
 	// due operations that no dispatcher was woken for: operations enqueued outside a River
 	// worker, RETRYABLE ones whose backoff elapsed, and PROCESSING ones whose lease expired.
 	//
-	// Defaults to DefaultPollInterval (1s, River's minimum for a periodic job).
+	// Defaults to PollIntervalDefault (1s, River's minimum for a periodic job).
 	PollInterval time.Duration
 
 	// Slice is how long one dispatcher job delivers before it returns to River and queues
 	// itself again, so that a busy kind never looks stuck to River and the job's timeout
 	// stays bounded.
 	//
-	// Defaults to DefaultSlice (30s).
+	// Defaults to SliceDefault (30s).
 	Slice time.Duration
 
 	// DispatcherLease is how long a kind's dispatcher may go without proving it is alive
@@ -180,20 +180,20 @@ type Config struct {
 	// dispatcher is safe (claims skip locked rows, outcomes are fenced by claim), only
 	// wasteful.
 	//
-	// Defaults to DefaultDispatcherLease (5s).
+	// Defaults to DispatcherLeaseDefault (5s).
 	DispatcherLease time.Duration
 }
 
 // Defaults of Config and KindConfig: the value an unset (zero) field takes.
 const (
-	DefaultDispatcherLease = 5 * time.Second  // Config.DispatcherLease
-	DefaultPollInterval    = time.Second      // Config.PollInterval
-	DefaultSlice           = 30 * time.Second // Config.Slice
-	DefaultBatchSize       = 200              // KindConfig.BatchSize
-	DefaultConcurrency     = 16               // KindConfig.Concurrency
-	DefaultTimeout         = 30 * time.Second // KindConfig.Timeout
-	DefaultLease           = time.Minute      // KindConfig.Lease
-	DefaultMaxAttempts     = 25               // KindConfig.MaxAttempts
+	DispatcherLeaseDefault = 5 * time.Second  // Config.DispatcherLease
+	PollIntervalDefault    = time.Second      // Config.PollInterval
+	SliceDefault           = 30 * time.Second // Config.Slice
+	BatchSizeDefault       = 200              // KindConfig.BatchSize
+	ConcurrencyDefault     = 16               // KindConfig.Concurrency
+	TimeoutDefault         = 30 * time.Second // KindConfig.Timeout
+	LeaseDefault           = time.Minute      // KindConfig.Lease
+	MaxAttemptsDefault     = 25               // KindConfig.MaxAttempts
 )
 
 // DefaultRetryBackoff waits 1s, 2s, 4s, ... up to 10 minutes before the attempt-th resend,
@@ -217,13 +217,13 @@ func (c *Config) WithDefaults() *Config {
 		out.Logger = slog.Default()
 	}
 	if out.PollInterval == 0 {
-		out.PollInterval = DefaultPollInterval
+		out.PollInterval = PollIntervalDefault
 	}
 	if out.Slice == 0 {
-		out.Slice = DefaultSlice
+		out.Slice = SliceDefault
 	}
 	if out.DispatcherLease == 0 {
-		out.DispatcherLease = DefaultDispatcherLease
+		out.DispatcherLease = DispatcherLeaseDefault
 	}
 	kinds := make(map[string]*KindConfig, len(out.Kinds))
 	for name, kc := range out.Kinds {
@@ -240,22 +240,22 @@ func (c *Config) WithDefaults() *Config {
 
 func (k KindConfig) withDefaults() KindConfig {
 	if k.BatchSize == 0 {
-		k.BatchSize = DefaultBatchSize
+		k.BatchSize = BatchSizeDefault
 	}
 	if k.Concurrency == 0 {
-		k.Concurrency = DefaultConcurrency
+		k.Concurrency = ConcurrencyDefault
 	}
 	if k.Timeout == 0 {
-		k.Timeout = DefaultTimeout
+		k.Timeout = TimeoutDefault
 	}
 	if k.Lease == 0 {
-		k.Lease = DefaultLease
+		k.Lease = LeaseDefault
 	}
 	if k.RetryBackoff == nil {
 		k.RetryBackoff = DefaultRetryBackoff
 	}
 	if k.MaxAttempts == 0 {
-		k.MaxAttempts = DefaultMaxAttempts
+		k.MaxAttempts = MaxAttemptsDefault
 	}
 	return k
 }
@@ -314,7 +314,7 @@ func (c *Config) validate() error {
 		if k.Lease <= k.Timeout {
 			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s is not longer than Timeout %s; no Send starts unless its claim "+
 				"outlasts the send timeout, so make Lease at least twice Timeout (the default Lease is %s for the default %s Timeout)",
-				name, k.Lease, k.Timeout, DefaultLease, DefaultTimeout)
+				name, k.Lease, k.Timeout, LeaseDefault, TimeoutDefault)
 		}
 		if k.MaxAttempts < -1 {
 			return fmt.Errorf("outbox: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)
@@ -329,7 +329,7 @@ func (c *Config) validate() error {
 	if c.DispatcherLease < time.Second {
 		return fmt.Errorf("outbox: Config.DispatcherLease %s: want at least 1s (0 means the default, %s); the dispatcher "+
 			"heartbeats every DispatcherLease/4, and a shorter lease would start takeovers beside live dispatchers",
-			c.DispatcherLease, DefaultDispatcherLease)
+			c.DispatcherLease, DispatcherLeaseDefault)
 	}
 	return nil
 }

@@ -65,12 +65,12 @@ type KindConfig struct {
 
 	// BatchSize is how many due operations one pass claims at a time.
 	//
-	// Defaults to DefaultBatchSize (100).
+	// Defaults to BatchSizeDefault (100).
 	BatchSize int
 
 	// Concurrency is how many lookups run at once in one process.
 	//
-	// Defaults to DefaultConcurrency (8).
+	// Defaults to ConcurrencyDefault (8).
 	Concurrency int
 
 	// RatePerSecond caps lookups per second in one process, so that reconciling a backlog
@@ -82,7 +82,7 @@ type KindConfig struct {
 	// Timeout bounds each lookup. A lookup that times out counts as a lookup error: the
 	// operation is checked again later.
 	//
-	// Defaults to DefaultTimeout (10s).
+	// Defaults to TimeoutDefault (10s).
 	Timeout time.Duration
 
 	// Grace is how long after an operation was last sent a NotFound is believed. Before
@@ -90,20 +90,20 @@ type KindConfig struct {
 	// proxy) and land after the lookup, so the reconciler waits instead of resending. It
 	// must exceed the outbox kind's send Timeout.
 	//
-	// Defaults to DefaultGrace (5m).
+	// Defaults to GraceDefault (5m).
 	Grace time.Duration
 
 	// GiveUpAfter is how long an operation may stay UNKNOWN_EXTERNAL before the reconciler
 	// stops asking and moves it to MANUAL, with the reason, for a person to decide. A
 	// definitive answer found on the last check is still applied.
 	//
-	// Defaults to DefaultGiveUpAfter (72h).
+	// Defaults to GiveUpAfterDefault (72h).
 	GiveUpAfter time.Duration
 
 	// MaxChecks is how many lookups an operation gets in one UNKNOWN_EXTERNAL episode before
 	// it moves to MANUAL, with the reason.
 	//
-	// Defaults to DefaultMaxChecks (100).
+	// Defaults to MaxChecksDefault (100).
 	MaxChecks int
 
 	// CheckBackoff is the wait before the next lookup after the check-th one was pending or
@@ -125,19 +125,19 @@ type Config struct {
 
 	// Actor names the reconciler in audit events.
 	//
-	// Defaults to DefaultActor ("reconcile").
+	// Defaults to ActorDefault ("reconcile").
 	Actor string
 
 	// Interval is how often River's leader runs a reconciliation pass (a periodic job), and
 	// how often RunMaintenance runs one in every process that calls it.
 	//
-	// Defaults to DefaultInterval (10s).
+	// Defaults to IntervalDefault (10s).
 	Interval time.Duration
 
 	// Slice is the longest one pass runs before it returns to River; the next pass goes on
 	// where it stopped.
 	//
-	// Defaults to DefaultSlice (1m).
+	// Defaults to SliceDefault (1m).
 	Slice time.Duration
 
 	// Logger receives what cannot be returned: a transition whose outcome callback failed.
@@ -148,15 +148,15 @@ type Config struct {
 
 // Defaults of Config and KindConfig: the value an unset (zero) field takes.
 const (
-	DefaultActor       = "reconcile"      // Config.Actor
-	DefaultInterval    = 10 * time.Second // Config.Interval
-	DefaultSlice       = time.Minute      // Config.Slice
-	DefaultBatchSize   = 100              // KindConfig.BatchSize
-	DefaultConcurrency = 8                // KindConfig.Concurrency
-	DefaultTimeout     = 10 * time.Second // KindConfig.Timeout
-	DefaultGrace       = 5 * time.Minute  // KindConfig.Grace
-	DefaultGiveUpAfter = 72 * time.Hour   // KindConfig.GiveUpAfter
-	DefaultMaxChecks   = 100              // KindConfig.MaxChecks
+	ActorDefault       = "reconcile"      // Config.Actor
+	IntervalDefault    = 10 * time.Second // Config.Interval
+	SliceDefault       = time.Minute      // Config.Slice
+	BatchSizeDefault   = 100              // KindConfig.BatchSize
+	ConcurrencyDefault = 8                // KindConfig.Concurrency
+	TimeoutDefault     = 10 * time.Second // KindConfig.Timeout
+	GraceDefault       = 5 * time.Minute  // KindConfig.Grace
+	GiveUpAfterDefault = 72 * time.Hour   // KindConfig.GiveUpAfter
+	MaxChecksDefault   = 100              // KindConfig.MaxChecks
 )
 
 // DefaultCheckBackoff waits 5s, 10s, 20s, ... up to an hour before the next lookup, each with
@@ -173,13 +173,13 @@ func (c *Config) WithDefaults() *Config {
 		out = *c
 	}
 	if out.Actor == "" {
-		out.Actor = DefaultActor
+		out.Actor = ActorDefault
 	}
 	if out.Interval == 0 {
-		out.Interval = DefaultInterval
+		out.Interval = IntervalDefault
 	}
 	if out.Slice == 0 {
-		out.Slice = DefaultSlice
+		out.Slice = SliceDefault
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -192,22 +192,22 @@ func (c *Config) WithDefaults() *Config {
 		}
 		k := *kc
 		if k.BatchSize == 0 {
-			k.BatchSize = DefaultBatchSize
+			k.BatchSize = BatchSizeDefault
 		}
 		if k.Concurrency == 0 {
-			k.Concurrency = DefaultConcurrency
+			k.Concurrency = ConcurrencyDefault
 		}
 		if k.Timeout == 0 {
-			k.Timeout = DefaultTimeout
+			k.Timeout = TimeoutDefault
 		}
 		if k.Grace == 0 {
-			k.Grace = DefaultGrace
+			k.Grace = GraceDefault
 		}
 		if k.GiveUpAfter == 0 {
-			k.GiveUpAfter = DefaultGiveUpAfter
+			k.GiveUpAfter = GiveUpAfterDefault
 		}
 		if k.MaxChecks == 0 {
-			k.MaxChecks = DefaultMaxChecks
+			k.MaxChecks = MaxChecksDefault
 		}
 		if k.CheckBackoff == nil {
 			k.CheckBackoff = DefaultCheckBackoff

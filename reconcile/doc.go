@@ -90,7 +90,7 @@ or assert on.
 	prometheus.MustRegister(rec.Metrics())
 
 Install is the only way to add the Reconciler to a River client, as for the Outbox and the
-workflow Engine. Every Config default is an exported constant (DefaultInterval, DefaultGrace,
+workflow Engine. Every Config default is an exported constant (IntervalDefault, GraceDefault,
 ...).
 
 # Metrics

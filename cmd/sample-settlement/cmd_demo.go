@@ -58,7 +58,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	f.faults.register(fs, true)
 	f.plan.register(fs)
 	fs.IntVar(&f.workers, "workers", 3, "River clients (workers) in this process, each working settle runs and delivering payouts")
-	fs.IntVar(&f.batchSize, "batch-size", settlement.DefaultBatchSize, "merchants per settle step")
+	fs.IntVar(&f.batchSize, "batch-size", settlement.BatchSizeDefault, "merchants per settle step")
 	fs.IntVar(&f.payoutConcurrency, "payout-concurrency", 32, "payouts each worker sends at once")
 	fs.Uint64Var(&f.bankSeed, "bank-seed", 1, "seed of the bank's fault draws")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up if the date is not at rest after this long")

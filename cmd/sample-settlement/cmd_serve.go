@@ -65,7 +65,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&f.schedule, "scheduler", true, "tick the daily settlement schedule (every process may: the tick is safe to run twice)")
 	fs.BoolVar(&f.migrate, "migrate", true, "bring the schema up before serving")
 	fs.IntVar(&f.settleWorkers, "settle-workers", 0, "settle runs worked at once by this process (default: --shards)")
-	fs.IntVar(&f.batchSize, "batch-size", settlement.DefaultBatchSize, "merchants per settle step")
+	fs.IntVar(&f.batchSize, "batch-size", settlement.BatchSizeDefault, "merchants per settle step")
 	fs.IntVar(&f.payoutConcurrency, "payout-concurrency", 32, "payouts sent at once by this process")
 	fs.DurationVar(&f.payoutTimeout, "payout-timeout", 5*time.Second, "timeout of one payment call (a timeout is UNKNOWN_EXTERNAL)")
 	fs.DurationVar(&f.lease, "lease", 0, "lease of a settle run; a killed process's runs are taken over after about this (default 30s)")

@@ -229,10 +229,10 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 	}
 	r.printf("claim by the successor (token moved): median %s, max %s\n", fmtDur(medianOf(claims)), fmtDur(slices.Max(claims)))
 
-	dtarget := outbox.DefaultDispatcherLease + 2*time.Second
+	dtarget := outbox.DispatcherLeaseDefault + 2*time.Second
 	r.printf("delivery takeover after kill -9 of the process running the payout dispatcher, until a payout enqueued after the kill is SUCCEEDED: "+
 		"%d kills, outbox lease %s: median %s, max %s (target <= outbox lease + 2s = %s: %s)\n",
-		len(deliveries), outbox.DefaultDispatcherLease, fmtDur(medianOf(deliveries)), fmtDur(slices.Max(deliveries)), dtarget, verdict(slices.Max(deliveries) <= dtarget))
+		len(deliveries), outbox.DispatcherLeaseDefault, fmtDur(medianOf(deliveries)), fmtDur(slices.Max(deliveries)), dtarget, verdict(slices.Max(deliveries) <= dtarget))
 	r.check(slices.Max(deliveries) <= dtarget, "delivery takeover <= outbox lease + 2s = %s: max %s of %d kills", dtarget, fmtDur(slices.Max(deliveries)), len(deliveries))
 	return nil
 }

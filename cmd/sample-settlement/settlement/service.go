@@ -29,7 +29,7 @@ type ServiceConfig struct {
 	// Plan maps dates to runs. Defaults to Plan{}.WithDefaults().
 	Plan Plan
 
-	// BatchSize is the number of merchants per settle step. Defaults to DefaultBatchSize.
+	// BatchSize is the number of merchants per settle step. Defaults to BatchSizeDefault.
 	BatchSize int
 
 	// SettleWorkers is how many settle runs this process works at once. Defaults to
@@ -91,7 +91,7 @@ func (c *ServiceConfig) WithDefaults() *ServiceConfig {
 	}
 	out.Plan = out.Plan.WithDefaults()
 	if out.BatchSize == 0 {
-		out.BatchSize = DefaultBatchSize
+		out.BatchSize = BatchSizeDefault
 	}
 	if out.SettleWorkers == 0 {
 		out.SettleWorkers = out.Plan.Shards

@@ -16,10 +16,10 @@ import (
 // PayoutKind is the operation kind of payouts in the operation ledger.
 const PayoutKind = "payout"
 
-// DefaultBatchSize is how many merchants one settle step covers. Measured (docs/design.md,
+// BatchSizeDefault is how many merchants one settle step covers. Measured (docs/design.md,
 // performance budget): 100 per statement reaches about 13,800 merchants/s on two cores,
 // 1,000 about 19,000/s; 500 keeps each step's transaction short while staying close.
-const DefaultBatchSize = 500
+const BatchSizeDefault = 500
 
 // Batch selects the merchants one SettleBatch call settles: the first Size merchants of
 // shard Shard (of Shards) whose id is after AfterMerchant.
@@ -31,7 +31,7 @@ type Batch struct {
 	Shard, Shards int
 	// AfterMerchant is the cursor: the last merchant id a previous batch covered, 0 at first.
 	AfterMerchant int64
-	// Size is the most merchants the batch covers. Defaults to DefaultBatchSize.
+	// Size is the most merchants the batch covers. Defaults to BatchSizeDefault.
 	Size int
 	// RunKey is the workflow run settling the batch; it is stored on settlements and on the
 	// payout operations, so a run's batch status can be proven from its operations.
@@ -117,7 +117,7 @@ func PayoutKey(merchant string, date time.Time, typ, currency string) string {
 // so the same code can be measured through plain pgx and through Stepwise.
 func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 	if b.Size == 0 {
-		b.Size = DefaultBatchSize
+		b.Size = BatchSizeDefault
 	}
 	res := BatchResult{LastMerchant: b.AfterMerchant}
 	switch {
@@ -197,7 +197,7 @@ type SettleCursor struct {
 type SettleWorker struct {
 	workflow.StepperDefaults[SettleArgs, SettleCursor]
 
-	// BatchSize is the number of merchants per step. Defaults to DefaultBatchSize.
+	// BatchSize is the number of merchants per step. Defaults to BatchSizeDefault.
 	BatchSize int
 }
 

@@ -84,9 +84,7 @@ func runRole(ctx context.Context, role string, stdout, _ io.Writer) error {
 		return err
 	}
 	if os.Getenv(workerMaintEnv) == "every" {
-		go func() { _ = svc.Engine.RunMaintenance(ctx, svc.Client) }()
-		go func() { _ = svc.Outbox.RunMaintenance(ctx, svc.Client) }()
-		go func() { _ = svc.Reconciler.RunMaintenance(ctx, svc.Client) }()
+		go svc.RunMaintenance(ctx)
 	}
 	fmt.Fprintf(stdout, "ready pid=%d\n", os.Getpid())
 	<-ctx.Done()

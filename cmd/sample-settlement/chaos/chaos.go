@@ -706,9 +706,7 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	}
 	// The killer hits River's leader too; takeover, delivery and reconciliation must not
 	// wait for a new election.
-	go func() { _ = svc.Engine.RunMaintenance(ctx, svc.Client) }()
-	go func() { _ = svc.Outbox.RunMaintenance(ctx, svc.Client) }()
-	go func() { _ = svc.Reconciler.RunMaintenance(ctx, svc.Client) }()
+	go svc.RunMaintenance(ctx)
 	fmt.Println("ready")
 	<-ctx.Done()
 	return svc.Stop(context.WithoutCancel(ctx), 5*time.Second)

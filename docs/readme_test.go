@@ -2,6 +2,7 @@ package docs_test
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -38,5 +39,49 @@ func TestReadmeFirstScreen(t *testing.T) {
 	want := []string{"go run ./cmd/sample-settlement demo", "go test ./..."}
 	if strings.Join(cmds, "\n") != strings.Join(want, "\n") {
 		t.Errorf("README.md: the first code block has commands %q; want exactly %q", cmds, want)
+	}
+}
+
+// TestReadmeQuickStartIsTheExample: the README's quick start and workflow/example_test.go
+// ("this quick start as a runnable example") tell the same wiring story. Every SDK call the
+// README's quick start makes — workflow.New, AddWorkerSafely, engine.Install, river.NewClient,
+// engine.RunMaintenance, engine.Metrics, workflow.Start… — must be made by the example too,
+// which compiles and runs in `go test ./workflow/`; a README that drifts to an API that no
+// longer exists, or to another wiring, fails here.
+func TestReadmeQuickStartIsTheExample(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	readme := string(b)
+	i := strings.Index(readme, "## Quick start")
+	if i < 0 {
+		t.Fatal("README.md has no '## Quick start' section")
+	}
+	block := readme[i:]
+	start := strings.Index(block, "```go\n")
+	if start < 0 {
+		t.Fatal("README.md: the quick start has no Go code block")
+	}
+	block = block[start+len("```go\n"):]
+	block = block[:strings.Index(block, "```")]
+	ex, err := os.ReadFile("../workflow/example_test.go")
+	if err != nil {
+		t.Fatalf("workflow/example_test.go: %v", err)
+	}
+	calls := regexp.MustCompile(`\b(workflow|engine|ob|rec|migrations|river|riverpgxv5|outbox|reconcile|schedule)\.([A-Z]\w*)\(`).FindAllStringSubmatch(block, -1)
+	if len(calls) < 5 {
+		t.Fatalf("README.md quick start: found only %d SDK calls; the pattern no longer matches the README", len(calls))
+	}
+	for _, c := range calls {
+		name := c[2] + "("
+		switch c[1] {
+		case "engine", "ob", "rec": // receivers: the example may name its variables otherwise
+		default:
+			name = c[1] + "." + name
+		}
+		if !strings.Contains(string(ex), name) {
+			t.Errorf("README.md quick start calls %s, which workflow/example_test.go does not: the two must tell one wiring story", c[0])
+		}
 	}
 }

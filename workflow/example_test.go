@@ -2,19 +2,27 @@ package workflow_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
+
+// PayoutKind is the kind of operation a settle step enqueues: one payout per merchant.
+const PayoutKind = "example_payout"
 
 // SettleArgs identify a run and carry its input: River job args, as River users write them.
 type SettleArgs struct {
@@ -32,11 +40,11 @@ type SettleWorker struct {
 	workflow.StepperDefaults[SettleArgs, SettleCursor]
 }
 
-// Step settles the next 100 merchants in one set-based statement. Its writes, the new
-// cursor and (in a real service) its outbox rows commit together, fenced by the run's token.
+// Step settles the next 100 merchants in one set-based statement and enqueues one payout
+// per merchant in the ledger. The settlement rows, the payouts and the new cursor commit
+// together, fenced by the run's token: a crash loses none of them and doubles none.
 func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, SettleCursor]) (workflow.Next, error) {
-	var last *int64
-	err := s.Tx.QueryRow(ctx, `
+	rows, err := s.Tx.Query(ctx, `
 		WITH batch AS (
 			SELECT id FROM merchant WHERE id > $2 ORDER BY id LIMIT 100
 		), settled AS (
@@ -44,20 +52,37 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 			SELECT id, $1::date FROM batch
 			ON CONFLICT DO NOTHING
 		)
-		SELECT max(id) FROM batch`, s.Args.Date, s.Cursor.AfterMerchant).Scan(&last)
+		SELECT id FROM batch ORDER BY id`, s.Args.Date, s.Cursor.AfterMerchant)
 	if err != nil {
 		return workflow.Next{}, err // rolled back; retried from the last committed cursor
 	}
-	if last == nil {
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	if len(ids) == 0 {
 		return workflow.Done(), nil
 	}
-	s.Cursor.AfterMerchant = *last
+	payouts := make([]outbox.EnqueueParams, len(ids))
+	for i, id := range ids {
+		payload, _ := json.Marshal(fakebank.Payload{Account: fmt.Sprintf("ACCT-%d", id)})
+		payouts[i] = outbox.EnqueueParams{
+			Kind:        PayoutKind,
+			BusinessKey: fmt.Sprintf("%s/%d", s.Args.Date, id), // operation_id: stable forever
+			Payload:     payload,
+			Amount:      100, Currency: "EUR",
+		}
+	}
+	if _, err := outbox.Enqueue(ctx, s.Tx, payouts...); err != nil { // same transaction
+		return workflow.Next{}, err
+	}
+	s.Cursor.AfterMerchant = ids[len(ids)-1]
 	return workflow.Continue(), nil
 }
 
 func Example() {
 	ctx := context.Background()
-	pool, cleanup := testkit.ExampleDB(ctx) // a migrated database (migrations.Migrate)
+	pool, cleanup := testkit.ExampleDB(ctx) // a database prepared by migrations.Migrate(ctx, pool)
 	defer cleanup()
 	_, err := pool.Exec(ctx, `
 		CREATE TABLE merchant (id bigint PRIMARY KEY);
@@ -67,24 +92,51 @@ func Example() {
 		log.Fatal(err)
 	}
 
+	// The external system: here Stepwise's fake bank, strict (it never deduplicates), whose
+	// answer to one payout is lost after it paid — the ledger cannot know whether that one
+	// paid, so it becomes UNKNOWN_EXTERNAL and the reconciler asks the bank about its id.
+	bank := fakebank.New(&fakebank.Config{Strict: true})
+	if err := bank.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer bank.Close() //nolint:errcheck
+	bank.FailKey(outbox.OperationID(PayoutKind, "2026-11-29/7").String(), fakebank.Error5xxAfterApply)
+	bankClient := fakebank.NewClient(bank.URL(), nil)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+
 	// Wiring, the same for every Stepwise component: New, Install on your river.Config,
 	// river.NewClient, RunMaintenance in every process, Metrics registered. Stepwise's
 	// workers go beside your own River workers, in your own client.
-	engine, err := workflow.New(pool, &workflow.Config{Lease: 10 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	engine, err := workflow.New(pool, &workflow.Config{Lease: 10 * time.Second, Logger: quiet})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ob, err := outbox.New(pool, &outbox.Config{Logger: quiet, Kinds: map[string]*outbox.KindConfig{
+		PayoutKind: {Sender: fakebank.Sender{Client: bankClient}}, // sends under the operation_id
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: quiet, Interval: time.Second,
+		Kinds: map[string]*reconcile.KindConfig{
+			PayoutKind: {Checker: fakebank.Checker{Client: bankClient}}, // looks up by operation_id
+		}})
 	if err != nil {
 		log.Fatal(err)
 	}
 	riverConfig := &river.Config{
 		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
 		Workers: river.NewWorkers(),
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:  quiet,
 	}
 	if err := workflow.AddWorkerSafely(engine, riverConfig.Workers, &SettleWorker{}); err != nil {
 		log.Fatal(err)
 	}
-	// The maintenance worker, periodic job and queue; Slice checked against River's rescue.
-	if err := engine.Install(riverConfig); err != nil {
-		log.Fatal(err)
+	// Workers, periodic jobs and queues of each; Slice checked against River's rescue.
+	for _, install := range []func(*river.Config) error{engine.Install, ob.Install, rec.Install} {
+		if err := install(riverConfig); err != nil {
+			log.Fatal(err)
+		}
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
 	if err != nil {
@@ -96,10 +148,13 @@ func Example() {
 	defer client.Stop(ctx) //nolint:errcheck
 	maintCtx, stopMaintenance := context.WithCancel(ctx)
 	defer stopMaintenance()
-	// Fast takeover of runs whose worker died, without waiting for River's leader.
+	// In every process, so that a dead River leader delays neither takeover of runs whose
+	// worker died, nor delivery, nor reconciliation.
 	go engine.RunMaintenance(maintCtx, client) //nolint:errcheck
+	go ob.RunMaintenance(maintCtx, client)     //nolint:errcheck
+	go rec.RunMaintenance(maintCtx, client)    //nolint:errcheck
 
-	prometheus.NewRegistry().MustRegister(engine.Metrics()) // your registry
+	prometheus.NewRegistry().MustRegister(engine.Metrics(), ob.Metrics(), rec.Metrics()) // your registry
 
 	// One run per key, forever: starting it again (a second cron fire, a retried request)
 	// returns the same run.
@@ -121,7 +176,25 @@ func Example() {
 	cp, _ := engine.Checkpoints().Get(ctx, run.Key)
 	fmt.Printf("run %s: %d merchants settled in %d steps, cursor %s\n", run.Status, settled, cp.Steps, cp.Cursor)
 
+	// The run is done; its payouts are done when none is left unproven.
+	deadline := time.Now().Add(time.Minute)
+	for n, _ := outbox.UnfinishedForRuns(ctx, pool, run.Key); n > 0 && time.Now().Before(deadline); n, _ = outbox.UnfinishedForRuns(ctx, pool, run.Key) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	var succeeded, wereUnknown int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'SUCCEEDED'),
+		(SELECT count(DISTINCT subject) FROM stepwise_event WHERE kind = 'op.transition' AND to_state = 'UNKNOWN_EXTERNAL')
+		FROM stepwise_operation`).Scan(&succeeded, &wereUnknown)
+	paidTwice := 0
+	for id := 1; id <= 250; id++ {
+		if bank.Effects(outbox.OperationID(PayoutKind, fmt.Sprintf("2026-11-29/%d", id)).String()) != 1 {
+			paidTwice++
+		}
+	}
+	fmt.Printf("payouts: %d succeeded, %d of them proven by the reconciler; merchants not paid exactly once: %d\n", succeeded, wereUnknown, paidTwice)
+
 	// Output:
 	// created: true then: false
 	// run succeeded: 250 merchants settled in 4 steps, cursor {"after_merchant": 250}
+	// payouts: 250 succeeded, 1 of them proven by the reconciler; merchants not paid exactly once: 0
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"regexp"
 	"strings"
@@ -146,4 +147,46 @@ func TestCheckFailsOnMissedTarget(t *testing.T) {
 	require.Len(t, r.targets, 2)
 	require.False(t, r.targets[1].met)
 	require.True(t, errors.Is(fmt.Errorf("%w: 1 of 2", ErrTargetMissed), ErrTargetMissed))
+}
+
+// The sweep of killed benches' databases drops only those this host's benches left: tagged
+// with this host and a pid that no longer runs, nobody connected. On a server shared by
+// several machines or containers a pid names another process, and a database of a bench
+// still running elsewhere was dropped under it (the old sweep judged the pid in the name).
+func TestSweepDropsOnlyThisHostsDeadBenches(t *testing.T) {
+	ctx := context.Background()
+	srv, err := newServer(ctx, testkit.DBURL(t), false)
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.close() })
+	gone := exec.Command("true")
+	require.NoError(t, gone.Run())
+	dead := gone.Process.Pid
+	srv.prefix = fmt.Sprintf("stepwise_bench_%d_%d", dead, os.Getpid()%100000) // as a killed bench named them
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	tags := map[string]string{
+		"ours_dead":  fmt.Sprintf("sample-settlement bench: host=%s pid=%d", host, dead),
+		"other_host": fmt.Sprintf("sample-settlement bench: host=%s-elsewhere pid=%d", host, dead),
+		"ours_alive": fmt.Sprintf("sample-settlement bench: host=%s pid=%d", host, os.Getpid()),
+		"untagged":   "",
+		"kept":       "kept by sample-settlement bench --keep",
+	}
+	names := map[string]string{}
+	for suffix, tag := range tags {
+		name, _, err := srv.create(ctx, suffix, "")
+		require.NoError(t, err)
+		comment := "NULL"
+		if tag != "" {
+			comment = quoteLiteral(tag)
+		}
+		_, err = srv.admin.Exec(ctx, "COMMENT ON DATABASE "+name+" IS "+comment)
+		require.NoError(t, err)
+		names[suffix] = name
+	}
+	srv.sweep(ctx)
+	for suffix, name := range names {
+		var exists bool
+		require.NoError(t, srv.admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists))
+		require.Equal(t, suffix != "ours_dead", exists, "database %s (%s) after the sweep", name, suffix)
+	}
 }

@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +62,8 @@ func (s *server) create(ctx context.Context, suffix, template string) (name, dbU
 	if _, err := s.admin.Exec(ctx, sql); err != nil {
 		return "", "", fmt.Errorf("creating database %s: %w", name, err)
 	}
+	// The owner, for sweep: a pid means something only on the host that wrote it.
+	_, _ = s.admin.Exec(ctx, "COMMENT ON DATABASE "+pgx.Identifier{name}.Sanitize()+" IS "+quoteLiteral(ownerTag()))
 	s.mu.Lock()
 	s.created = append(s.created, name)
 	s.mu.Unlock()
@@ -91,26 +92,48 @@ func (s *server) close() []string {
 	return nil
 }
 
-// sweep drops the databases of benches on this machine that were killed before they could
-// drop their own (stepwise_bench_<pid>_…, the pid no longer running), except those kept
-// with --keep. Only for a server on this machine: a pid means nothing elsewhere.
+// ownerTag marks a bench database with the host and pid of the bench that created it.
+func ownerTag() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("sample-settlement bench: host=%s pid=%d", host, os.Getpid())
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// sweep drops the databases of benches on this host that were killed before they could drop
+// their own: tagged with this host's name and a pid that no longer runs, and with nobody
+// connected. Databases kept with --keep, untagged ones and those of other hosts (a server
+// shared by several machines or containers, where a pid names another process) are left alone.
 func (s *server) sweep(ctx context.Context) {
-	rows, err := s.admin.Query(ctx, `SELECT datname FROM pg_database
-		WHERE datname LIKE 'stepwise\_bench\_%' AND shobj_description(oid, 'pg_database') IS DISTINCT FROM 'kept by sample-settlement bench --keep'`)
+	host, err := os.Hostname()
 	if err != nil {
 		return
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	rows, err := s.admin.Query(ctx, `SELECT d.datname, shobj_description(d.oid, 'pg_database') FROM pg_database d
+		WHERE d.datname LIKE 'stepwise\_bench\_%'
+		  AND starts_with(shobj_description(d.oid, 'pg_database'), 'sample-settlement bench: host=')
+		  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datid = d.oid)`)
 	if err != nil {
 		return
 	}
-	for _, name := range names {
-		pidText, _, _ := strings.Cut(strings.TrimPrefix(name, "stepwise_bench_"), "_")
-		pid, err := strconv.Atoi(pidText)
-		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+	type db struct{ name, tag string }
+	dbs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (db, error) {
+		var d db
+		return d, r.Scan(&d.name, &d.tag)
+	})
+	if err != nil {
+		return
+	}
+	for _, d := range dbs {
+		var tagHost string
+		var pid int
+		if _, err := fmt.Sscanf(d.tag, "sample-settlement bench: host=%s pid=%d", &tagHost, &pid); err != nil {
 			continue
 		}
-		_, _ = s.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		if tagHost != host || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		_, _ = s.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.name}.Sanitize())
 	}
 }
 

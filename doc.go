@@ -10,7 +10,15 @@ functions take. The work is done in the sub-packages:
   - reconcile: settles UNKNOWN_EXTERNAL operations by asking the external system (a
     Checker), and compares totals with its statement.
   - console: a read-mostly web console over runs and operations.
-  - workflowtest: invariant checks, chaos drills and child processes for users' own tests.
+  - schedule: cron specs as durable, deterministic slots, one run per shard, with misfire
+    and overlap policies.
+  - migrations: River's schema and Stepwise's, and the guard against a database newer than
+    the binary.
+  - retention: pruning of finished runs, events and audit rows in small batches; operations
+    are kept as tombstones while a resend could still be seen.
+  - workflowtest: invariant checks, chaos drills and child processes for users' own tests;
+    workflowtest/fakebank, a strict fault-injecting fake payment provider, and
+    workflowtest/pgserver, which finds or starts a PostgreSQL for tests.
 
 The README's quick start wires them into one River client; docs/design.md gives the protocols,
 the invariants and what is and is not promised.

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -75,7 +74,7 @@ func serveDemoConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/console/", h)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := newHTTPServer(mux) // the operator surface's timeouts and header limit, as serve's
 	go func() { _ = srv.Serve(ln) }()
 	step("console: http://%s/console/ (while the demo runs)", ln.Addr())
 	return func() { _ = srv.Close() }, nil

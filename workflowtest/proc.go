@@ -212,7 +212,7 @@ func start(role string, env []string, logf func(string, ...any)) (*Process, erro
 	cmd.Stdout = outW
 	cmd.Stderr = errW
 	cmd.ExtraFiles = []*os.File{lifeR} // fd 3 in the child
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		closeAll(lifeR, lifeW, outR, outW, errR, errW)
 		return nil, fmt.Errorf("starting %s: %w", exe, err)

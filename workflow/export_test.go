@@ -52,6 +52,6 @@ func MaintenanceScansForTest(e *Engine, afterJob, lastJob int64) map[string][]an
 // MarkStepErrorForTest records a step error of the run's attempt under jobID, as a worker
 // does after rolling a step back (not on the job's last attempt).
 func MarkStepErrorForTest(ctx context.Context, e *Engine, key string, jobID int64, msg string, maxFailures int) (RunStatus, error) {
-	status, _, err := markStepError(ctx, e.pool, key, stepActor{owner: "test-worker", jobID: jobID}, msg, false, maxFailures)
+	status, _, err := markStepError(ctx, e.pool, key, stepActor{owner: "test-worker", jobID: jobID}, msg, maxFailures)
 	return status, err
 }

@@ -201,11 +201,11 @@ const checkpointStepsSQL = `c AS (SELECT coalesce((SELECT steps FROM stepwise_ch
 // markStepError records a step that did not commit: one more failure for the crash-loop
 // guard (failures in a row without progress, see failureCountSQL), the error, and the release
 // (River retries after its backoff). The run ends failed when its failures reach maxFailures
-// (or when lastAttempt says River will not retry the job; the worker never says so, it
-// snoozes a progressing run's job instead).
+// — never because River's attempts ran out: on the job's last attempt the worker snoozes a
+// run that is not failed here (see attempt.stepFailed).
 // Guards: a run taken over or finished meanwhile (then nothing is recorded). It returns the
-// run's status afterwards.
-func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg string, lastAttempt bool, maxFailures int) (RunStatus, int, error) {
+// run's status and its failures in a row afterwards.
+func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg string, maxFailures int) (RunStatus, int, error) {
 	var (
 		status   RunStatus
 		failures int
@@ -214,22 +214,22 @@ func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg st
 		WITH `+checkpointStepsSQL+`, r AS (
 			UPDATE stepwise_run
 			   SET failures = `+failureCountSQL+`, failed_at_steps = c.steps,
-			       last_error = CASE WHEN $4 OR `+failureCountSQL+` >= $5
+			       last_error = CASE WHEN `+failureCountSQL+` >= $4
 			                         THEN 'failed after ' || `+failureCountSQL+` || ' failures in a row without progress (the job''s max attempts): ' || $3
 			                         ELSE $3 END,
 			       released_at = clock_timestamp(), wake_at = NULL, updated_at = now(),
-			       status      = CASE WHEN $4 OR `+failureCountSQL+` >= $5 THEN 'failed' ELSE status END,
-			       finished_at = CASE WHEN $4 OR `+failureCountSQL+` >= $5 THEN now() ELSE finished_at END
+			       status      = CASE WHEN `+failureCountSQL+` >= $4 THEN 'failed' ELSE status END,
+			       finished_at = CASE WHEN `+failureCountSQL+` >= $4 THEN now() ELSE finished_at END
 			  FROM c
 			 WHERE key = $1 AND status IN ('pending', 'running') AND river_job_id = $2
 			RETURNING key, status, failures, c.steps
 		), ev AS (
 			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, token, attempt, detail)
 			SELECT key, CASE WHEN status = 'failed' THEN 'run.finish' ELSE 'run.step_error' END, 'running',
-			       CASE WHEN status = 'failed' THEN 'failed' END, $6, $7, $8,
+			       CASE WHEN status = 'failed' THEN 'failed' END, $5, $6, $7,
 			       jsonb_build_object('error', $3::text, 'failures', failures, 'steps', steps) FROM r
 		)
-		SELECT status, failures FROM r`, key, by.jobID, msg, lastAttempt, maxFailures, by.owner, by.token, by.attempt).Scan(&status, &failures)
+		SELECT status, failures FROM r`, key, by.jobID, msg, maxFailures, by.owner, by.token, by.attempt).Scan(&status, &failures)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", 0, errRunMoved
 	}

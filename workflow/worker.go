@@ -373,7 +373,7 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	// not an attempt — after River's own back-off for the failures in a row.
 	last := a.job.Attempt >= a.job.MaxAttempts
 	msg := stepErr.Error()
-	status, failures, err := markStepError(cctx, e.pool, a.key, a.actor(), *truncate(&msg), false, a.job.MaxAttempts)
+	status, failures, err := markStepError(cctx, e.pool, a.key, a.actor(), *truncate(&msg), a.job.MaxAttempts)
 	_ = e.store.Release(cctx, a.lease)
 	switch {
 	case errors.Is(err, errRunMoved):

@@ -468,16 +468,8 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	}
 	require.NoError(t, sched.Install(rc))
 	rc.PeriodicJobs = nil // this test ticks by hand, with its fake clock
-	client, err := river.NewClient(riverpgxv5.New(pool), rc)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	require.NoError(t, client.Start(ctx))
-	t.Cleanup(func() {
-		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-		defer stop()
-		_ = client.Stop(stopCtx)
-		cancel()
-	})
+	client := startClient(t, pool, rc)
+	ctx := context.Background()
 
 	tick := func() *schedule.TickOutcome {
 		res, err := sched.Tick(ctx, client)
@@ -842,16 +834,8 @@ func TestSchedulePeriodicJob(t *testing.T) {
 	require.NoError(t, sched.Install(rc))
 	require.ErrorContains(t, sched.Install(rc), "one Scheduler per river.Config", "a second tick worker on the same config is refused")
 	require.Contains(t, rc.Queues, river.QueueDefault, "Install adds the queue the tick job is inserted in")
-	client, err := river.NewClient(riverpgxv5.New(pool), rc)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	require.NoError(t, client.Start(ctx))
-	t.Cleanup(func() {
-		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-		defer stop()
-		_ = client.Stop(stopCtx)
-		cancel()
-	})
+	startClient(t, pool, rc) // its periodic tick job does the work
+	ctx := context.Background()
 
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -921,4 +905,20 @@ func TestScheduleRunMaintenanceTicks(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 	requireOneRunPerSlotShard(t, pool, "maint")
+}
+
+// startClient starts a River client on rc and stops it when the test ends.
+func startClient(t testing.TB, pool *pgxpool.Pool, rc *river.Config) *river.Client[pgx.Tx] {
+	t.Helper()
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.Stop(stopCtx)
+		cancel()
+	})
+	return client
 }

@@ -45,10 +45,38 @@ func chaosRun(t *testing.T, seed uint64, brokenFence bool) (*workflowtest.ChaosR
 	_, err := frozen.WaitForLine(waitCtx(t, 30*time.Second), "step run=chaos/")
 	require.NoError(t, err)
 	require.NoError(t, frozen.Stop())
+	// It is the only worker so far: every leased checkpoint is one of its runs. It is thawed
+	// when each of them has been claimed by another worker (token moved), so that it wakes
+	// as a zombie however slowly the chaos workers start on a loaded machine (a fixed 2.5s
+	// once thawed it before anyone had claimed its runs, and the broken-fence twin missed).
+	held := map[string]int64{}
+	rows, err := e.pool.Query(ctx, `SELECT key, fencing_token FROM stepwise_checkpoint WHERE owner IS NOT NULL`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var key string
+		var token int64
+		require.NoError(t, rows.Scan(&key, &token))
+		held[key] = token
+	}
+	require.NoError(t, rows.Err())
+	require.NotEmpty(t, held, "the frozen worker holds no run")
 	thawed := make(chan struct{})
 	go func() {
 		defer close(thawed)
-		time.Sleep(2500 * time.Millisecond)
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			moved := 0
+			for key, token := range held {
+				var now int64
+				if e.pool.QueryRow(ctx, `SELECT fencing_token FROM stepwise_checkpoint WHERE key = $1`, key).Scan(&now) == nil && now > token {
+					moved++
+				}
+			}
+			if moved == len(held) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		_ = frozen.Cont()
 	}()
 	t.Cleanup(func() { <-thawed })

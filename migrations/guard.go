@@ -41,14 +41,24 @@ func CheckNotNewer(ctx context.Context, pool *pgxpool.Pool) (*SchemaState, error
 	}
 	riverAll := migrator.AllVersions()
 	st := &SchemaState{StepwiseKnown: all[len(all)-1].Version, RiverKnown: riverAll[len(riverAll)-1].Version}
-	// to_regclass: a database never migrated has neither table, and that is version 0.
-	err = pool.QueryRow(ctx, `SELECT
-		CASE WHEN to_regclass('stepwise_migration') IS NULL THEN 0
-		     ELSE (SELECT coalesce(max(version), 0) FROM stepwise_migration) END,
-		CASE WHEN to_regclass('river_migration') IS NULL THEN 0
-		     ELSE (SELECT coalesce(max(version), 0) FROM river_migration WHERE line = 'main') END`).Scan(&st.Stepwise, &st.River)
-	if err != nil {
+	// A database never migrated has neither table, and that is version 0. The test and the
+	// read are two statements on purpose: PostgreSQL resolves every relation a statement
+	// names when it parses it, whatever a CASE around it would pick, so one statement that
+	// names stepwise_migration fails on exactly the database it means to call version 0.
+	var hasStepwise, hasRiver bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('stepwise_migration') IS NOT NULL, to_regclass('river_migration') IS NOT NULL`).
+		Scan(&hasStepwise, &hasRiver); err != nil {
 		return nil, fmt.Errorf("reading the schema versions: %w", err)
+	}
+	if hasStepwise {
+		if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM stepwise_migration`).Scan(&st.Stepwise); err != nil {
+			return nil, fmt.Errorf("reading Stepwise's schema version: %w", err)
+		}
+	}
+	if hasRiver {
+		if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM river_migration WHERE line = 'main'`).Scan(&st.River); err != nil {
+			return nil, fmt.Errorf("reading River's schema version: %w", err)
+		}
 	}
 	if st.Stepwise > st.StepwiseKnown {
 		return st, fmt.Errorf("%w: database has version %d, this binary knows up to %d; deploy the newer binary",

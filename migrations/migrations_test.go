@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
@@ -126,5 +128,60 @@ func TestMigrateConcurrentlySharedPool(t *testing.T) {
 	wg.Wait()
 	for i, err := range errs {
 		require.NoError(t, err, "Migrate #%d (pool MaxConns %d)", i, pool.Config().MaxConns)
+	}
+}
+
+// CheckNotNewer reads every partial state a user's database can be in, each made the way a
+// user makes it (a plain CREATE DATABASE, then River's migrator or ours), and calls a missing
+// schema version 0 instead of failing on the table it lacks.
+func TestCheckNotNewerOnPartialSchemas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	stepwiseKnown := all[len(all)-1].Version
+
+	for _, tc := range []struct {
+		name                  string
+		setup                 func(t *testing.T, pool *pgxpool.Pool)
+		wantStepwise, wantRiv func(st *migrations.SchemaState) bool
+	}{
+		{"never migrated", func(*testing.T, *pgxpool.Pool) {},
+			func(st *migrations.SchemaState) bool { return st.Stepwise == 0 },
+			func(st *migrations.SchemaState) bool { return st.River == 0 }},
+		{"River's tables only", func(t *testing.T, pool *pgxpool.Pool) {
+			migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+			require.NoError(t, err)
+			_, err = migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+			require.NoError(t, err)
+		},
+			func(st *migrations.SchemaState) bool { return st.Stepwise == 0 },
+			func(st *migrations.SchemaState) bool { return st.River == st.RiverKnown }},
+		{"Stepwise's tables only", func(t *testing.T, pool *pgxpool.Pool) {
+			require.NoError(t, migrations.Migrate(ctx, pool))
+			_, err := pool.Exec(ctx, `DROP TABLE river_migration`)
+			require.NoError(t, err)
+		},
+			func(st *migrations.SchemaState) bool { return st.Stepwise == stepwiseKnown },
+			func(st *migrations.SchemaState) bool { return st.River == 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool := testkit.EmptyDB(t)
+			tc.setup(t, pool)
+			st, err := migrations.CheckNotNewer(ctx, pool)
+			require.NoError(t, err)
+			require.True(t, tc.wantStepwise(st), "Stepwise version: %+v", st)
+			require.True(t, tc.wantRiv(st), "River version: %+v", st)
+			require.False(t, st.Current(), "a partial schema is not current: %+v", st)
+			// Migrate completes every partial state but the one whose River table is gone
+			// (River's migrator would then try to create tables that exist).
+			if tc.name != "Stepwise's tables only" {
+				require.NoError(t, migrations.Migrate(ctx, pool))
+				st, err = migrations.CheckNotNewer(ctx, pool)
+				require.NoError(t, err)
+				require.True(t, st.Current(), "after Migrate: %+v", st)
+			}
+		})
 	}
 }

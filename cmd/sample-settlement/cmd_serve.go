@@ -22,7 +22,6 @@ import (
 	"riverqueue.com/riverui"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/migrations"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -125,13 +124,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		// Without --migrate the schema must already be what this binary needs: an older
 		// one lacks tables or columns the steps write (a newer one was refused above).
-		st, err := migrations.CheckNotNewer(ctx, pool)
-		if err != nil {
-			return err
-		}
-		if !st.Current() {
-			return fmt.Errorf("the database schema is behind this binary (Stepwise version %d of %d, River %d of %d): run \"sample-settlement migrate\", or serve with --migrate",
-				st.Stepwise, st.StepwiseKnown, st.River, st.RiverKnown)
+		if err := requireMigrated(ctx, pool); err != nil {
+			return fmt.Errorf("%w, or serve with --migrate", err)
 		}
 	}
 	var wcfg *workflow.Config

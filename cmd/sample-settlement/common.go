@@ -34,14 +34,49 @@ func (f *dbFlags) register(fs *flag.FlagSet) {
 }
 
 // connect opens a pool on the database and proves it answers, so a wrong URL fails here with
-// a message naming the server and the fix, not later inside some query.
+// a message naming the server and the fix, not later inside some query. It is for the
+// commands that do not migrate (report, invariants, resolve, resume, prune): the database
+// must already hold the schema this binary needs, or the command refuses before it reads or
+// writes anything and names the command to run first.
 func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	return f.connectSized(ctx, 0)
+	pool, err := f.connectSized(ctx, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireMigrated(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// requireMigrated refuses a database that lacks River's, Stepwise's or the sample's tables.
+// Guards against: a read-only command on a database nobody migrated failing deep inside a
+// query with `relation "..." does not exist`, which names neither the cause nor the fix.
+func requireMigrated(ctx context.Context, pool *pgxpool.Pool) error {
+	st, err := migrations.CheckNotNewer(ctx, pool)
+	if err != nil {
+		return err
+	}
+	sample, err := settlement.SchemaApplied(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if !st.Current() || !sample {
+		what := "the settlement tables are missing"
+		if !st.Current() {
+			what = fmt.Sprintf("Stepwise schema version %d of %d, River %d of %d", st.Stepwise, st.StepwiseKnown, st.River, st.RiverKnown)
+		}
+		cfg := pool.Config().ConnConfig
+		return fmt.Errorf("database %s:%d/%s is not migrated (%s): run \"sample-settlement migrate\" first (it is safe to run again)",
+			cfg.Host, cfg.Port, cfg.Database, what)
+	}
+	return nil
 }
 
 // connectMigrated is connect, then settlement.Migrate, for the commands that write.
 func (f *dbFlags) connectMigrated(ctx context.Context) (*pgxpool.Pool, error) {
-	pool, err := f.connect(ctx)
+	pool, err := f.connectSized(ctx, 0)
 	if err != nil {
 		return nil, err
 	}

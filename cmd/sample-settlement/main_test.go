@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,7 +40,13 @@ type exitError struct{ code int }
 
 func (e *exitError) Error() string { return fmt.Sprintf("exit code %d", e.code) }
 
-func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
+func TestMain(m *testing.M) {
+	code := testkit.Main(m)
+	if builtPath != "" { // the binary runBuilt made
+		os.RemoveAll(filepath.Dir(builtPath))
+	}
+	os.Exit(code)
+}
 
 // testDate is the business date of the seeded template.
 var testDate = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)

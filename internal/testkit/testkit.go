@@ -159,8 +159,9 @@ func TemplateDBURL(t testing.TB, name string, setup func(ctx context.Context, po
 	return clone(t, srv, templateRef{name: tpl, rebuild: func() (string, error) { return template(name, setup, true) }})
 }
 
-// EmptyDB returns a pool on a fresh database with no schema at all (cloned from template0),
-// for tests of migrations themselves.
+// EmptyDB returns a pool on a fresh database with no schema at all, made the way a user
+// makes one: a plain CREATE DATABASE, no template of ours. For tests of migrations and of
+// what every command does on a database nobody migrated.
 func EmptyDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	return poolFor(t, EmptyDBURL(t))
@@ -169,7 +170,7 @@ func EmptyDB(t testing.TB) *pgxpool.Pool {
 // EmptyDBURL is EmptyDB's URL twin.
 func EmptyDBURL(t testing.TB) string {
 	t.Helper()
-	return clone(t, requireServer(t), templateRef{name: "template0"})
+	return clone(t, requireServer(t), templateRef{}) // no name: a plain CREATE DATABASE
 }
 
 func poolFor(t testing.TB, dbURL string) *pgxpool.Pool {
@@ -259,10 +260,15 @@ func clone(t testing.TB, srv *pgserver.Server, tpl templateRef) string {
 // createFromTemplate clones tpl. CREATE DATABASE fails while anyone is connected to the
 // template ("source database is being accessed by other users"), e.g. a template being
 // published by another process; that passes, so retry.
+// An empty tpl is a plain CREATE DATABASE (the server's default template, as a user's).
 func createFromTemplate(ctx context.Context, name, tpl string) error {
 	backoff := 10 * time.Millisecond
+	sql := "CREATE DATABASE " + ident(name)
+	if tpl != "" {
+		sql += " TEMPLATE " + ident(tpl)
+	}
 	for {
-		_, err := admin.Exec(ctx, "CREATE DATABASE "+ident(name)+" TEMPLATE "+ident(tpl))
+		_, err := admin.Exec(ctx, sql)
 		var pgErr *pgconn.PgError
 		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use
 			return err

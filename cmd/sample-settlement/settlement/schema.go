@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/migrations"
 )
 
@@ -50,6 +51,18 @@ func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		return nil
 	})
+}
+
+// SchemaApplied reports whether the business tables ApplySchema creates exist, for the
+// commands that read them without migrating.
+func SchemaApplied(ctx context.Context, db stepwise.DBTX) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, `SELECT to_regclass('merchant') IS NOT NULL AND to_regclass('card_txn') IS NOT NULL
+		AND to_regclass('settlement') IS NOT NULL AND to_regclass('ledger_entry') IS NOT NULL`).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("looking for the settlement tables: %w", err)
+	}
+	return ok, nil
 }
 
 // ParseDate parses a business date, YYYY-MM-DD, as midnight UTC. A date is a calendar day,

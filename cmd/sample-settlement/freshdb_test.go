@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/workflowtest"
+)
+
+// Every command meets a database the way a user's first run does: made with a plain CREATE
+// DATABASE, nothing migrated (testkit.EmptyDBURL uses no template of ours). A command that
+// migrates succeeds there; one that does not refuses, names the command to run first, and
+// exits non-zero. Guards against: a schema guard that only ever met migrated template
+// databases in the tests, and so refused every new database a user has (the README's first
+// command failed with `relation "stepwise_migration" does not exist`).
+func TestEveryCommandOnANeverMigratedDatabase(t *testing.T) {
+	t.Parallel()
+	const date = "2026-03-02"
+	migrating := []struct {
+		name string
+		args []string
+		want string // on stdout
+	}{
+		{"migrate", []string{"migrate"}, "migrated"},
+		{"seed", []string{"seed", "--date", date, "--merchants", "10", "--transactions", "20"}, "seeded"},
+		{"settle", []string{"settle", "--date", date, "--work=false"}, ""},
+		{"demo", []string{"demo", "--merchants", "20", "--transactions", "40", "--console-addr", ""}, "invariants"},
+	}
+	for _, tc := range migrating {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dbURL := testkit.EmptyDBURL(t)
+			r := runCLI(t, append(tc.args, "--database-url", dbURL)...)
+			require.Equal(t, 0, r.code, "%v on a never-migrated database: %s", tc.args, r.stderr)
+			require.Contains(t, r.stdout, tc.want)
+			requireCurrent(t, dbURL)
+		})
+	}
+
+	notMigrating := [][]string{
+		{"report", "--date", date},
+		{"invariants", "--date", date},
+		{"resolve", "00000000-0000-0000-0000-000000000001", "--to", "SUCCEEDED", "--reason", "checked by hand", "--actor", "ops"},
+		{"resume", "settle/2026-03-02T00:00:00Z/0", "--reason", "incident fixed", "--actor", "ops"},
+		{"prune", "--older-than", "720h"},
+	}
+	for _, args := range notMigrating {
+		t.Run(args[0], func(t *testing.T) {
+			t.Parallel()
+			dbURL := testkit.EmptyDBURL(t)
+			r := runCLI(t, append(args, "--database-url", dbURL)...)
+			require.Equal(t, 1, r.code, "%v must refuse a database nobody migrated", args)
+			require.Contains(t, r.stderr, "not migrated", args)
+			require.Contains(t, r.stderr, `run "sample-settlement migrate" first`, args)
+			requireUntouched(t, dbURL)
+		})
+	}
+
+	// serve migrates by default; with --migrate=false it refuses and names the fix.
+	t.Run("serve", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testkit.EmptyDBURL(t)
+		args := []string{"serve", "--addr", "127.0.0.1:0", "--scheduler=false", "--database-url", dbURL}
+		p := workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep), "CONSOLE_USER=", "CONSOLE_PASSWORD=")
+		waitCtx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		_, err := p.WaitForLine(waitCtx, "serving: ")
+		require.NoError(t, err, "serve on a never-migrated database:\n%s", strings.Join(p.Lines(), "\n"))
+		require.NoError(t, p.Signal(syscall.SIGTERM))
+		require.NoError(t, p.Wait(), "serve after SIGTERM")
+		requireCurrent(t, dbURL)
+	})
+	t.Run("serve --migrate=false", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testkit.EmptyDBURL(t)
+		args := []string{"serve", "--addr", "127.0.0.1:0", "--scheduler=false", "--migrate=false", "--database-url", dbURL}
+		p := workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep))
+		require.Error(t, p.Wait())
+		out := strings.Join(p.Lines(), "\n")
+		require.Contains(t, out, `run "sample-settlement migrate"`)
+		require.NotContains(t, out, "serving: ")
+		requireUntouched(t, dbURL)
+	})
+
+	// chaos and bench make databases of their own on the server the URL names (plain CREATE
+	// DATABASE, then migrate): the never-migrated database only tells them where the server is.
+	t.Run("chaos", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testkit.EmptyDBURL(t)
+		// chaos re-executes its own binary as worker processes, so it runs here as the built
+		// command a user runs, not as a role of the test binary.
+		out, err := runBuilt(t, []string{"DATABASE_URL=" + dbURL}, "chaos", "--duration", "2s", "--workers", "1",
+			"--merchants", "40", "--shards", "2", "--soak=false")
+		require.NoError(t, err, out)
+		require.Contains(t, out, "invariants")
+	})
+	t.Run("bench", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testkit.EmptyDBURL(t)
+		r := runCLI(t, "bench", "--database-url", dbURL, "--only", "floor,stepwise", "--rounds", "1", "--batches", "100",
+			"--merchants", "200", "--max-items-b1", "10", "--river-items", "50")
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Contains(t, r.stdout, "stepwise/floor B=100:")
+	})
+}
+
+// requireCurrent: the database holds every migration this binary knows.
+func requireCurrent(t *testing.T, dbURL string) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	st, err := migrations.CheckNotNewer(context.Background(), pool)
+	require.NoError(t, err)
+	require.True(t, st.Current(), "schema after the command: %+v", st)
+}
+
+// requireUntouched: a refusing command created nothing in the database.
+func requireUntouched(t *testing.T, dbURL string) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	var tables int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')`).Scan(&tables))
+	require.Zero(t, tables, "a command that refused must leave the database as it found it")
+}
+
+var (
+	builtOnce sync.Once
+	builtPath string
+	builtErr  error
+)
+
+// runBuilt runs this command as a user does: `go build` of this package (once per test
+// process), then the binary with args and env on top of this process's environment. It
+// returns the combined output.
+func runBuilt(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
+	builtOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sample-settlement-bin-")
+		if err != nil {
+			builtErr = err
+			return
+		}
+		builtPath = filepath.Join(dir, "sample-settlement")
+		out, err := exec.Command("go", "build", "-o", builtPath, ".").CombinedOutput()
+		if err != nil {
+			builtErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if builtErr != nil {
+		t.Fatal(builtErr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, builtPath, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	t.Logf("sample-settlement %s → %v\n%s", strings.Join(args, " "), err, out.String())
+	return out.String(), err
+}

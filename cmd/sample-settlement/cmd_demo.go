@@ -30,6 +30,10 @@ func init() {
 // database at start only if it carries this mark: it never drops data it did not create.
 const demoMarker = "created by sample-settlement demo; dropped and recreated by the next demo"
 
+// demoAppPrefix starts the application_name of the connection with which a demo holds its
+// database: a second demo finds the first by it.
+const demoAppPrefix = "sample-settlement demo of "
+
 var dbNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 type demoFlags struct {
@@ -280,12 +284,46 @@ func demoDatabase(ctx context.Context, f *demoFlags, step func(string, ...any)) 
 			fmt.Fprintf(os.Stderr, "removing the throwaway PostgreSQL cluster: %v\n", err)
 		}
 	}
-	admin, err := pgx.Connect(ctx, srv.URL)
+	adminCfg, err := pgx.ParseConfig(srv.URL)
+	if err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("the PostgreSQL server's URL (%s): %w", srv.Source, err)
+	}
+	host, _ := os.Hostname()
+	// The name another demo's refusal quotes (at most 63 bytes are kept by the server).
+	adminCfg.RuntimeParams["application_name"] = fmt.Sprintf("%s%s pid %d on %s", demoAppPrefix, f.dbName, os.Getpid(), host)
+	admin, err := pgx.ConnectConfig(ctx, adminCfg)
 	if err != nil {
 		cleanup()
 		return "", nil, fmt.Errorf("connecting to the PostgreSQL server (%s): %w", srv.Source, err)
 	}
-	defer admin.Close(context.WithoutCancel(ctx))
+	keep := false
+	defer func() {
+		if !keep {
+			admin.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	// The demo's database is dropped and made again by the next demo. Guards against: a
+	// second demo on the same server dropping the first one's database under it (the first
+	// then fails mid-settle with "database does not exist"). This connection holds a
+	// session advisory lock on the database's name until the demo ends, or until the
+	// process dies and the server ends the session; a second demo that cannot take it
+	// refuses and names the first.
+	var locked bool
+	if err := admin.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('sample-settlement demo'), hashtext($1))`, f.dbName).Scan(&locked); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("taking the demo's lock on %s: %w", f.dbName, err)
+	}
+	if !locked {
+		var other string
+		if err := admin.QueryRow(ctx, `SELECT coalesce(min(application_name || ', started ' || to_char(backend_start, 'HH24:MI:SS TZ')), 'another process')
+			FROM pg_stat_activity WHERE application_name LIKE $1 AND pid <> pg_backend_pid()`, demoAppPrefix+f.dbName+" %").Scan(&other); err != nil {
+			other = "another process"
+		}
+		cleanup()
+		return "", nil, fmt.Errorf("another demo is running on this server with database %s (%s): wait for it to finish, or run this one with --db-name %s_2",
+			f.dbName, other, f.dbName)
+	}
 	name := pgx.Identifier{f.dbName}.Sanitize()
 	var comment *string
 	var exists bool
@@ -316,6 +354,12 @@ func demoDatabase(ctx context.Context, f *demoFlags, step func(string, ...any)) 
 	if err != nil {
 		cleanup()
 		return "", nil, err
+	}
+	keep = true
+	serverCleanup := cleanup
+	cleanup = func() {
+		admin.Close(context.Background()) // releases the lock
+		serverCleanup()
 	}
 	if strings.HasPrefix(srv.Source, "throwaway:") {
 		step("database: fresh %s on a throwaway PostgreSQL cluster (removed when the demo exits)", f.dbName)

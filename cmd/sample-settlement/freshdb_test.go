@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,4 +176,41 @@ func runBuilt(t *testing.T, env []string, args ...string) (string, error) {
 	err := cmd.Run()
 	t.Logf("sample-settlement %s → %v\n%s", strings.Join(args, " "), err, out.String())
 	return out.String(), err
+}
+
+// Two demos on one server: the second refuses and names the first, and the first finishes
+// unharmed. Guards against: the second demo dropping and recreating the first one's database
+// mid-settle. Runs on the server on 127.0.0.1:5432, where the demo puts its database when no
+// URL is given (on a throwaway cluster each demo has a server of its own).
+func TestTwoDemosOnOneServer(t *testing.T) { // not parallel: it sets DATABASE_URL
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:5432", time.Second)
+	if err != nil {
+		t.Skipf("no PostgreSQL on 127.0.0.1:5432 (%v): the demo would start a throwaway cluster of its own", err)
+	}
+	conn.Close()
+	dbName := fmt.Sprintf("stepwise_demo_t%d", os.Getpid())
+	t.Cleanup(func() {
+		admin, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:5432/postgres")
+		if err != nil {
+			return
+		}
+		defer admin.Close()
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+dbName+" WITH (FORCE)")
+	})
+	args := []string{"demo", "--db-name", dbName, "--merchants", "3000", "--transactions", "15000", "--console-addr", ""}
+	first := workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep), "DATABASE_URL=")
+	waitCtx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err = first.WaitForLine(waitCtx, "database: fresh "+dbName)
+	require.NoError(t, err)
+
+	t.Setenv("DATABASE_URL", "") // the second demo, too, finds the server by itself
+	r := runCLI(t, "demo", "--db-name", dbName, "--merchants", "10", "--console-addr", "")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "another demo is running on this server with database "+dbName)
+	require.Contains(t, r.stderr, fmt.Sprintf("pid %d", first.Pid()), "the refusal names the running demo")
+	require.Contains(t, r.stderr, "--db-name "+dbName+"_2")
+
+	require.NoError(t, first.Wait(), "the first demo must finish unharmed:\n%s", strings.Join(first.Lines(), "\n"))
+	require.Contains(t, strings.Join(first.Lines(), "\n"), "all invariants hold")
 }

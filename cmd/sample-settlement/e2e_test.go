@@ -37,6 +37,7 @@ func TestServeThreeProcessesSettleADate(t *testing.T) {
 	common := []string{"--database-url", dbURL, "--bank-url", bank.URL(), "--shards", "4"}
 	var procs []*workflowtest.Process
 	for _, id := range []string{"serve-1", "serve-2", "serve-3"} {
+		// README: sample-settlement serve
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--id", id, "--batch-size", "50", "--lease", "5s",
 			"--reconcile-interval", "1s", "--reconcile-grace", "3s", "--payout-timeout", "2s", "--shutdown-timeout", "10s", "--metrics-interval", "200ms"}, common...)
 		procs = append(procs, workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep)))

@@ -167,7 +167,11 @@ func runBuilt(t *testing.T, env []string, args ...string) (string, error) {
 	if builtErr != nil {
 		t.Fatal(builtErr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	limit := 5 * time.Minute
+	if full() {
+		limit = 2 * time.Hour
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, builtPath, args...)
 	cmd.Env = append(os.Environ(), env...)

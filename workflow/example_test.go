@@ -142,10 +142,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := client.Start(ctx); err != nil {
+	// Not a context a signal cancels: that is River's hard stop, which cuts the steps and
+	// bank calls in flight. The drain at the end is the shutdown.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		log.Fatal(err)
 	}
-	defer client.Stop(ctx) //nolint:errcheck
 	maintCtx, stopMaintenance := context.WithCancel(ctx)
 	defer stopMaintenance()
 	// In every process, so that a dead River leader delays neither takeover of runs whose
@@ -192,6 +193,16 @@ func Example() {
 		}
 	}
 	fmt.Printf("payouts: %d succeeded, %d of them proven by the reconciler; merchants not paid exactly once: %d\n", succeeded, wereUnknown, paidTwice)
+
+	// Shutdown (SIGTERM in a service): drain. Steps and sends in flight finish and are
+	// recorded, none begins, leases are released; then River stops.
+	engine.Quiesce()
+	ob.Quiesce()
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil {
+		_ = client.StopAndCancel(ctx) // past the deadline: cut, the reconciler settles
+	}
 
 	// Output:
 	// created: true then: false

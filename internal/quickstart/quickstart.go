@@ -116,7 +116,8 @@ func run(ctx context.Context, pool *pgxpool.Pool, bank Bank) error {
 		return err
 	}
 
-	<-ctx.Done() // SIGTERM: drain. The step and the sends in flight finish; none begins.
+	// SIGTERM: drain. The step and the sends in flight finish; none begins.
+	<-ctx.Done()
 	engine.Quiesce() // the step in flight commits and releases its run's lease
 	ob.Quiesce()     // the sends in flight get their answers recorded
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

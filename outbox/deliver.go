@@ -570,7 +570,8 @@ func (o *Outbox) dispatch(ctx context.Context, job *river.Job[DispatchArgs]) err
 // uniqueness, but River's unique insert locks this job's row until the waking transaction
 // commits, so completing waits for that commit and the check after it sees the new rows (we
 // roll back and go on). A wake that comes after our completion commits finds the job
-// completed and queues a new one. Either way no operation waits for the poll.
+// completed and queues a new one. Either way no operation waits for the poll. (A wake
+// swallowed by a dead dispatcher's job is the waker's to pass on: passDeadDispatchers.)
 func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.Job[DispatchArgs]) (bool, error) {
 	if _, err := river.ClientFromContextSafely[pgx.Tx](ctx); err != nil {
 		return true, nil // not run by River (a test calling dispatch directly): nothing to complete

@@ -2,6 +2,7 @@ package schedule_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/migrations"
 	"github.com/stepwise-go/stepwise/schedule"
 )
 
@@ -221,4 +223,62 @@ func TestTickPassesOverAScheduleWhileStartSlotHoldsIt(t *testing.T) {
 	tick := b.tick(t, "hand-lock")
 	require.Empty(t, tick.Materialized, "OverlapSkip counts the slot started by hand")
 	require.Len(t, tick.Skipped, 1)
+}
+
+// TestMigration011RecordsSlotsStartedByHandBefore: slots started by hand before StartSlot
+// recorded decisions have runs and no row. Migration 011 records those a tick may still reach
+// (after the watermark) or whose runs are unfinished, so no tick decides them again; a past
+// slot whose runs all finished is left alone (its row may have been pruned).
+func TestMigration011RecordsSlotsStartedByHandBefore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupScheduler(t, testkit.DB(t), nil)
+	sch := settleSchedule("hand-old", "* * * * *", schedule.CatchUpAll{}, schedule.OverlapSkip, 2)
+	require.NoError(t, schedule.Add(b.sched, sch))
+	b.tick(t, "hand-old")
+	unfinished, finished, ahead := t0.Add(-time.Hour), t0.Add(-2*time.Hour), t0.Add(5*time.Minute)
+	for _, s := range []time.Time{unfinished, finished, ahead} {
+		b.startByHand(t, sch, s)
+	}
+	_, err := b.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'succeeded', finished_at = now() WHERE schedule = 'hand-old' AND slot = $1`, finished)
+	require.NoError(t, err)
+	// As before migration 011: the runs, no slot rows.
+	_, err = b.pool.Exec(ctx, `DELETE FROM stepwise_schedule_slot WHERE schedule = 'hand-old'`)
+	require.NoError(t, err)
+
+	all, err := migrations.All()
+	require.NoError(t, err)
+	var backfill string
+	for _, m := range all {
+		if m.Version == 11 {
+			for _, stmt := range strings.Split(m.SQL, ";\n") {
+				if i := strings.Index(stmt, "INSERT INTO stepwise_schedule_slot"); i >= 0 {
+					backfill = stmt[i:]
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, backfill, "migration 011 records slots started by hand")
+	_, err = b.pool.Exec(ctx, backfill)
+	require.NoError(t, err)
+
+	slots, err := schedule.ListSlots(ctx, b.pool, "hand-old", 10)
+	require.NoError(t, err)
+	require.Len(t, slots, 2)
+	require.True(t, ahead.Equal(slots[0].Slot))
+	require.True(t, unfinished.Equal(slots[1].Slot))
+	for _, s := range slots {
+		require.Equal(t, schedule.SlotMaterialized, s.Decision)
+		require.Equal(t, "unknown", s.DecidedBy)
+		require.Equal(t, 2, s.Shards)
+		require.Equal(t, schedule.BatchRunning, s.Status)
+	}
+	// The tick now counts the unfinished slot and passes over the one ahead.
+	b.clock.Set(ahead)
+	tick := b.tick(t, "hand-old")
+	require.Empty(t, tick.Materialized)
+	require.Len(t, tick.Skipped, 4, "the four slots before the one started by hand, skipped for overlap")
+	for _, sk := range tick.Skipped {
+		require.False(t, sk.Slot.Equal(ahead))
+	}
 }

@@ -452,8 +452,8 @@ func ShardOf(key string, n int) int {
 // does: one run per shard, keyed RunKey(sch.Name, slot, shard), with input
 // sch.Args(slot, shard) and the schedule, slot and shard recorded on the run. A run that
 // exists already is returned as it is (Created false), so StartSlot may be called for a slot
-// a tick has started or will start: the tick finds the runs and starts none again. Use it to
-// run a slot by hand, ahead of its tick or in a process without a Scheduler.
+// a tick has started, or again. Use it to run a slot by hand, ahead of its tick, long after
+// it (a date to re-run), or in a process without a Scheduler.
 //
 // slot must be one of the spec's slots; sch is checked as Add checks it. actor names who
 // starts the slot (a person, a tool); it is required.

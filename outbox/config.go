@@ -173,9 +173,10 @@ type Config struct {
 	// DispatcherLease is how long a kind's dispatcher may go without proving it is alive
 	// (it heartbeats every DispatcherLease/4) before the poll starts a takeover dispatcher
 	// beside it. River keeps the job of a killed process "running" for an hour, and that job
-	// swallows every wake of the kind meanwhile: delivery after a kill -9 resumes about
-	// DispatcherLease + PollInterval later (run RunMaintenance in every process, so that a
-	// dead River leader does not add its failover). Shorter recovers faster but risks a
+	// swallows the wakes of the kind until a takeover has heartbeated (after that the waker
+	// passes the dead job): delivery after a kill -9 resumes about DispatcherLease +
+	// PollInterval later (run RunMaintenance in every process, so that a dead River leader
+	// does not add its failover). Shorter recovers faster but risks a
 	// takeover beside a dispatcher stalled on a slow database; a takeover beside a live
 	// dispatcher is safe (claims skip locked rows, outcomes are fenced by claim), only
 	// wasteful.

@@ -570,7 +570,8 @@ func (o *Outbox) dispatch(ctx context.Context, job *river.Job[DispatchArgs]) err
 // uniqueness, but River's unique insert locks this job's row until the waking transaction
 // commits, so completing waits for that commit and the check after it sees the new rows (we
 // roll back and go on). A wake that comes after our completion commits finds the job
-// completed and queues a new one. Either way no operation waits for the poll.
+// completed and queues a new one. Either way no operation waits for the poll. (A wake
+// swallowed by a dead dispatcher's job is the waker's to pass on: passDeadDispatchers.)
 func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.Job[DispatchArgs]) (bool, error) {
 	if _, err := river.ClientFromContextSafely[pgx.Tx](ctx); err != nil {
 		return true, nil // not run by River (a test calling dispatch directly): nothing to complete
@@ -580,15 +581,26 @@ func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.J
 		return false, fmt.Errorf("completing the dispatcher of kind %q: %w", ks.name, err)
 	}
 	defer pgtx.Rollback(ctx, tx)
+	// The transaction has begun (its now() is fixed) and nothing is decided yet: a stall here
+	// (a slow round trip, a GC pause) is when operations committed meanwhile must still count.
+	if err := faultpoint.Hit(faultpoint.DispatcherIdle); err != nil {
+		return false, err
+	}
 	if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 		return false, fmt.Errorf("completing the dispatcher of kind %q: %w", ks.name, err)
 	}
+	// "Due" is judged by the clock when the check runs (clock_timestamp(), read once, after
+	// the statement's snapshot), not by now(): now() is when this transaction began, and an
+	// operation committed while it stalled (between Begin and here) is visible to the check
+	// with a next_attempt_at later than that. Judged by now() it was "not yet due", the job
+	// completed though the operation's wake had been swallowed by it, and the operation
+	// waited for the poll.
 	var due bool
 	if err := tx.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM stepwise_operation
-				WHERE kind = $1 AND state IN ('PENDING', 'RETRYABLE') AND next_attempt_at <= now())
+				WHERE kind = $1 AND state IN ('PENDING', 'RETRYABLE') AND next_attempt_at <= (SELECT clock_timestamp()))
 			OR EXISTS (SELECT 1 FROM stepwise_operation
-				WHERE kind = $1 AND state = 'PROCESSING' AND lease_until < now())`, ks.name).Scan(&due); err != nil {
+				WHERE kind = $1 AND state = 'PROCESSING' AND lease_until < (SELECT clock_timestamp()))`, ks.name).Scan(&due); err != nil {
 		return false, fmt.Errorf("checking for due operations of kind %q: %w", ks.name, err)
 	}
 	if due {

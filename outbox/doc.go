@@ -124,7 +124,9 @@ lease expires (KindConfig.Lease after its last renewal), the poll or any dispatc
 moves them to UNKNOWN_EXTERNAL. River keeps the killed dispatcher's job "running" until its own
 rescuer runs (an hour by default), and that job would swallow every wake of the kind; the poll
 notices the heartbeat is older than Config.DispatcherLease and starts a takeover dispatcher
-beside it, so delivery resumes about DispatcherLease + PollInterval after a kill -9.
+beside it, so delivery resumes about DispatcherLease + PollInterval after a kill -9. Once a
+takeover has heartbeated, the dead job is known dead, and later wakes it swallows are passed on
+to a new dispatcher at once, for as long as River still calls it running.
 
 # Outcome callbacks
 

@@ -109,3 +109,82 @@ func TestDeliveryResumesWithinTheDispatcherLeaseAfterKill9(t *testing.T) {
 	// below the fixed 15s heartbeat it replaces.
 	require.Less(t, took, takeoverLease+6*time.Second)
 }
+
+// TestWakesReachALiveDispatcherWhileADeadOnesJobStillRuns: after a kill -9, River keeps the
+// dead dispatcher's job "running" (for up to an hour), and every plain wake of the kind is a
+// duplicate of it. Once the takeover has delivered and completed, each new operation's wake
+// must still start a dispatcher promptly. When the waker took the duplicate for a live
+// dispatcher, every operation waited for the takeover's heartbeat to go stale plus a poll
+// (about DispatcherLease + PollInterval each; 5 s with the defaults, against 72 ms once the
+// dead job is gone).
+func TestWakesReachALiveDispatcherWhileADeadOnesJobStillRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testkit.DBURL(t)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	registerPayout(t, pool)
+	enqueue(t, pool, payout("deadjob/hung", "acct-1", 100))
+
+	child := workflowtest.Start(t, "outbox-hanging-dispatcher", "DATABASE_URL="+dbURL)
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = child.WaitForLine(waitCtx, "send-begin ")
+	require.NoError(t, err)
+	var deadJob int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND state = 'running'`).Scan(&deadJob))
+	child.Kill()
+	_ = child.Wait()
+
+	ob, err := outbox.New(pool, takeoverConfig("survivor", outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+		return outbox.Receipt{ExternalRef: "ok"}, nil
+	})))
+	require.NoError(t, err)
+	client := startClient(t, pool, ob, river.NewWorkers())
+	mctx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	go func() { _ = ob.RunMaintenance(mctx, client) }()
+
+	wakeEnqueue := func(key string) {
+		t.Helper()
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Enqueue(outbox.ContextWithClient(ctx, client), tx, payout(key, "acct-2", 200))
+			return err
+		}))
+	}
+	// The first operation after the kill waits for the takeover (the poll sees the dead
+	// dispatcher's heartbeat go stale): about DispatcherLease + PollInterval.
+	wakeEnqueue("deadjob/first")
+	waitForState(t, pool, outbox.StateSucceeded, 1, 30*time.Second)
+
+	const ops = 3
+	var took []time.Duration
+	for i := range ops {
+		// Let the takeover find nothing more and complete: the dead job is then the only
+		// dispatcher job River calls running, and it is what the next wake collides with.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var others int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch'
+				AND state NOT IN ('completed', 'cancelled', 'discarded') AND id <> $1`, deadJob).Scan(&others))
+			if others == 0 {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the takeover dispatcher never completed")
+			time.Sleep(10 * time.Millisecond)
+		}
+		var state string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM river_job WHERE id = $1`, deadJob).Scan(&state))
+		require.Equal(t, "running", state, "the killed dispatcher's job is still running in River")
+
+		start := time.Now()
+		wakeEnqueue(fmt.Sprintf("deadjob/%d", i))
+		waitForState(t, pool, outbox.StateSucceeded, int64(2+i), 30*time.Second)
+		took = append(took, time.Since(start))
+	}
+	t.Logf("wake to delivery with the dead dispatcher's job still running: %v (dispatcher lease %s)", took, takeoverLease)
+	for i, d := range took {
+		require.Less(t, d, time.Second, "operation %d waited %s for a dispatcher", i, d)
+	}
+}

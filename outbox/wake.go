@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 )
 
 // Waking a dispatcher after the enqueuing transaction commits.
@@ -43,9 +44,12 @@ import (
 // Why no wake is lost: the wake is queued only after the operations are committed. If the
 // kind's dispatcher is running, River swallows the insert; a dispatcher that then completes
 // does so in completeIfIdle, whose check for due work runs after it marked its job completed:
-// if the check's snapshot came after our commit it sees the operations and does not complete;
-// if it came before, our insert finds the completed job (or waits on its row until that
-// completion commits) and, the job no longer being in a unique state, queues a new one. If the
+// if the check's snapshot came after our commit it sees the operations and, judging "due" by
+// the clock at the check rather than its transaction's start, does not complete; if it came
+// before, our insert finds the completed job (or waits on its row until that completion
+// commits) and, the job no longer being in a unique state, queues a new one. A running job
+// that is known dead (a takeover has heartbeated since) does not count: the wake goes on to a
+// takeover named after it (passDeadDispatchers). If the
 // process dies between the commit and the wake, the poll (Config.PollInterval: the periodic
 // job on River's leader, and Outbox.RunMaintenance in every process that runs it) finds the
 // PENDING operations, as it always did.
@@ -206,9 +210,51 @@ func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
 		return batch, fmt.Errorf("queueing the dispatcher for %v: %w", kinds, err)
 	}
 	for i, r := range res {
-		if r != nil && r.Job != nil && i < len(kinds) {
-			w.queued[kinds[i]] = r.Job.ID
+		if r == nil || r.Job == nil || i >= len(kinds) {
+			continue
 		}
+		if r, err = w.passDeadDispatchers(ctx, kinds[i], r); err != nil {
+			return batch, err
+		}
+		w.queued[kinds[i]] = r.Job.ID
 	}
 	return keep, nil
+}
+
+// passDeadDispatchers makes sure the wake of kind reached a dispatcher that is alive. res is
+// the wake's insert. A wake swallowed by a "running" job is enough when that job is the kind's
+// live dispatcher: its completeIfIdle sees the committed rows. But River keeps the job of a
+// killed dispatcher "running" for up to an hour, and every plain wake of the kind is a
+// duplicate of that job meanwhile. The poll starts a takeover once the dead job's heartbeat is
+// stale; but once that takeover has delivered and completed, the dead job swallows the next
+// wake again, and without this each operation waited for the takeover's heartbeat to go stale
+// plus a poll (about DispatcherLease + PollInterval each, against tens of milliseconds).
+//
+// A running job is known to be dead when stepwise_outbox_dispatcher names a later job of the
+// kind: a takeover, started because this one stopped heartbeating, has heartbeated since. Then
+// the wake is inserted as a takeover named after it, which the completed takeover does not
+// swallow (and a running takeover does, being alive); a takeover that died too is followed
+// the same way, as the poll does. A job that merely stalled and then beats again names itself
+// once more and counts as alive. A wrong guess costs an extra dispatcher beside a live one,
+// which is safe (claims skip locked rows, outcomes are fenced by claim); it never loses a
+// wake. Right after a kill, before any takeover has heartbeated, the dead job cannot be told
+// from a live one here: that first wake waits for the poll's takeover, as before.
+func (w *waker) passDeadDispatchers(ctx context.Context, kind string, res *rivertype.JobInsertResult) (*rivertype.JobInsertResult, error) {
+	for hop := 0; hop < 100 && res.UniqueSkippedAsDuplicate && res.Job.State == rivertype.JobStateRunning; hop++ {
+		var superseded bool
+		if err := w.client.Driver().GetExecutor().QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM stepwise_outbox_dispatcher WHERE kind = $1 AND river_job_id > $2)`,
+			kind, res.Job.ID).Scan(&superseded); err != nil {
+			return res, fmt.Errorf("reading the heartbeat of the dispatcher of kind %q: %w", kind, err)
+		}
+		if !superseded {
+			return res, nil
+		}
+		next, err := w.client.Insert(ctx, DispatchArgs{OperationKind: kind, Takeover: res.Job.ID}, nil)
+		if err != nil {
+			return res, fmt.Errorf("queueing a dispatcher of kind %q past dead job %d: %w", kind, res.Job.ID, err)
+		}
+		res = next
+	}
+	return res, nil
 }

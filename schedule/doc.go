@@ -68,7 +68,9 @@
 // Metrics registered. Create one Scheduler per Engine and register the same schedules on
 // every node: the tick job runs on whichever node fetches it, and ticks only the schedules
 // that node knows. Tick can also be called by hand, and StartSlot starts a slot's runs by
-// hand (the tick that reaches the slot then finds them started).
+// hand and records the slot's decision with them, naming who started it (the tick that
+// reaches the slot then passes over it, and the overlap policy counts it while its runs are
+// unfinished).
 //
 // # Cron specs
 //

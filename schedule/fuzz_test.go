@@ -57,8 +57,8 @@ func FuzzPlanTick(f *testing.F) {
 		}
 		maxSlots := int(perTick%200) + 1
 
-		a := planTick(def, watermark, now, open, maxSlots)
-		b := planTick(def, watermark, now, open, maxSlots)
+		a := planTick(def, watermark, now, open, nil, maxSlots)
+		b := planTick(def, watermark, now, open, nil, maxSlots)
 		require.True(t, reflect.DeepEqual(a, b), "two ticks from the same watermark disagree:\n%+v\n%+v", a, b)
 
 		// The new slots decided are the chain from the watermark, in order, within the

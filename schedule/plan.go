@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -54,11 +55,16 @@ func fmtSlot(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 // planTick decides, without touching the database, what a tick does: which due slots in
 // (watermark, now] are materialized, skipped or buffered, which buffered slots start and
 // which runs are asked to stop. It is a pure function of the schedule's definition, its
-// watermark, the clock and the slots in flight, which is what makes two ticks from the same
-// watermark agree (FuzzPlanTick) and lets a tick be repeated after a crash. At most maxSlots
-// new slots are decided; the rest wait for the next tick, which continues from the new
-// watermark.
-func planTick(def *schedule, watermark, now time.Time, open []openSlot, maxSlots int) tickPlan {
+// watermark, the clock, the slots in flight and the slots after the watermark already
+// decided (by hand, StartSlot), which is what makes two ticks from the same watermark agree
+// (FuzzPlanTick) and lets a tick be repeated after a crash. At most maxSlots new slots are
+// decided; the rest wait for the next tick, which continues from the new watermark.
+//
+// A slot in decided gets no decision: the watermark passes over it. Guards against: a slot
+// started by hand ahead of its tick being decided again by the policies, recorded SKIPPED
+// while its runs run. A slot started by hand that is still in flight is in open like any
+// other, so the overlap policy counts it.
+func planTick(def *schedule, watermark, now time.Time, open []openSlot, decided []time.Time, maxSlots int) tickPlan {
 	p := tickPlan{watermark: watermark}
 	var busy, buffered []time.Time
 	for _, o := range open {
@@ -80,7 +86,7 @@ func planTick(def *schedule, watermark, now time.Time, open []openSlot, maxSlots
 		buffered = buffered[1:]
 	}
 
-	due, stop := misfire(def, watermark, now, maxSlots, &p)
+	due, stop := misfire(def, watermark, now, decided, maxSlots, &p)
 	if stop {
 		return p
 	}
@@ -128,6 +134,12 @@ func planTick(def *schedule, watermark, now time.Time, open []openSlot, maxSlots
 			decide(slot, actBuffer, "", fmt.Sprintf("waiting for the runs of slot %s", fmtSlot(latestOf(busy, buffered))))
 			buffered = append(buffered, slot)
 		case OverlapCancelOther:
+			if later := latestOf(busy, nil); later.After(slot) {
+				// A later slot is in flight already (started by hand ahead of its tick):
+				// the newest wins, and that is not this one.
+				decide(slot, actSkip, ReasonOverlapSuperseded, fmt.Sprintf("slot %s, a later one, was already started (OverlapCancelOther keeps the newest)", fmtSlot(later)))
+				continue
+			}
 			for _, b := range buffered {
 				decide(b, actSupersede, ReasonOverlapSuperseded, fmt.Sprintf("superseded by slot %s before it started (OverlapCancelOther)", fmtSlot(slot)))
 			}
@@ -148,9 +160,13 @@ func planTick(def *schedule, watermark, now time.Time, open []openSlot, maxSlots
 }
 
 // misfire applies the schedule's misfire policy to the slots in (watermark, now]: it records
-// the skipped ones in p and returns the ones to run, oldest first. stop reports that the
-// tick's budget of maxSlots is used up by skipped slots; the next tick continues.
-func misfire(def *schedule, watermark, now time.Time, maxSlots int, p *tickPlan) (run []time.Time, stop bool) {
+// the skipped ones in p and returns the ones to run, oldest first. Slots in decided are
+// neither skipped nor returned, but the watermark passes them. stop reports that the tick's
+// budget of maxSlots is used up by skipped slots; the next tick continues.
+func misfire(def *schedule, watermark, now time.Time, decided []time.Time, maxSlots int, p *tickPlan) (run []time.Time, stop bool) {
+	isDecided := func(slot time.Time) bool {
+		return slices.ContainsFunc(decided, func(d time.Time) bool { return d.Equal(slot) })
+	}
 	latest, count := def.spec.Latest(watermark, now)
 	if count == 0 {
 		return nil, false
@@ -162,7 +178,9 @@ func misfire(def *schedule, watermark, now time.Time, maxSlots int, p *tickPlan)
 		take := min(n, budget)
 		slots, _ := def.spec.Slots(after, until, take)
 		for _, slot := range slots {
-			p.decisions = append(p.decisions, slotDecision{slot: slot, action: actSkip, reason: reason, detail: detail(slot)})
+			if !isDecided(slot) {
+				p.decisions = append(p.decisions, slotDecision{slot: slot, action: actSkip, reason: reason, detail: detail(slot)})
+			}
 			after = slot
 		}
 		budget -= len(slots)
@@ -209,7 +227,7 @@ func misfire(def *schedule, watermark, now time.Time, maxSlots int, p *tickPlan)
 	if len(run) > 0 {
 		p.watermark = run[len(run)-1]
 	}
-	return run, false
+	return slices.DeleteFunc(run, isDecided), false
 }
 
 func latestOf(a, b []time.Time) time.Time {

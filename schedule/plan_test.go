@@ -118,7 +118,7 @@ func TestScheduleSlots(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			def := compile(t, Schedule[planArgs]{Spec: tt.spec, Zone: tt.zone, Gap: tt.gap})
-			p := planTick(def, utc(tt.watermark), utc(tt.now), nil, 10_000)
+			p := planTick(def, utc(tt.watermark), utc(tt.now), nil, nil, 10_000)
 			got := slotsOf(p, actMaterialize)
 			if tt.wantCount > 0 {
 				require.Len(t, got, tt.wantCount)
@@ -144,7 +144,7 @@ func TestScheduleMisfirePlans(t *testing.T) {
 		t.Helper()
 		w := t0
 		for ; ticks < 1000; ticks++ {
-			p := planTick(def, w, now, nil, maxSlots)
+			p := planTick(def, w, now, nil, nil, maxSlots)
 			if len(p.decisions) == 0 {
 				return ticks, all, perTick
 			}
@@ -180,7 +180,7 @@ func TestScheduleMisfirePlans(t *testing.T) {
 	t.Run("CatchUpAll skips the oldest beyond Max", func(t *testing.T) {
 		t.Parallel()
 		def := compile(t, Schedule[planArgs]{Spec: "* * * * *", Zone: "UTC", Misfire: CatchUpAll{Max: 100, PerTick: 1000}})
-		p := planTick(def, t0, now, nil, 10_000)
+		p := planTick(def, t0, now, nil, nil, 10_000)
 		require.Equal(t, 500, count(p.decisions, actSkip, ReasonCatchUpLimit))
 		run := slotsOf(p, actMaterialize)
 		require.Len(t, run, 100)
@@ -190,7 +190,7 @@ func TestScheduleMisfirePlans(t *testing.T) {
 	t.Run("RunLatest runs the newest and records the rest", func(t *testing.T) {
 		t.Parallel()
 		def := compile(t, Schedule[planArgs]{Spec: "* * * * *", Zone: "UTC", Misfire: RunLatest{}})
-		p := planTick(def, t0, now, nil, 10_000)
+		p := planTick(def, t0, now, nil, nil, 10_000)
 		require.Equal(t, 599, count(p.decisions, actSkip, ReasonMisfireRunLatest))
 		require.Equal(t, []time.Time{now}, slotsOf(p, actMaterialize))
 		require.Equal(t, now, p.watermark)
@@ -207,7 +207,7 @@ func TestScheduleMisfirePlans(t *testing.T) {
 	t.Run("SkipMissed runs none past the deadline", func(t *testing.T) {
 		t.Parallel()
 		def := compile(t, Schedule[planArgs]{Spec: "* * * * *", Zone: "UTC", Misfire: SkipMissed{StartingDeadline: 5 * time.Minute}})
-		p := planTick(def, t0, now, nil, 10_000)
+		p := planTick(def, t0, now, nil, nil, 10_000)
 		require.Equal(t, 594, count(p.decisions, actSkip, ReasonMisfireDeadline))
 		run := slotsOf(p, actMaterialize)
 		require.Len(t, run, 6)
@@ -217,7 +217,7 @@ func TestScheduleMisfirePlans(t *testing.T) {
 		t.Parallel()
 		for _, m := range []MisfirePolicy{CatchUpAll{}, RunLatest{}, SkipMissed{StartingDeadline: time.Minute}} {
 			def := compile(t, Schedule[planArgs]{Spec: "* * * * *", Zone: "UTC", Misfire: m})
-			p := planTick(def, t0, t0.Add(time.Minute+3*time.Second), nil, 10_000)
+			p := planTick(def, t0, t0.Add(time.Minute+3*time.Second), nil, nil, 10_000)
 			require.Equal(t, []time.Time{t0.Add(time.Minute)}, slotsOf(p, actMaterialize), "%T", m)
 			require.Len(t, p.decisions, 1, "%T", m)
 		}
@@ -262,7 +262,7 @@ func TestScheduleOverlapPlans(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			def := compile(t, Schedule[planArgs]{Spec: "* * * * *", Zone: "UTC", Overlap: tt.overlap})
-			p := planTick(def, tt.watermark, tt.now, tt.open, 10_000)
+			p := planTick(def, tt.watermark, tt.now, tt.open, nil, 10_000)
 			require.Equal(t, tt.want.materialize, slotsOf(p, actMaterialize), "materialize")
 			require.Equal(t, tt.want.buffer, slotsOf(p, actBuffer), "buffer")
 			require.Equal(t, tt.want.promote, slotsOf(p, actPromote), "promote")
@@ -372,4 +372,36 @@ func TestShardOf(t *testing.T) {
 	for shard, c := range counts {
 		require.InDelta(t, 1250, c, 190, "shard %d", shard)
 	}
+}
+
+// TestPlanPassesOverSlotsDecidedByHand: a slot after the watermark that StartSlot decided
+// gets no decision from any misfire or overlap policy, and the watermark passes it; while
+// its runs are unfinished (in open) the overlap policy counts it.
+func TestPlanPassesOverSlotsDecidedByHand(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)
+	now := start.Add(10 * time.Minute)
+	hand := start.Add(4 * time.Minute)
+	misfires := []MisfirePolicy{CatchUpAll{}, RunLatest{}, SkipMissed{StartingDeadline: 2 * time.Minute}}
+	for _, m := range misfires {
+		for o := OverlapAllowAll; o <= OverlapCancelOther; o++ {
+			def := compile(t, Schedule[planArgs]{Spec: "* * * * *", Zone: "UTC", Misfire: m, Overlap: o})
+			for _, open := range [][]openSlot{nil, {{slot: hand}}} {
+				p := planTick(def, start, now, open, []time.Time{hand}, 10_000)
+				for _, d := range p.decisions {
+					require.False(t, d.slot.Equal(hand), "%T %s: slot decided by hand decided again: %+v", m, o, d)
+				}
+				require.Equal(t, now, p.watermark, "%T %s", m, o)
+				if open != nil && o == OverlapSkip {
+					require.Empty(t, slotsOf(p, actMaterialize), "%T: OverlapSkip starts nothing beside a slot started by hand", m)
+				}
+			}
+		}
+	}
+	// RunLatest when the newest slot was started by hand: the older ones are skipped, none runs.
+	def := compile(t, Schedule[planArgs]{Spec: "* * * * *", Zone: "UTC", Misfire: RunLatest{}})
+	p := planTick(def, start, now, nil, []time.Time{now}, 10_000)
+	require.Empty(t, slotsOf(p, actMaterialize))
+	require.Len(t, slotsOf(p, actSkip), 9)
+	require.Equal(t, now, p.watermark)
 }

@@ -452,19 +452,31 @@ func ShardOf(key string, n int) int {
 // does: one run per shard, keyed RunKey(sch.Name, slot, shard), with input
 // sch.Args(slot, shard) and the schedule, slot and shard recorded on the run. A run that
 // exists already is returned as it is (Created false), so StartSlot may be called for a slot
-// a tick has started or will start: the tick finds the runs and starts none again. Use it to
-// run a slot by hand, ahead of its tick or in a process without a Scheduler.
+// a tick has started, or again. Use it to run a slot by hand, ahead of its tick, long after
+// it (a date to re-run), or in a process without a Scheduler.
 //
-// slot must be one of the spec's slots; sch is checked as Add checks it. The slot's decision
-// is not recorded here (the tick that reaches the slot records it), so SlotStatus reports
-// ErrSlotNotFound until then. This is the only way, besides a Scheduler, to start a run that
-// belongs to a slot: workflow.StartOpts cannot set one.
-func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, sch Schedule[A], slot time.Time) ([]*workflow.Run, error) {
+// slot must be one of the spec's slots; sch is checked as Add checks it. actor names who
+// starts the slot (a person, a tool); it is required.
+//
+// The slot's decision is recorded in tx with its runs: materialized, decided by actor (the
+// slot report's DecidedBy), audited as 'schedule.slot_started'. So SlotStatus reports the slot
+// at once, a past slot no tick will reach included; the tick that reaches a slot started
+// ahead of it passes over it instead of deciding it again; and while its runs are unfinished
+// the slot counts as in flight for the schedule's overlap policy. A slot the tick recorded
+// skipped or buffered becomes materialized, its detail saying what it was. A slot already
+// materialized is left as it is. StartSlot holds a share lock on the schedule's row (when it
+// has one) until tx ends: a tick meanwhile passes over the schedule.
+//
+// This is the only way, besides a Scheduler, to start a run that belongs to a slot:
+// workflow.StartOpts cannot set one.
+func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, sch Schedule[A], slot time.Time, actor string) ([]*workflow.Run, error) {
 	switch {
 	case client == nil:
 		return nil, errors.New("schedule.StartSlot: client is nil; pass the River client the runs should be inserted with")
 	case tx == nil:
 		return nil, errors.New("schedule.StartSlot: tx is nil; pass the transaction the runs should be started in")
+	case actor == "":
+		return nil, fmt.Errorf("%w: schedule.StartSlot of schedule %q: actor is empty; name who starts the slot (it is recorded as the slot's decider)", ErrInvalid, sch.Name)
 	}
 	def, err := compileSchedule(sch, 0)
 	if err != nil {
@@ -474,6 +486,9 @@ func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx
 	if next := def.spec.Next(slot.Add(-time.Nanosecond)); !next.Equal(slot) {
 		return nil, fmt.Errorf("%w: schedule %q: %s is not a slot of %q in %s; pass one of its slots, e.g. %s",
 			ErrInvalid, sch.Name, fmtSlot(slot), def.specText, def.zone, fmtSlot(next))
+	}
+	if err := recordStartedByHand(ctx, tx, def, slot, actor); err != nil {
+		return nil, err
 	}
 	runs := make([]*workflow.Run, 0, def.shards)
 	for shard := range def.shards {
@@ -489,4 +504,50 @@ func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx
 		runs = append(runs, run)
 	}
 	return runs, nil
+}
+
+// recordStartedByHand records, in tx, that actor started slot of def by hand: the slot's
+// decision (materialized, decided_by actor) and a 'schedule.slot_started' event. Guards
+// against: the tick later deciding the slot by its policies (SKIPPED while its runs run),
+// the overlap policy not counting the slot's runs (two slots in flight under OverlapSkip),
+// and a past slot, which no tick reaches, never having a status.
+//
+// It first takes a key-share lock on the schedule's row, if there is one, so that a tick
+// deciding the schedule's slots right now finishes first (and this slot's row then meets
+// the tick's decision below), and a tick starting meanwhile passes over the schedule (its
+// FOR UPDATE SKIP LOCKED) instead of planning without this slot. Without a row (no tick yet)
+// the version recorded is 0.
+func recordStartedByHand(ctx context.Context, tx pgx.Tx, def *schedule, slot time.Time, actor string) error {
+	version := 0
+	err := tx.QueryRow(ctx, `SELECT version FROM stepwise_schedule WHERE name = $1 FOR KEY SHARE`, def.name).Scan(&version)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("locking schedule %q to record slot %s: %w", def.name, fmtSlot(slot), err)
+	}
+	// One statement: a slot no one decided is inserted; one a tick skipped or buffered becomes
+	// materialized, saying what it was; one already materialized is left alone (and no event
+	// is written: calling StartSlot again changes nothing).
+	_, err = tx.Exec(ctx, `
+		WITH prev AS (
+			SELECT status FROM stepwise_schedule_slot WHERE schedule = $1 AND slot = $2
+		), up AS (
+			INSERT INTO stepwise_schedule_slot AS sl
+			       (schedule, slot, status, detail, shards, version, created_at, materialized_at, decided_by)
+			VALUES ($1, $2, 'materialized', 'started by hand by ' || $5, $3, $4, now(), now(), $5)
+			ON CONFLICT (schedule, slot) DO UPDATE
+			   SET status = 'materialized', reason = NULL, shards = EXCLUDED.shards, version = EXCLUDED.version,
+			       materialized_at = now(), decided_by = EXCLUDED.decided_by,
+			       detail = 'was ' || sl.status || coalesce(' (' || coalesce(sl.reason || ': ', '') || sl.detail || ')', '')
+			                || '; started by hand by ' || EXCLUDED.decided_by
+			 WHERE sl.status IN ('skipped', 'buffered')
+			RETURNING sl.slot
+		)
+		INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
+		SELECT 'schedule:' || $1, 'schedule.slot_started', (SELECT status FROM prev), 'materialized', $5,
+		       jsonb_build_object('slot', $2::timestamptz, 'shards', $3::int, 'version', $4::int)
+		  FROM up`,
+		def.name, slot, def.shards, version, actor)
+	if err != nil {
+		return fmt.Errorf("recording slot %s of schedule %q as started by hand: %w", fmtSlot(slot), def.name, err)
+	}
+	return nil
 }

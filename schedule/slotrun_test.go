@@ -56,7 +56,7 @@ func TestScheduledRunRecordsSlot(t *testing.T) {
 	var runs []*workflow.Run
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		runs, err = schedule.StartSlot(ctx, b.client, tx, sch, next)
+		runs, err = schedule.StartSlot(ctx, b.client, tx, sch, next, "test")
 		return err
 	}))
 	require.Len(t, runs, 2)
@@ -69,13 +69,17 @@ func TestScheduledRunRecordsSlot(t *testing.T) {
 	}
 	b.clock.Set(next)
 	tick := b.tick(t, "rec")
-	require.Equal(t, []time.Time{next}, tick.Materialized)
+	require.Empty(t, tick.Materialized, "StartSlot decided the slot; the tick passes over it")
 	require.Zero(t, tick.RunsStarted, "the runs StartSlot started are the slot's runs")
+	require.True(t, next.Equal(tick.Watermark))
+	rep, err := schedule.SlotStatus(ctx, b.pool, "rec", next)
+	require.NoError(t, err)
+	require.Equal(t, "test", rep.DecidedBy)
 	requireOneRunPerSlotShard(t, b.pool, "rec")
 
 	// A time that is not a slot of the spec is refused, naming it and a slot to use.
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := schedule.StartSlot(ctx, b.client, tx, sch, next.Add(30*time.Second))
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := schedule.StartSlot(ctx, b.client, tx, sch, next.Add(30*time.Second), "test")
 		return err
 	})
 	require.ErrorIs(t, err, schedule.ErrInvalid)

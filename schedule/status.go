@@ -75,8 +75,12 @@ type SlotReport struct {
 	Decision string
 	// Reason is the skip reason code (Reason…), empty unless skipped.
 	Reason string
-	// Detail says the reason in words (or what a buffered slot waits for).
+	// Detail says the reason in words (or what a buffered slot waits for, or who started
+	// the slot by hand).
 	Detail string
+	// DecidedBy is who decided the slot: "scheduler" for a tick, the actor given to
+	// StartSlot for a slot started by hand.
+	DecidedBy string
 	// Shards is how many runs the slot fans out to.
 	Shards int
 
@@ -144,7 +148,8 @@ func DeriveBatchStatus(decision string, shards int, runs map[string]int, operati
 }
 
 // SlotStatus reports one slot of a schedule: its decision, its runs and operations counted
-// by status, and its derived batch status. A slot no tick has decided is ErrSlotNotFound.
+// by status, and its derived batch status. A slot neither a tick nor StartSlot has decided is
+// ErrSlotNotFound.
 func SlotStatus(ctx context.Context, q stepwise.DBTX, schedule string, slot time.Time) (*SlotReport, error) {
 	reports, err := slotReports(ctx, q, schedule, `schedule = $1 AND slot = $2`, slot.UTC())
 	if err != nil {
@@ -167,7 +172,7 @@ func ListSlots(ctx context.Context, q stepwise.DBTX, schedule string, limit int)
 }
 
 func slotReports(ctx context.Context, q stepwise.DBTX, schedule, where string, arg any) ([]*SlotReport, error) {
-	rows, err := q.Query(ctx, `SELECT slot, status, coalesce(reason, ''), coalesce(detail, ''), shards,
+	rows, err := q.Query(ctx, `SELECT slot, status, coalesce(reason, ''), coalesce(detail, ''), decided_by, shards,
 			created_at, materialized_at, started_at, runs_done_at
 		FROM stepwise_schedule_slot WHERE `+where, schedule, arg)
 	if err != nil {
@@ -175,7 +180,7 @@ func slotReports(ctx context.Context, q stepwise.DBTX, schedule, where string, a
 	}
 	reports, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*SlotReport, error) {
 		r := &SlotReport{Schedule: schedule, Runs: map[string]int{}, Operations: map[outbox.State]int{}}
-		err := row.Scan(&r.Slot, &r.Decision, &r.Reason, &r.Detail, &r.Shards, &r.DecidedAt, &r.MaterializedAt, &r.StartedAt, &r.RunsDoneAt)
+		err := row.Scan(&r.Slot, &r.Decision, &r.Reason, &r.Detail, &r.DecidedBy, &r.Shards, &r.DecidedAt, &r.MaterializedAt, &r.StartedAt, &r.RunsDoneAt)
 		r.Slot = r.Slot.UTC()
 		return r, err
 	})

@@ -191,7 +191,8 @@ type SkippedSlot struct {
 // the same time skips it (Locked) instead of waiting and then deciding the same slots again;
 // run keys are unique besides, so even a duplicate decision could not start a second run.
 // The tick then updates the row's definition if the code's differs, marks which in-flight
-// slots' runs have finished, plans (planTick), records each decided slot, starts the runs
+// slots' runs have finished, plans (planTick; passing over slots StartSlot decided ahead of
+// the watermark), records each decided slot, starts the runs
 // and their River jobs with StartTx, advances the watermark, and commits all of it at once.
 // A crash before the commit leaves nothing done; a crash after it (fault point
 // tick-after-commit) leaves everything done, and the next tick finds nothing new to do.
@@ -318,7 +319,11 @@ func (s *Scheduler) tickSchedule(ctx context.Context, client *river.Client[pgx.T
 		return nil, err
 	}
 
-	plan := planTick(def, row.watermark.UTC(), now, open, s.cfg.MaxSlotsPerTick)
+	decided, err := decidedAhead(ctx, tx, def.name, row.watermark)
+	if err != nil {
+		return nil, err
+	}
+	plan := planTick(def, row.watermark.UTC(), now, open, decided, s.cfg.MaxSlotsPerTick)
 	if err := s.apply(ctx, client, tx, def, version, now, plan, st); err != nil {
 		return nil, err
 	}
@@ -477,6 +482,26 @@ func (s *Scheduler) refreshOpenSlots(ctx context.Context, tx pgx.Tx, def *schedu
 		return !o.buffered && slices.ContainsFunc(done, func(d time.Time) bool { return d.Equal(o.slot) })
 	})
 	return open, started, nil
+}
+
+// decidedAhead returns the slots after the watermark that are decided already: only
+// StartSlot decides a slot ahead of the tick that reaches it. The tick passes over them
+// (planTick). Guards against: deciding such a slot a second time by the misfire or overlap
+// policy, which recorded it SKIPPED while the runs started by hand ran. Reads the primary
+// key; there are as many rows as slots started early by hand.
+func decidedAhead(ctx context.Context, tx pgx.Tx, schedule string, watermark time.Time) ([]time.Time, error) {
+	rows, err := tx.Query(ctx, `SELECT slot FROM stepwise_schedule_slot WHERE schedule = $1 AND slot > $2 ORDER BY slot`, schedule, watermark)
+	if err != nil {
+		return nil, fmt.Errorf("reading slots decided ahead of the watermark: %w", err)
+	}
+	slots, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		return nil, fmt.Errorf("reading slots decided ahead of the watermark: %w", err)
+	}
+	for i := range slots {
+		slots[i] = slots[i].UTC()
+	}
+	return slots, nil
 }
 
 // apply records the plan's decisions and starts the runs, in tx.

@@ -52,6 +52,7 @@ const (
 	AfterSend          = "after-send"           // the external call returned, its outcome not recorded
 	AfterOutcomeCommit = "after-outcome-commit" // outcomes recorded and committed
 	TickAfterCommit    = "tick-after-commit"    // a schedule tick committed, its caller not told
+	DispatcherIdle     = "dispatcher-idle"      // a dispatcher found nothing to claim and began the transaction completing its job
 )
 
 // ErrInjected is returned by Hit for the error action.

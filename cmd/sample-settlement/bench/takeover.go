@@ -43,7 +43,7 @@ func startDate(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx
 	}
 	var keys []string
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		runs, _, err := plan.Start(ctx, client, tx, date)
+		runs, _, err := plan.Start(ctx, client, tx, date, "bench")
 		for _, r := range runs {
 			keys = append(keys, r.Key)
 		}

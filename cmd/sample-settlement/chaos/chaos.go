@@ -368,7 +368,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		err = startSteps(ctx, pool, cfg)
 	} else {
 		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, _, err := plan.Start(ctx, inserter, tx, Date)
+			_, _, err := plan.Start(ctx, inserter, tx, Date, "chaos")
 			return err
 		})
 	}
@@ -412,7 +412,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 			return false, fmt.Errorf("chaos: seeding %s: %w", next.Format(time.DateOnly), err)
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, _, err := plan.Start(ctx, inserter, tx, next)
+			_, _, err := plan.Start(ctx, inserter, tx, next, "chaos")
 			return err
 		}); err != nil {
 			return false, fmt.Errorf("chaos: starting %s: %w", next.Format(time.DateOnly), err)

@@ -49,7 +49,7 @@ func setupDrill(t *testing.T) *drillBundle {
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, _, err := plan.Start(ctx, client, tx, chaos.Date)
+		_, _, err := plan.Start(ctx, client, tx, chaos.Date, "drill")
 		return err
 	}))
 	return &drillBundle{url: url, pool: pool, bank: fakebank.NewClient(bank.URL(), nil), plan: plan, client: client,

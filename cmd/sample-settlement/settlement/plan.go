@@ -166,8 +166,8 @@ func (p Plan) Schedule() (schedule.Schedule[SettleArgs], error) {
 
 // Start starts the runs that settle date, all in one transaction, or finds them started
 // (by the schedule or an earlier call): it is idempotent. created reports whether this call
-// started them.
-func (p Plan) Start(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, date time.Time) (runs []*workflow.Run, created bool, err error) {
+// started them. actor names who starts the date; it is recorded as the slot's decider.
+func (p Plan) Start(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, date time.Time, actor string) (runs []*workflow.Run, created bool, err error) {
 	p, err = p.compiled()
 	if err != nil {
 		return nil, false, err
@@ -180,7 +180,7 @@ func (p Plan) Start(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx
 	if err != nil {
 		return nil, false, err
 	}
-	runs, err = schedule.StartSlot(ctx, client, tx, sch, slot)
+	runs, err = schedule.StartSlot(ctx, client, tx, sch, slot, actor)
 	if errors.Is(err, workflow.ErrRunConflict) {
 		return nil, false, fmt.Errorf("date %s was started with another shard count than %d; settle it with the count it was started with: %w",
 			date.Format(time.DateOnly), p.Shards, err)

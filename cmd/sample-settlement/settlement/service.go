@@ -288,10 +288,14 @@ func (s *Service) Stop(ctx context.Context, soft time.Duration) error {
 	return nil
 }
 
-// StartDate starts (or finds started) the runs that settle date, in one transaction.
+// StartDateActor is who StartDate records as having started a date's slot by hand.
+const StartDateActor = "sample-settlement"
+
+// StartDate starts (or finds started) the runs that settle date, in one transaction, recorded
+// as started by hand by StartDateActor.
 func (s *Service) StartDate(ctx context.Context, date time.Time) (runs []*workflow.Run, created bool, err error) {
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		runs, created, err = s.Plan.Start(ctx, s.Client, tx, date)
+		runs, created, err = s.Plan.Start(ctx, s.Client, tx, date, StartDateActor)
 		return err
 	})
 	return runs, created, err

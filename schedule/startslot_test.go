@@ -226,7 +226,7 @@ func TestTickPassesOverAScheduleWhileStartSlotHoldsIt(t *testing.T) {
 }
 
 // TestMigration011RecordsSlotsStartedByHandBefore: slots started by hand before StartSlot
-// recorded decisions have runs and no row. Migration 011 records those a tick may still reach
+// recorded decisions have runs and no row. Migration 008 records those a tick may still reach
 // (after the watermark) or whose runs are unfinished, so no tick decides them again; a past
 // slot whose runs all finished is left alone (its row may have been pruned).
 func TestMigration011RecordsSlotsStartedByHandBefore(t *testing.T) {
@@ -242,7 +242,7 @@ func TestMigration011RecordsSlotsStartedByHandBefore(t *testing.T) {
 	}
 	_, err := b.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'succeeded', finished_at = now() WHERE schedule = 'hand-old' AND slot = $1`, finished)
 	require.NoError(t, err)
-	// As before migration 011: the runs, no slot rows.
+	// As before migration 008: the runs, no slot rows.
 	_, err = b.pool.Exec(ctx, `DELETE FROM stepwise_schedule_slot WHERE schedule = 'hand-old'`)
 	require.NoError(t, err)
 
@@ -250,7 +250,7 @@ func TestMigration011RecordsSlotsStartedByHandBefore(t *testing.T) {
 	require.NoError(t, err)
 	var backfill string
 	for _, m := range all {
-		if m.Version == 11 {
+		if m.Version == 8 {
 			for _, stmt := range strings.Split(m.SQL, ";\n") {
 				if i := strings.Index(stmt, "INSERT INTO stepwise_schedule_slot"); i >= 0 {
 					backfill = stmt[i:]
@@ -258,7 +258,7 @@ func TestMigration011RecordsSlotsStartedByHandBefore(t *testing.T) {
 			}
 		}
 	}
-	require.NotEmpty(t, backfill, "migration 011 records slots started by hand")
+	require.NotEmpty(t, backfill, "migration 008 records slots started by hand")
 	_, err = b.pool.Exec(ctx, backfill)
 	require.NoError(t, err)
 

@@ -225,11 +225,11 @@ func TestTickPassesOverAScheduleWhileStartSlotHoldsIt(t *testing.T) {
 	require.Len(t, tick.Skipped, 1)
 }
 
-// TestMigration011RecordsSlotsStartedByHandBefore: slots started by hand before StartSlot
+// TestMigration008RecordsSlotsStartedByHandBefore: slots started by hand before StartSlot
 // recorded decisions have runs and no row. Migration 008 records those a tick may still reach
 // (after the watermark) or whose runs are unfinished, so no tick decides them again; a past
 // slot whose runs all finished is left alone (its row may have been pruned).
-func TestMigration011RecordsSlotsStartedByHandBefore(t *testing.T) {
+func TestMigration008RecordsSlotsStartedByHandBefore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setupScheduler(t, testkit.DB(t), nil)

@@ -312,3 +312,26 @@ func TestRetryingRunIsVisible(t *testing.T) {
 	require.Nil(t, run.Retry)
 	require.Zero(t, run.FailuresInARow)
 }
+
+// A run whose River job is gone (River's cleaner deleted it, or an operator did) reads as
+// before: the derived retry state must not make GetRun fail on the missing job.
+func TestGetRunWithoutItsJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, testkit.DB(t), nil, nil, map[string]river.QueueConfig{})
+	run, err := workflow.Start(ctx, e.client, "jobless", countArgs{Total: 1, Batch: 1, Table: "items"}, nil)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `DELETE FROM river_job WHERE id = $1`, *run.RiverJobID)
+	require.NoError(t, err)
+	got, err := workflow.GetRun(ctx, e.pool, "jobless")
+	require.NoError(t, err)
+	require.Equal(t, workflow.StatusPending, got.Status)
+	require.Nil(t, got.Retry)
+	_, err = e.pool.Exec(ctx, `UPDATE stepwise_run SET failures = 2 WHERE key = 'jobless'`)
+	require.NoError(t, err)
+	got, err = workflow.GetRun(ctx, e.pool, "jobless")
+	require.NoError(t, err)
+	require.NotNil(t, got.Retry, "failures in a row and nobody holds it: retrying, though its job is gone")
+	require.Zero(t, got.Retry.MaxFailures)
+	require.Nil(t, got.Retry.NextTryAt)
+}

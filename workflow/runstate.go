@@ -59,9 +59,9 @@ import (
 const failuresInARowSQL = `(CASE WHEN r.failures > 0 AND r.failed_at_steps = coalesce(c.steps, 0) THEN r.failures ELSE 0 END)`
 
 // retryingSQL is whether a run waits for a retry (the rule above); j is the run's river_job
-// (may be missing).
+// (may be missing: never NULL for that).
 const retryingSQL = `(r.status IN ('pending', 'running') AND (c.lease_until IS NULL OR c.lease_until <= now())
-	AND (` + failuresInARowSQL + ` > 0 OR j.state = 'retryable'))`
+	AND (` + failuresInARowSQL + ` > 0 OR coalesce(j.state = 'retryable', false)))`
 
 // retryColumnsSQL are the derived columns a run reader scans after the stored ones
 // (scanRetry): failures in a row, retrying, next try, budget and the error to show. The error

@@ -23,6 +23,8 @@ import (
 //	   │                  ╰──finish──▶ succeeded | failed | cancelled ──resume──▶ pending
 //	   ╰──────────────────────finish (cancel, job ended, crash loop)──────▶ failed | cancelled
 //
+//	(retrying: an unfinished run released after a failure, until its next claim; derived)
+//
 // The rule for released runs (issue: healthy runs taken over between slices). A worker that
 // gives its lease up on purpose records released_at (and wake_at, when it is due again) in
 // the same commit. River records the job's new state (snoozed, retryable) a little later, and

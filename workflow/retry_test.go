@@ -335,3 +335,59 @@ func TestGetRunWithoutItsJob(t *testing.T) {
 	require.Zero(t, got.Retry.MaxFailures)
 	require.Nil(t, got.Retry.NextTryAt)
 }
+
+// The same on a hard stop: the worker's client is stopped with StopAndCancel while the job's
+// only attempt waits in markRunning (a trigger sleeps there), so the attempt ends with a
+// cancelled context. The run is not failed for it: another client finishes it. (A guard: on
+// the old code River already took this error for a stop, because pgx wrapped the context's
+// error; settle now keeps the job alive whatever the wording.)
+func TestLastAttemptHardStopDoesNotFailTheRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	_, err := pool.Exec(ctx, `
+		CREATE SEQUENCE test_slow;
+		CREATE FUNCTION test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.attempts > OLD.attempts AND nextval('test_slow') = 1 THEN
+				PERFORM pg_sleep(5);
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER test_slow BEFORE UPDATE ON stepwise_run FOR EACH ROW EXECUTE FUNCTION test_slow();`)
+	require.NoError(t, err)
+
+	cfg := &workflow.Config{Lease: time.Second, MaintenanceInterval: 100 * time.Millisecond, Logger: quietLogger()}
+	engine, err := workflow.New(pool, cfg)
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, workflow.Stepper[countArgs, countCursor](&countWorker{}))
+	rc := &river.Config{
+		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}, Workers: workers, RetryPolicy: fastRetry{},
+		FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quietLogger(),
+	}
+	require.NoError(t, engine.Install(rc))
+	first, err := river.NewClient(riverpgxv5.New(pool), rc)
+	require.NoError(t, err)
+	require.NoError(t, first.Start(ctx))
+	_, err = workflow.Start(ctx, first, "stopped", countArgs{Total: 5, Batch: 1, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "the attempt never reached markRunning")
+	stopCtx, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	require.NoError(t, first.StopAndCancel(stopCtx))
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT j.state::text FROM stepwise_run r JOIN river_job j ON j.id = r.river_job_id WHERE r.key = 'stopped'`).Scan(&state))
+	t.Logf("after the hard stop the job is %s", state)
+
+	newPolicyEnv(t, pool, &workflow.Config{Lease: time.Second, MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, fastRetry{})
+	run := waitRun(t, pool, "stopped", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	t.Logf("run %s; failures %d; last error: %v", run.Status, run.Failures, ptrString(run.LastError))
+	require.Equal(t, workflow.StatusSucceeded, run.Status, "a hard stop on the job's last attempt failed the run")
+	perN, _ := itemCounts(t, pool, "items", "stopped")
+	requireExactlyOnce(t, perN, 5)
+}

@@ -74,8 +74,9 @@ const retryColumnsSQL = failuresInARowSQL + `, ` + retryingSQL + `,
 	CASE WHEN ` + failuresInARowSQL + ` = 0 AND j.state = 'retryable' THEN j.errors[array_length(j.errors, 1)]->>'error' ELSE r.last_error END`
 
 // retryCandidatesSQL are the keys of the runs that may be retrying, each part driven by an
-// index: unfinished runs with failures (stepwise_run_active_key_idx), and the runs of River's
-// retryable jobs (River's state index, then stepwise_run_job_idx).
+// index: unfinished runs with failures (stepwise_run_failing_idx, migration 009: only those
+// rows, however many runs are pending), and the runs of River's retryable jobs (River's state
+// index, then stepwise_run_job_idx).
 const retryCandidatesSQL = `
 	SELECT key FROM stepwise_run WHERE status IN ('pending', 'running') AND failures > 0
 	UNION

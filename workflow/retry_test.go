@@ -391,3 +391,25 @@ func TestLastAttemptHardStopDoesNotFailTheRun(t *testing.T) {
 	perN, _ := itemCounts(t, pool, "items", "stopped")
 	requireExactlyOnce(t, perN, 5)
 }
+
+// Errors outside the steps that repeat (here the database refuses markRunning three times in
+// a row, on the job's only attempt) are not failures of the run, but their back-off still
+// grows with them, as the user's policy is asked: a run the database keeps refusing must not
+// be retried at a constant pace forever once the job's attempts are spent.
+func TestRepeatedNonStepErrorsBackOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	injectMarkRunningBlips(t, pool, 3)
+	policy := &recordingPolicy{}
+	e := newPolicyEnv(t, pool, &workflow.Config{Lease: time.Second}, &countWorker{}, policy)
+	_, err := workflow.Start(ctx, e.client, "refused", countArgs{Total: 3, Batch: 1, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
+	require.NoError(t, err)
+	run := waitRun(t, pool, "refused", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	t.Logf("run %s, failures %d; the policy was asked with counts %v", run.Status, run.Failures, policy.counts())
+	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	require.Zero(t, run.Failures)
+	require.Equal(t, []int{1, 2, 3}, policy.counts(), "three refusals in a row back off as 1, 2, 3")
+}

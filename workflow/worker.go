@@ -33,7 +33,8 @@ type stepWorker[A river.JobArgs, C any] struct {
 	w       Stepper[A, C]
 	slice   time.Duration
 	workers *river.Workers // the bundle it was added to: whose config's RetryPolicy applies
-	retries retryStash
+	retries retryStash     // per job: the failures in a row its pending retry follows
+	outside retryStash     // per job: its errors outside the steps in a row, in this process
 }
 
 func decodeCursorInto(raw json.RawMessage, dst any) error {
@@ -450,12 +451,20 @@ func (sw *stepWorker[A, C]) settle(ctx context.Context, job *river.Job[A], err e
 		retry  *retryError
 	)
 	if err == nil || errors.As(err, &snooze) || errors.As(err, &cancel) {
+		sw.outside.forget(job.ID)
 		return err
 	}
 	step := false
 	if errors.As(err, &retry) {
 		failures, step = retry.failures, retry.step
 		err = retry.err
+		sw.outside.forget(job.ID)
+	} else {
+		// An error outside the steps that repeats (the database unreachable, or refusing
+		// this run's writes) must not retry at a constant pace forever once the job's
+		// attempts are spent: its back-off also grows with the job's errors outside the
+		// steps in a row, as this process has seen them.
+		failures = max(failures, sw.outside.add(job.ID))
 	}
 	if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
 		// The attempt was interrupted (a stop, a timeout): say so, with the cause River gave,
@@ -529,10 +538,11 @@ func (sw *stepWorker[A, C]) retryAt(row *rivertype.JobRow, failures int) time.Ti
 	return at
 }
 
-// retryStash holds, per job, the failures in a row that settle decided the back-off of the
-// error it returned follows, until River asks NextRetry. An entry River never asks for (a
-// stop, which River handles without a retry) is dropped at the job's next attempt here, or
-// with the rest when the stash grows past a bound.
+// retryStash is a count per job. As stepWorker.retries it holds the failures in a row that
+// settle decided the back-off of the error it returned follows, until River asks NextRetry;
+// an entry River never asks for (a stop, which River handles without a retry) is dropped at
+// the job's next attempt here, or with the rest when the stash grows past a bound. As
+// stepWorker.outside it counts a job's errors outside the steps in a row.
 type retryStash struct {
 	mu sync.Mutex
 	m  map[int64]int
@@ -547,6 +557,16 @@ func (s *retryStash) put(jobID int64, failures int) {
 		s.m = map[int64]int{}
 	}
 	s.m[jobID] = failures
+}
+
+func (s *retryStash) add(jobID int64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil || len(s.m) >= retryStashMax {
+		s.m = map[int64]int{}
+	}
+	s.m[jobID]++
+	return s.m[jobID]
 }
 
 func (s *retryStash) take(jobID int64) (int, bool) {

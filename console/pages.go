@@ -42,6 +42,15 @@ var funcs = template.FuncMap{
 		}
 		return time.Since(*t).Round(time.Second).String()
 	},
+	"until": func(t *time.Time) string {
+		if t == nil {
+			return "–"
+		}
+		if d := time.Until(*t); d > 0 {
+			return "in " + d.Round(time.Second).String()
+		}
+		return "due; waiting for a worker"
+	},
 	"count": func(n int) string {
 		if n > countCap {
 			return strconv.Itoa(countCap) + "+"

@@ -90,8 +90,12 @@ type overviewData struct {
 	Runs      map[string]int
 	Sleeping  int
 	Held      int
-	Recent    []Event
-	Now       time.Time
+	// Retrying are the runs waiting for a retry after failing, most failures in a row
+	// first (a crash-loop signal), and RetryingTotal how many there are.
+	Retrying      []*workflow.Run
+	RetryingTotal int
+	Recent        []Event
+	Now           time.Time
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
@@ -202,6 +206,13 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		FROM stepwise_run r JOIN stepwise_checkpoint c ON c.key = r.key
 		WHERE r.status IN ('pending', 'running')`).Scan(&d.Held, &d.Sleeping); err != nil {
 		h.internal(w, r, "counting runs", err)
+		return
+	}
+
+	// Runs waiting for a retry, the crash-loop signal (workflow.Retrying: unfinished runs
+	// with failures and the runs of River's retryable jobs, by their indexes).
+	if d.Retrying, d.RetryingTotal, err = workflow.Retrying(ctx, h.db, 10); err != nil {
+		h.internal(w, r, "listing retrying runs", err)
 		return
 	}
 
@@ -367,6 +378,13 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.internal(w, r, "reading the run's events", err)
 		return
 	}
+	// Its derived retry state (failures in a row, next try): workflow's own reader.
+	state, err := workflow.GetRun(ctx, h.db, key)
+	if err != nil {
+		h.internal(w, r, "reading the run's retry state", err)
+		return
+	}
+	run.FailuresInARow, run.Retry = state.FailuresInARow, state.Retry
 	d := &runData{Run: run, Events: events}
 	if len(events) > h.cfg.PageSize {
 		d.Events = events[:h.cfg.PageSize]

@@ -66,7 +66,9 @@
 //     leader failover either when every process runs RunMaintenance. A run released on
 //     purpose is left to River for one Lease past the release.
 //  6. Outcomes: Continue, Done, Sleep/Until, Fail; an error or panic rolls back and River
-//     retries with backoff. The run fails when its failures (crashes taken over plus step
+//     retries it after the back-off the river.Config's RetryPolicy gives for the run's
+//     failures in a row (never the job's errors ever); on the job's last attempt the job
+//     snoozes instead, so River's attempt count never ends a run. The run fails when its failures (crashes taken over plus step
 //     errors, never slices) reach its job's MaxAttempts in a row without progress: a
 //     failure recorded after the run committed steps since the previous one restarts the
 //     count at 1. A poison run (an item that kills the worker, a step that always errors)

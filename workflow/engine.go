@@ -138,6 +138,10 @@ type Engine struct {
 	slices      map[string]time.Duration
 	rescueAfter time.Duration
 	metrics     *engineMetrics
+	// retryPolicies are the river.Config.RetryPolicy of each config Install saw, by its
+	// Workers bundle (nil: River's default). A step worker's back-off asks the policy of the
+	// bundle it was added to, about the run's failures in a row (stepWorker.retryAt).
+	retryPolicies map[*river.Workers]river.ClientRetryPolicy
 
 	// fence is the step protocol's fencing: the token check at begin, the fenced write and
 	// whether a lost lease stops the step. Always the checkpoint store, except that the fault
@@ -185,7 +189,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}, slices: map[string]time.Duration{}, fence: storeFence{store}}
+	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}, slices: map[string]time.Duration{},
+		retryPolicies: map[*river.Workers]river.ClientRetryPolicy{}, fence: storeFence{store}}
 	e.metrics = newEngineMetrics(e)
 	return e, nil
 }
@@ -232,6 +237,12 @@ func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {
 // has no queue of that name). Without the maintenance job running somewhere, a run whose
 // worker died waits for River's one-hour rescue instead of about a lease.
 //
+// Install records the config's RetryPolicy (set it before calling Install): a step error's
+// back-off asks that policy (River's default when nil), about a copy of the job whose Attempt
+// and Errors count the run's failures in a row rather than the job's errors ever, so a long
+// run that recovers between hiccups keeps short back-offs (docs/design.md, *The failure
+// budget*).
+//
 // Install also checks Config.Slice, and the Slice of every step worker added so far, against
 // the config's RescueStuckJobsAfter (River's default when zero: an hour, or JobTimeout plus
 // an hour), which River's rescuer uses: an attempt that runs longer would be rescued as stuck
@@ -264,6 +275,9 @@ func (e *Engine) Install(rc *river.Config) error {
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
+	e.mu.Lock()
+	e.retryPolicies[rc.Workers] = rc.RetryPolicy
+	e.mu.Unlock()
 	if err := e.addMaintenanceWorker(rc.Workers); err != nil {
 		return err
 	}
@@ -296,6 +310,15 @@ func checkSlice(what string, slice, rescue time.Duration) error {
 	}
 	return fmt.Errorf("workflow: %s (%s) must be shorter than the river.Config's RescueStuckJobsAfter (%s), or River would rescue healthy runs as stuck; shorten the slice (e.g. %s) or set river.Config.RescueStuckJobsAfter above %s",
 		what, slice, rescue, rescue/2, slice)
+}
+
+// retryPolicy is the RetryPolicy of the river.Config whose Workers bundle is workers (nil:
+// River's default); known is false when Install never saw that config.
+func (e *Engine) retryPolicy(workers *river.Workers) (policy river.ClientRetryPolicy, known bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	policy, known = e.retryPolicies[workers]
+	return policy, known
 }
 
 func (e *Engine) addMaintenanceWorker(workers *river.Workers) error {
@@ -346,7 +369,7 @@ func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, 
 			return err
 		}
 	}
-	if err := river.AddWorkerSafely[A](workers, &stepWorker[A, C]{e: e, w: w, slice: slice}); err != nil {
+	if err := river.AddWorkerSafely[A](workers, &stepWorker[A, C]{e: e, w: w, slice: slice, workers: workers}); err != nil {
 		return err
 	}
 	e.mu.Lock()

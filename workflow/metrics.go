@@ -21,6 +21,8 @@ type engineMetrics struct {
 
 	active      *prometheus.Desc
 	oldestStale *prometheus.Desc
+	retrying    *prometheus.Desc
+	inARowMax   *prometheus.Desc
 }
 
 func newEngineMetrics(e *Engine) *engineMetrics {
@@ -50,6 +52,10 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 			"Unfinished runs by workflow and status, read from stepwise_run at scrape time.", []string{"workflow", "status"}, nil),
 		oldestStale: prometheus.NewDesc("stepwise_run_lease_expired_seconds",
 			"How long the longest-expired lease of an unfinished run has been expired (0 when none): a run nobody is working.", nil, nil),
+		retrying: prometheus.NewDesc("stepwise_runs_retrying",
+			"Unfinished runs waiting for a retry after failing (no worker holds them; their status says running), by workflow, read at scrape time.", []string{"workflow"}, nil),
+		inARowMax: prometheus.NewDesc("stepwise_run_failures_in_a_row_max",
+			"The most failures in a row (without a committed step between them) of a run waiting for a retry, by workflow: a crash loop nears its job's max attempts.", []string{"workflow"}, nil),
 	}
 }
 
@@ -66,6 +72,8 @@ func (m *engineMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.takeovers.Describe(ch)
 	ch <- m.active
 	ch <- m.oldestStale
+	ch <- m.retrying
+	ch <- m.inARowMax
 }
 
 func (m *engineMetrics) Collect(ch chan<- prometheus.Metric) {
@@ -105,4 +113,29 @@ func (m *engineMetrics) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(m.oldestStale, prometheus.GaugeValue, stale)
+
+	// Runs waiting for a retry (runstate.go's rule), from the same candidates as Retrying.
+	rows, err = m.e.pool.Query(ctx, `SELECT r.workflow, count(*), max(`+failuresInARowSQL+`)
+		FROM (`+retryCandidatesSQL+`) k
+		JOIN stepwise_run r ON r.key = k.key`+runJoinsSQL+`
+		WHERE `+retryingSQL+`
+		GROUP BY r.workflow`)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(m.retrying, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var wf string
+		var n, inARow int64
+		if err := rows.Scan(&wf, &n, &inARow); err != nil {
+			ch <- prometheus.NewInvalidMetric(m.retrying, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(m.retrying, prometheus.GaugeValue, float64(n), wf)
+		ch <- prometheus.MustNewConstMetric(m.inARowMax, prometheus.GaugeValue, float64(inARow), wf)
+	}
+	if err := rows.Err(); err != nil {
+		ch <- prometheus.NewInvalidMetric(m.retrying, err)
+	}
 }

@@ -51,8 +51,32 @@ type Run struct {
 	// CancelRequestedAt is when CancelRun was called, if it was.
 	CancelRequestedAt *time.Time
 
+	// FailuresInARow is Failures while they are still in a row: 0 once the run committed a
+	// step after its last failure (its next failure then counts 1 again).
+	FailuresInARow int
+	// Retry is set while the run waits for a retry (derived when read, never stored): it is
+	// unfinished, no worker holds it, and it has failures in a row or its River job waits for
+	// River's retry of an error. A run whose Retry shows its failures in a row nearing
+	// MaxFailures is a crash loop: its status alone says 'running' between tries.
+	Retry *Retry
+
 	// Created is true when the Start call that returned this Run created it.
 	Created bool
+}
+
+// Retry describes a run waiting to be tried again after failing.
+type Retry struct {
+	// FailuresInARow are the run's failures since it last committed a step; the run fails
+	// when they reach MaxFailures. 0 when the error was outside the run's steps (a database
+	// blip in a claim), which does not count.
+	FailuresInARow int
+	// MaxFailures is the run's budget: its River job's MaxAttempts (0 if the job is gone).
+	MaxFailures int
+	// NextTryAt is when River makes the run's job available again (nil while River has not
+	// recorded the retry yet, or the job is gone). In the past: waiting for a free worker.
+	NextTryAt *time.Time
+	// LastError is the error of the last failure.
+	LastError string
 }
 
 // StartOpts are options for Start and StartTx. A run started here belongs to no schedule:
@@ -204,14 +228,41 @@ func runKeyOf(metadata []byte, args any) (string, error) {
 	return "", fmt.Errorf("job args %T carry no run key: start runs with workflow.Start, or give the args a RunKey() string method", args)
 }
 
-// GetRun reads one run.
+// runColumnsSQL are a run's columns with its derived retry state, read from stepwise_run r
+// joined with its checkpoint c and River job j as in runJoinsSQL (scanRun).
+const runColumnsSQL = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.failures,
+		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, ` + retryColumnsSQL
+
+const runJoinsSQL = `
+	LEFT JOIN stepwise_checkpoint c ON c.key = r.key
+	LEFT JOIN river_job j ON j.id = r.river_job_id`
+
+func scanRun(row pgx.Row, extra ...any) (*Run, error) {
+	r := &Run{}
+	var (
+		retrying    bool
+		nextTry     *time.Time
+		maxAttempts *int
+		retryErr    *string
+	)
+	err := row.Scan(append([]any{&r.Key, &r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
+		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt,
+		&r.FailuresInARow, &retrying, &nextTry, &maxAttempts, &retryErr}, extra...)...)
+	if err != nil {
+		return nil, err
+	}
+	if retrying {
+		r.Retry = &Retry{FailuresInARow: r.FailuresInARow, NextTryAt: nextTry, LastError: deref(retryErr)}
+		if maxAttempts != nil {
+			r.Retry.MaxFailures = *maxAttempts
+		}
+	}
+	return r, nil
+}
+
+// GetRun reads one run, with its derived retry state (Run.Retry, Run.FailuresInARow).
 func GetRun(ctx context.Context, q stepwise.DBTX, key string) (*Run, error) {
-	r := &Run{Key: key}
-	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts, failures,
-			last_error, wake_at, created_at, updated_at, finished_at, cancel_requested_at
-		FROM stepwise_run WHERE key = $1`, key).
-		Scan(&r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
-			&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt)
+	r, err := scanRun(q.QueryRow(ctx, `SELECT `+runColumnsSQL+` FROM stepwise_run r`+runJoinsSQL+` WHERE r.key = $1`, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrRunNotFound, key)
 	}
@@ -219,6 +270,41 @@ func GetRun(ctx context.Context, q stepwise.DBTX, key string) (*Run, error) {
 		return nil, fmt.Errorf("reading run %q: %w", key, err)
 	}
 	return r, nil
+}
+
+// Retrying lists the runs waiting for a retry (Run.Retry set), most failures in a row first,
+// at most limit of them, and how many there are in all: what an overview shows as a crash
+// loop in the making. It reads the unfinished runs that have failures and the runs of River's
+// retryable jobs, through their indexes, never the history of finished runs.
+func Retrying(ctx context.Context, q stepwise.DBTX, limit int) ([]*Run, int, error) {
+	if limit <= 0 {
+		return nil, 0, fmt.Errorf("workflow.Retrying: limit is %d; it must be positive", limit)
+	}
+	rows, err := q.Query(ctx, `SELECT `+runColumnsSQL+`, count(*) OVER ()
+		FROM (`+retryCandidatesSQL+`) k
+		JOIN stepwise_run r ON r.key = k.key`+runJoinsSQL+`
+		WHERE `+retryingSQL+`
+		ORDER BY `+failuresInARowSQL+` DESC, r.key
+		LIMIT $1`, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("listing retrying runs: %w", err)
+	}
+	defer rows.Close()
+	var (
+		out   []*Run
+		total int
+	)
+	for rows.Next() {
+		r, err := scanRun(rows, &total)
+		if err != nil {
+			return nil, 0, fmt.Errorf("listing retrying runs: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("listing retrying runs: %w", err)
+	}
+	return out, total, nil
 }
 
 // CancelRun asks for a run to stop cooperatively: a run that has not started ends

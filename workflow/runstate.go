@@ -23,6 +23,8 @@ import (
 //	   │                  ╰──finish──▶ succeeded | failed | cancelled ──resume──▶ pending
 //	   ╰──────────────────────finish (cancel, job ended, crash loop)──────▶ failed | cancelled
 //
+//	(retrying: an unfinished run released after a failure, until its next claim; derived)
+//
 // The rule for released runs (issue: healthy runs taken over between slices). A worker that
 // gives its lease up on purpose records released_at (and wake_at, when it is due again) in
 // the same commit. River records the job's new state (snoozed, retryable) a little later, and
@@ -43,6 +45,43 @@ import (
 // between failures and still fails after its job's MaxAttempts failures in a row; a long run
 // on flaky machines, progressing between crashes, does not. Nothing is read or written per
 // step for this: only the transition that records a failure reads the checkpoint's steps.
+
+// The rule for a run waiting for a retry (issue: a crash-looping run was invisible for weeks:
+// between its tries it said 'running' though no worker held it). A run is retrying, a state
+// derived when it is read and never stored, while it is unfinished, nobody holds its lease,
+// and either it has failures in a row (failuresInARowSQL: failures recorded since it last
+// committed a step) or its River job waits for River's retry of an error. Its next try is the
+// job's scheduled_at; its budget the job's max attempts. Nothing is written for it: the
+// failure that starts it and the claim that ends it are the transitions above.
+
+// failuresInARowSQL is a run's failures while they are still in a row: the checkpoint's
+// committed steps are those at the last failure (failed_at_steps), so the next failure would
+// add to them (failureCountSQL); 0 once the run committed a step since. r is stepwise_run,
+// c its stepwise_checkpoint (may be missing).
+const failuresInARowSQL = `(CASE WHEN r.failures > 0 AND r.failed_at_steps = coalesce(c.steps, 0) THEN r.failures ELSE 0 END)`
+
+// retryingSQL is whether a run waits for a retry (the rule above); j is the run's river_job
+// (may be missing: never NULL for that).
+const retryingSQL = `(r.status IN ('pending', 'running') AND (c.lease_until IS NULL OR c.lease_until <= now())
+	AND (` + failuresInARowSQL + ` > 0 OR coalesce(j.state = 'retryable', false)))`
+
+// retryColumnsSQL are the derived columns a run reader scans after the stored ones
+// (scanRetry): failures in a row, retrying, next try, budget and the error to show. The error
+// is the run's last_error, or River's last error of the job when the run has no failures in a
+// row (an error outside the steps, which is not recorded on the run).
+const retryColumnsSQL = failuresInARowSQL + `, ` + retryingSQL + `,
+	CASE WHEN j.state IN ('retryable', 'scheduled', 'available', 'pending') THEN j.scheduled_at END, j.max_attempts,
+	CASE WHEN ` + failuresInARowSQL + ` = 0 AND j.state = 'retryable' THEN j.errors[array_length(j.errors, 1)]->>'error' ELSE r.last_error END`
+
+// retryCandidatesSQL are the keys of the runs that may be retrying, each part driven by an
+// index: unfinished runs with failures (stepwise_run_failing_idx, migration 009: only those
+// rows, however many runs are pending), and the runs of River's retryable jobs (River's state
+// index, then stepwise_run_job_idx).
+const retryCandidatesSQL = `
+	SELECT key FROM stepwise_run WHERE status IN ('pending', 'running') AND failures > 0
+	UNION
+	SELECT r.key FROM river_job j JOIN stepwise_run r ON r.river_job_id = j.id AND r.status IN ('pending', 'running')
+	 WHERE j.state = 'retryable'`
 
 // RunStatus is the status of a run as stored in stepwise_run.status.
 type RunStatus string

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,9 +29,12 @@ const maxErrorLen = 2000
 // docs/design.md: claim, then fenced steps until the slice ends or the run finishes.
 type stepWorker[A river.JobArgs, C any] struct {
 	river.WorkerDefaults[A]
-	e     *Engine
-	w     Stepper[A, C]
-	slice time.Duration
+	e       *Engine
+	w       Stepper[A, C]
+	slice   time.Duration
+	workers *river.Workers // the bundle it was added to: whose config's RetryPolicy applies
+	retries retryStash     // per job: the failures in a row its pending retry follows
+	outside retryStash     // per job: its errors outside the steps in a row, in this process
 }
 
 func decodeCursorInto(raw json.RawMessage, dst any) error {
@@ -55,7 +59,28 @@ type attempt[A river.JobArgs, C any] struct {
 	lease *checkpoint.Lease
 }
 
-func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
+// Work is one attempt of the step protocol (work), with what it returns settled so that only
+// the run's own failure budget ever ends the run (settle).
+func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) (err error) {
+	sw.retries.forget(job.ID)
+	// The back-off of an error outside the steps follows the run's failures in a row as
+	// they stand (it is not one of them): what its next failure would wait. 1 until the run
+	// has been read.
+	failures := 1
+	defer func() {
+		if r := recover(); r != nil {
+			// Guards: a panic outside the user's step (the step's own is an error already)
+			// reaching River, which on the job's last attempt discards the job.
+			err = fmt.Errorf("stepwise worker panicked on job %d: %v\n%s", job.ID, r, debug.Stack())
+		}
+		err = sw.settle(ctx, job, err, failures)
+	}()
+	return sw.work(ctx, job, &failures)
+}
+
+// work runs the attempt. It sets *failures to the run's failures in a row plus one once it
+// has read the run.
+func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failures *int) error {
 	e := sw.e
 	key, err := runKeyOf(job.Metadata, job.Args)
 	if err != nil {
@@ -66,6 +91,7 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 	if err != nil {
 		return err
 	}
+	*failures = run.FailuresInARow + 1
 	switch {
 	case run.Status.Finished():
 		// A duplicate or rescued job for a finished run: nothing to do, and nothing to redo.
@@ -328,7 +354,8 @@ func callStep[A river.JobArgs, C any](ctx context.Context, w Stepper[A, C], s *S
 
 // stepFailed handles a step that did not commit: everything it wrote is rolled back. A fenced
 // attempt stops quietly (someone else owns the run now); any other error is recorded on the
-// run, the lease released so the retry can claim at once, and returned for River's backoff.
+// run, the lease released so the retry can claim at once, and returned for a retry after the
+// back-off of the run's failures in a row (settle).
 func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	e := a.sw.e
 	if errors.Is(stepErr, ErrRunCancelled) {
@@ -366,12 +393,9 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 		"run", a.key, "step", step, "attempt", a.job.Attempt, "workflow", a.job.Kind, "error", stepErr)
 	// The crash-loop guard counts this failure on the run (crashes and step errors, never
 	// slices) and fails the run on the job's MaxAttempts-th failure in a row without progress.
-	// River counts differently: every error of the job, progress or not. So on the job's last
-	// attempt a run that is not in a crash loop must not return its error, or River would
-	// discard the job and the run would die of a budget spent on failures it recovered from
-	// (a run living hundreds of slices meets a few hiccups). It snoozes instead — a snooze is
-	// not an attempt — after River's own back-off for the failures in a row.
-	last := a.job.Attempt >= a.job.MaxAttempts
+	// The error then goes back for a retry whose back-off follows those failures in a row
+	// (settle, NextRetry): River's own count, every error of the job, would make a run that
+	// recovers between hiccups wait longer and longer, and on the job's last attempt discard it.
 	msg := stepErr.Error()
 	status, failures, err := markStepError(cctx, e.pool, a.key, a.actor(), *truncate(&msg), a.job.MaxAttempts)
 	_ = e.store.Release(cctx, a.lease)
@@ -379,32 +403,184 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	case errors.Is(err, errRunMoved):
 		return nil // the run is someone else's now
 	case err != nil:
+		// Unknown whether the failure was recorded: back off as if it had been; on the job's
+		// last attempt settle keeps the job alive rather than let River discard it and leave
+		// the run 'running' with no job. The next attempt's claim or maintenance sorts it out.
 		e.logger.ErrorContext(ctx, "stepwise: recording step error", "run", a.key, "error", err)
-		if last {
-			// Unknown whether the failure was recorded: keep the job alive rather than let
-			// River discard it and leave the run 'running' with no job; the next attempt's
-			// claim or maintenance sorts it out.
-			return river.JobSnooze(retryBackoff(a.job.JobRow, 1))
+		var streak int
+		if run, gerr := GetRun(cctx, e.pool, a.key); gerr == nil {
+			streak = run.FailuresInARow
 		}
+		return &retryError{err: stepErr, failures: streak + 1, step: true}
 	case status == StatusFailed:
 		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusFailed)).Inc()
 		e.logger.WarnContext(ctx, "stepwise: run failed: its failures in a row reached the job's max attempts", "run", a.key, "max_attempts", a.job.MaxAttempts)
 		return river.JobCancel(stepErr) // River must not retry a run that has ended
-	case last:
-		wait := retryBackoff(a.job.JobRow, failures)
-		e.logger.InfoContext(ctx, "stepwise: the job's attempts are spent but the run progressed since its last failures; snoozing instead of failing",
-			"run", a.key, "failures_in_a_row", failures, "max_attempts", a.job.MaxAttempts, "retry_in", wait)
-		return river.JobSnooze(wait)
 	}
-	return stepErr
+	return &retryError{err: stepErr, failures: failures, step: true}
 }
 
-// retryBackoff is River's default back-off (failures^4 seconds, ±10%) for a run's failures in
-// a row, used where the worker snoozes a job in place of River's retry.
-func retryBackoff(row *rivertype.JobRow, failures int) time.Duration {
+// retryError is an error that goes back to River for a retry, with the run's failures in a
+// row that its back-off follows.
+type retryError struct {
+	err      error
+	failures int
+	step     bool // a step's error, recorded on the run (else an error outside the steps)
+}
+
+func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Unwrap() error { return e.err }
+
+// settle turns what an attempt returns into what River gets. A finish, a snooze or a cancel
+// passes as it is. Any other error is retried with a back-off that follows the run's failures
+// in a row (failures: for a step error the count it made, for an error outside the steps the
+// count the run's next failure would make), asked of the user's river.Config.RetryPolicy
+// (retryAt), never River's count of the job's errors ever.
+//
+// On the job's last attempt nothing is returned for River to count: River discards a job
+// whose last attempt errs, and maintenance would then fail the run for its job ending, though
+// only the run's own budget, its failures in a row, may fail it (markStepError,
+// takeOver/finishByMaintenance). The job snoozes instead (a snooze is not an attempt), for
+// the same back-off. Guards against: a database blip in claim or markRunning, a stop's
+// cancelled context, or a step error of a run that recovered from its earlier ones, failing
+// the run on the job's last attempt.
+func (sw *stepWorker[A, C]) settle(ctx context.Context, job *river.Job[A], err error, failures int) error {
+	var (
+		snooze *rivertype.JobSnoozeError
+		cancel *rivertype.JobCancelError
+		retry  *retryError
+	)
+	if err == nil || errors.As(err, &snooze) || errors.As(err, &cancel) {
+		sw.outside.forget(job.ID)
+		return err
+	}
+	step := false
+	if errors.As(err, &retry) {
+		failures, step = retry.failures, retry.step
+		err = retry.err
+		sw.outside.forget(job.ID)
+	} else {
+		// An error outside the steps that repeats (the database unreachable, or refusing
+		// this run's writes) must not retry at a constant pace forever once the job's
+		// attempts are spent: its back-off also grows with the job's errors outside the
+		// steps in a row, as this process has seen them.
+		failures = max(failures, sw.outside.add(job.ID))
+	}
+	if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
+		// The attempt was interrupted (a stop, a timeout): say so, with the cause River gave,
+		// so that River handles a stop as a stop (the job back to available, no attempt
+		// spent) however the error was worded on its way up.
+		err = fmt.Errorf("%w (attempt interrupted: %w)", err, context.Cause(ctx))
+	}
+	e := sw.e
+	if !step {
+		e.logger.WarnContext(ctx, "stepwise: attempt failed outside its steps (not counted as a failure of the run); River retries it",
+			"job", job.ID, "attempt", job.Attempt, "workflow", job.Kind, "error", err)
+	}
+	if job.Attempt >= job.MaxAttempts {
+		wait := max(time.Until(sw.retryAt(job.JobRow, failures)), 0)
+		e.logger.InfoContext(ctx, "stepwise: the job's attempts are spent but the run's failure budget is not; snoozing instead of failing",
+			"job", job.ID, "workflow", job.Kind, "failures_in_a_row", failures, "max_attempts", job.MaxAttempts, "retry_in", wait)
+		return river.JobSnooze(wait)
+	}
+	sw.retries.put(job.ID, failures)
+	return err
+}
+
+// NextRetry is River's hook for the time of a retry after an error this worker returned:
+// the back-off for the run's failures in a row that settle recorded for the job.
+//
+// A worker whose config Install never saw cannot know the RetryPolicy River was given: it
+// answers nothing, and River applies its client's policy to the job's own count.
+func (sw *stepWorker[A, C]) NextRetry(job *river.Job[A]) time.Time {
+	failures, ok := sw.retries.take(job.ID)
+	if !ok {
+		failures = 1
+	}
+	if _, known := sw.e.retryPolicy(sw.workers); !known {
+		return time.Time{}
+	}
+	// River falls back to its default policy, with its own count, for a time already past
+	// when it compares; a few milliseconds keep an immediate retry ours.
+	return later(sw.retryAt(job.JobRow, failures), time.Now().Add(5*time.Millisecond))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// retryAt is when a run with failures in a row (at least 1) is tried again: the RetryPolicy
+// of the river.Config the worker's bundle was installed with (River's default when none, or
+// when Install never saw that config),
+// asked about a copy of the job whose Attempt is the failures in a row and whose Errors hold
+// one entry (numbered, without text) for each earlier failure in that row — so River's default
+// policy gives failures^4 seconds. A policy that answers a time already past gets River's
+// default instead, as River itself does.
+func (sw *stepWorker[A, C]) retryAt(row *rivertype.JobRow, failures int) time.Time {
+	failures = max(failures, 1)
 	r := *row
-	r.Errors = make([]rivertype.AttemptError, max(failures-1, 0))
-	return max(time.Until((&river.DefaultClientRetryPolicy{}).NextRetry(&r)), 0)
+	r.Attempt = failures
+	r.Errors = make([]rivertype.AttemptError, failures-1)
+	for i := range r.Errors {
+		r.Errors[i].Attempt = i + 1
+	}
+	now := time.Now()
+	var at time.Time
+	if p, _ := sw.e.retryPolicy(sw.workers); p != nil {
+		at = p.NextRetry(&r)
+	}
+	if at.Before(now) {
+		at = (&river.DefaultClientRetryPolicy{}).NextRetry(&r)
+	}
+	return at
+}
+
+// retryStash is a count per job. As stepWorker.retries it holds the failures in a row that
+// settle decided the back-off of the error it returned follows, until River asks NextRetry;
+// an entry River never asks for (a stop, which River handles without a retry) is dropped at
+// the job's next attempt here, or with the rest when the stash grows past a bound. As
+// stepWorker.outside it counts a job's errors outside the steps in a row.
+type retryStash struct {
+	mu sync.Mutex
+	m  map[int64]int
+}
+
+const retryStashMax = 10000
+
+func (s *retryStash) put(jobID int64, failures int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil || len(s.m) >= retryStashMax {
+		s.m = map[int64]int{}
+	}
+	s.m[jobID] = failures
+}
+
+func (s *retryStash) add(jobID int64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil || len(s.m) >= retryStashMax {
+		s.m = map[int64]int{}
+	}
+	s.m[jobID]++
+	return s.m[jobID]
+}
+
+func (s *retryStash) take(jobID int64) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok := s.m[jobID]
+	delete(s.m, jobID)
+	return f, ok
+}
+
+func (s *retryStash) forget(jobID int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, jobID)
 }
 
 // watchCancel polls for CancelRun every Heartbeat and cancels the step's context when asked.

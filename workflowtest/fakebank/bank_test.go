@@ -363,7 +363,8 @@ func TestSetDown(t *testing.T) {
 	require.True(t, IsNotProcessed(err), "%v", err)
 	require.ErrorContains(t, err, "connection refused")
 	_, err = bundle.client.Lookup(ctx, "op-1")
-	require.True(t, IsNotProcessed(err))
+	require.ErrorContains(t, err, "connection refused")
+	require.False(t, IsNotProcessed(err), "a read applies nothing; not-processed is a pay's")
 	require.Zero(t, bank.Effects("op-2"))
 
 	require.NoError(t, bank.SetDown(false))

@@ -152,11 +152,13 @@ func (r *result) err() *Error {
 	}
 }
 
-// do sends one request through httpsend.Do and reads the whole answer. httpsend.Do stops
-// net/http from resending it by itself and says from the wire whether it provably never
-// reached the bank: only then is the failure NotProcessed. A failure to read the body of an
-// answer that did arrive is ambiguous like any other, so it keeps the status for the message
-// but not for classification.
+// do sends one request and reads the whole answer. A request that may change the bank (a
+// POST) goes through httpsend.Do, which stops net/http from resending it by itself and says
+// from the wire whether it provably never reached the bank: only then is the failure
+// NotProcessed. A read (GET) goes through the http.Client as is: net/http may resend it, which
+// is harmless, its answer (a whole ledger or request log) may be large, and "not processed"
+// means nothing for it. A failure to read the body of an answer that did arrive is ambiguous
+// like any other, so it keeps the status for the message but not for classification.
 func (c *Client) do(ctx context.Context, op, key, method, path string, hdr http.Header, body []byte) (*result, error) {
 	var rd io.Reader
 	if body != nil {
@@ -168,6 +170,18 @@ func (c *Client) do(ctx context.Context, op, key, method, path string, hdr http.
 	}
 	for k, vs := range hdr {
 		req.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	if method == http.MethodGet {
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			return nil, &Error{Op: op, Key: key, Err: err}
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, &Error{Op: op, Key: key, StatusCode: resp.StatusCode, Err: fmt.Errorf("reading answer: %w", err)}
+		}
+		return &result{op: op, key: key, status: resp.StatusCode, header: resp.Header, body: data}, nil
 	}
 	ans, err := httpsend.Do(c.hc, req)
 	if err != nil {

@@ -22,9 +22,9 @@ type Error struct {
 	Key string
 	// StatusCode is the HTTP status, or 0 when no answer arrived.
 	StatusCode int
-	// NotProcessed means the bank provably did not apply the request: a 429 carrying
-	// X-Not-Processed, or a request the wire shows never reached the bank (httpsend.Wire).
-	// Resending under the same key is safe.
+	// NotProcessed means the bank provably did not apply the request (a pay, or set faults):
+	// a 429 carrying X-Not-Processed, or a request the wire shows never reached the bank
+	// (httpsend.Wire). Resending under the same key is safe. Reads never set it.
 	NotProcessed bool
 	// Declined means the bank applied the payment as failed (422), for good.
 	Declined bool

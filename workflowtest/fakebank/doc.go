@@ -100,7 +100,7 @@ not "never will be": a request still in flight may land later, hence the reconci
 period.
 
 "Never reached the bank" is what the wire shows, not what the error says: the Client sends
-through outbox/httpsend, which keeps net/http from resending a request by itself and records
+payments through outbox/httpsend, which keeps net/http from resending one by itself and records
 whether a connection was obtained and the request written. A bare "connection refused" proves
 nothing: when a kept-alive connection dies after the bank applied a payment, net/http resends
 a POST carrying a canonical Idempotency-Key on a new connection, and the refused dial of that

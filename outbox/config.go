@@ -22,7 +22,8 @@ import (
 //
 //   - nil: the external system confirmed the operation;
 //   - Permanent(err): it definitely refused it;
-//   - NotSent(err): it definitely did not act on it (never reached, or said so);
+//   - NotSent(err): it definitely did not act on it (never reached, or said so; over HTTP,
+//     outbox/httpsend tells "never reached" from what happened on the wire);
 //   - anything else: it may have happened. The operation becomes UNKNOWN_EXTERNAL and the
 //     reconciler asks the external system. This is the default on purpose.
 //

@@ -82,6 +82,12 @@ errors and panics in the Sender, and an operation found PROCESSING with an expir
 a crash. None of them proves the request had no effect, so none is failed and none is resent
 blindly: the reconciler (package reconcile) asks the external system about the operation_id.
 
+A Sender on net/http sends through package outbox/httpsend: net/http by itself resends a
+written POST that carries a canonical Idempotency-Key when its kept-alive connection dies, and
+reports the resend's error, so "connection refused" can follow a request that took effect.
+httpsend stops those resends and returns NotSent only when the wire proves the request never
+reached the other side (no connection, or a header block never completely written).
+
 # Delivery
 
 Delivery is not one River job per operation (measured here: that caps delivery near 1,000

@@ -111,10 +111,18 @@ func errString(err error) string {
 // becomes UNKNOWN_EXTERNAL for the reconciler to settle.
 func Permanent(err error) error { return &PermanentError{Err: err} }
 
-// NotSent marks err as proof that the request had no effect: it never left (connection
-// refused) or the external system said it did not process it (429 with a not-processed
-// marker). The operation becomes RETRYABLE and is sent again, under the same id, after a
-// backoff. A timeout or a reset after the request left is not proof: do not wrap those.
+// NotSent marks err as proof that the request had no effect: it never reached the external
+// system, or the external system said it did not process it (429 with a not-processed marker
+// it documents). The operation becomes RETRYABLE and is sent again, under the same id, after
+// a backoff. A timeout or a reset after the request left is not proof: do not wrap those.
+//
+// Judge "never reached" by what happened on the wire, not by the error's text. net/http
+// resends a POST carrying a canonical Idempotency-Key header by itself when the kept-alive
+// connection it was written on dies, and returns the resend's error only: "connection
+// refused" can then follow a request the external system processed. Package outbox/httpsend
+// sends a request without such resends and returns its failure wrapped in NotSent only when
+// the wire proves the other side cannot have received it (no connection was obtained, or the
+// header block was never completely written).
 func NotSent(err error) error { return &NotSentError{Err: err} }
 
 // IsPermanent reports whether err was marked with Permanent.

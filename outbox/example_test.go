@@ -24,8 +24,9 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	// The external system: here a function; in a service, an HTTP client whose errors are
-	// classified with outbox.Permanent and outbox.NotSent (anything else is UNKNOWN_EXTERNAL).
+	// The external system: here a function; in a service, an HTTP call through
+	// outbox/httpsend (no resend by net/http itself, outbox.NotSent only when the wire proves
+	// the request never left, anything else UNKNOWN_EXTERNAL) and its Rules for the answers.
 	bank := outbox.SendFunc(func(ctx context.Context, op *outbox.Operation) (outbox.Receipt, error) {
 		return outbox.Receipt{ExternalRef: "pay-" + op.BusinessKey}, nil // key: op.IdempotencyKey()
 	})

@@ -28,9 +28,8 @@ type (
 )
 
 // startBank starts a fake bank for the test. keepAlive false gives every request its own
-// connection: net/http silently resends a request carrying an Idempotency-Key when a reused
-// connection dies before the answer, which would turn a dropped answer into a success and
-// make the test's prediction of UNKNOWN_EXTERNAL wrong for a reason that is not ours.
+// connection. (Either way a dropped answer stays one: the fake bank's client sends through
+// outbox/httpsend, so net/http never resends a payment by itself on a new connection.)
 func startBank(t testing.TB, cfg *fakebank.Config, timeout time.Duration, keepAlive bool) (*fakebank.Bank, *fakebank.Client) {
 	t.Helper()
 	bank := fakebank.New(cfg)

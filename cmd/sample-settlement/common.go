@@ -215,10 +215,10 @@ func (f *bankFlags) client(timeout time.Duration) (*fakebank.Client, error) {
 }
 
 // newBankClient is the HTTP client payouts go through: keep-alive on, as a service would.
-// The fake bank's client sends its idempotency key under a header name that keeps net/http
-// from replaying the POST by itself when a kept-alive connection dies after the request was
-// written: a replay is a second request the ledger never started, and a bank that does not
-// deduplicate would pay twice. Requests that were never written are still retried.
+// The fake bank's client sends through outbox/httpsend, which keeps net/http from replaying
+// the POST by itself when a kept-alive connection dies after the request was written: a
+// replay is a second request the ledger never started, and a bank that does not deduplicate
+// would pay twice.
 func newBankClient(bankURL string, timeout time.Duration) *fakebank.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 128

@@ -114,8 +114,8 @@ func (b *Bank) URL() string {
 func (b *Bank) Handler() http.Handler { return b.handler }
 
 // SetDown takes the bank off the network (true) or back on (false). While down its port is
-// closed, so a client's dial is refused: the one transport failure that proves a request never
-// reached the bank. Going down also cuts open connections, so requests in flight end ambiguous,
+// closed, so a client's dial is refused: that attempt never reached the bank (an earlier one
+// on a kept-alive connection may have; see IsNotProcessed). Going down also cuts open connections, so requests in flight end ambiguous,
 // as they would in a real outage. Coming back listens on the same port, so clients need no new
 // URL; it fails only if something else took the port meanwhile.
 func (b *Bank) SetDown(down bool) error {

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/outbox/httpsend"
 )
 
 // Client calls a Bank over HTTP, from the same process or another one. It is safe for
@@ -33,10 +37,9 @@ func NewClient(baseURL string, hc *http.Client) *Client {
 //
 // On error, classify before acting: IsDeclined (permanent), IsNotProcessed (safe to resend),
 // IsConflict (a bug: the key was used for another payment); anything else is ambiguous and the
-// payment may have been applied. The client never resends a request the bank may have read
-// (net/http would replay one carrying a canonical Idempotency-Key on a dead kept-alive
-// connection; the header goes out under a lower-case name to stop it): a bank that does not
-// deduplicate would pay twice.
+// payment may have been applied. The request is sent with httpsend.Do, so net/http never
+// resends it by itself (a bank that does not deduplicate would pay twice) and a failure is
+// not-processed only when the wire proves the request never reached the bank.
 func (c *Client) Pay(ctx context.Context, key string, req PaymentRequest) (*Payment, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -149,14 +152,16 @@ func (r *result) err() *Error {
 	}
 }
 
-// do sends one request and reads the whole answer. A failure to read the body of an answer that
-// did arrive is ambiguous like any other, so it keeps the status for the message but not for
-// classification.
+// do sends one request and reads the whole answer. A request that may change the bank (a
+// POST) goes through httpsend.Do, which stops net/http from resending it by itself and says
+// from the wire whether it provably never reached the bank: only then is the failure
+// NotProcessed. A read (GET) goes through the http.Client as is: net/http may resend it, which
+// is harmless, its answer (a whole ledger or request log) may be large, and "not processed"
+// means nothing for it. A failure to read the body of an answer that did arrive is ambiguous
+// like any other, so it keeps the status for the message but not for classification.
 func (c *Client) do(ctx context.Context, op, key, method, path string, hdr http.Header, body []byte) (*result, error) {
 	var rd io.Reader
 	if body != nil {
-		// bytes.Reader lets net/http set GetBody, so a request it never wrote (a stale
-		// kept-alive connection) is retried on a fresh one: nothing reached the bank.
 		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, rd)
@@ -164,27 +169,30 @@ func (c *Client) do(ctx context.Context, op, key, method, path string, hdr http.
 		return nil, &Error{Op: op, Key: key, NotProcessed: true, Err: fmt.Errorf("building request: %w", err)}
 	}
 	for k, vs := range hdr {
-		if k == "Idempotency-Key" {
-			// Sent under a lower-case name (HTTP header names are case-insensitive, the bank
-			// reads it all the same) because net/http treats a request carrying the
-			// canonical Idempotency-Key as replayable and resends it by itself when a reused
-			// connection dies after it was written. At a bank that does not deduplicate
-			// that replay is a second payment no ledger decided: resending is the operation
-			// ledger's call, never the transport's.
-			k = "idempotency-key"
+		req.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	if method == http.MethodGet {
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			return nil, &Error{Op: op, Key: key, Err: err}
 		}
-		req.Header[k] = vs
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, &Error{Op: op, Key: key, StatusCode: resp.StatusCode, Err: fmt.Errorf("reading answer: %w", err)}
+		}
+		return &result{op: op, key: key, status: resp.StatusCode, header: resp.Header, body: data}, nil
 	}
-	resp, err := c.hc.Do(req)
+	ans, err := httpsend.Do(c.hc, req)
 	if err != nil {
-		return nil, &Error{Op: op, Key: key, NotProcessed: isDialError(err), Err: err}
+		var he *httpsend.Error
+		status := 0
+		if errors.As(err, &he) {
+			status = he.Status
+		}
+		return nil, &Error{Op: op, Key: key, StatusCode: status, NotProcessed: outbox.IsNotSent(err), Err: err}
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, &Error{Op: op, Key: key, StatusCode: resp.StatusCode, Err: fmt.Errorf("reading answer: %w", err)}
-	}
-	return &result{op: op, key: key, status: resp.StatusCode, header: resp.Header, body: data}, nil
+	return &result{op: op, key: key, status: ans.Status, header: ans.Header, body: ans.Body}, nil
 }
 
 func decodeResult[T any](r *result) (*T, error) {

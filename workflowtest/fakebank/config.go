@@ -133,6 +133,14 @@ const (
 	// DelayAfterApply applies the payment, then holds the answer for Config.Delay.
 	DelayAfterApply
 
+	// CrashAfterApply applies the payment, then takes the bank off the network as
+	// SetDown(true) does, as a bank process dying right after its commit: the port closes
+	// first, then every open connection, this one without an answer. A resend on a new
+	// connection is refused until SetDown(false). It is only ever programmed (FailNext,
+	// FailKey), never drawn from a Mix, since the bank stays down until the test brings it
+	// back.
+	CrashAfterApply
+
 	faultCount // keep last: the number of Fault values
 )
 
@@ -143,6 +151,7 @@ var faultNames = [faultCount]string{
 	Error5xxAfterApply:  "error_5xx_after_apply",
 	DropAfterApply:      "drop_after_apply",
 	DelayAfterApply:     "delay_after_apply",
+	CrashAfterApply:     "crash_after_apply",
 }
 
 func (f Fault) valid() bool { return f >= NoFault && f < faultCount }

@@ -69,6 +69,9 @@ faults.
     Error5xxBeforeApply, so the status tells the caller nothing.
   - DropAfterApply applies, then closes the connection without an answer.
   - DelayAfterApply applies, then holds the answer for Config.Delay, past the caller's timeout.
+  - CrashAfterApply applies, then takes the bank off the network (as SetDown(true)): the port
+    closes, then every connection, this one without an answer. Programmed only (FailNext,
+    FailKey); the bank stays down until SetDown(false).
 
 Config.Latency delays every payment, lookup and statement request. Bank.SetDown(true) closes the
 listening port so that dials are refused, and SetDown(false) reopens the same port.
@@ -85,7 +88,7 @@ The client reports what the caller can honestly conclude, nothing more:
 	201 or 200                              err == nil        SUCCEEDED
 	422 declined                            IsDeclined        FAILED_PERMANENT
 	429 with X-Not-Processed                IsNotProcessed    RETRYABLE (same key)
-	dial error, e.g. connection refused     IsNotProcessed    RETRYABLE (same key)
+	never reached the bank (the wire says)  IsNotProcessed    RETRYABLE (same key)
 	409 key reused for another payment      IsConflict        a caller bug; MANUAL
 	500, 503, any other status              none              UNKNOWN_EXTERNAL
 	timeout, reset, EOF, unreadable answer  none              UNKNOWN_EXTERNAL
@@ -96,9 +99,13 @@ Bank.DuplicateReferences catches a caller that does. A 404 from Lookup means "no
 not "never will be": a request still in flight may land later, hence the reconciler's grace
 period.
 
-net/http's Transport may itself resend a request carrying an Idempotency-Key when a kept-alive
-connection dies before the answer. The key makes that safe; it is also why a drop on a reused
-connection can look like a success to the caller.
+"Never reached the bank" is what the wire shows, not what the error says: the Client sends
+payments through outbox/httpsend, which keeps net/http from resending one by itself and records
+whether a connection was obtained and the request written. A bare "connection refused" proves
+nothing: when a kept-alive connection dies after the bank applied a payment, net/http resends
+a POST carrying a canonical Idempotency-Key on a new connection, and the refused dial of that
+resend is the error it returns. A strict bank with DropAfterApply or CrashAfterApply and a
+kept-alive client shows it (the test of the Sender does).
 
 # Checking invariants
 

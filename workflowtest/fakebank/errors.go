@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 )
@@ -23,8 +22,9 @@ type Error struct {
 	Key string
 	// StatusCode is the HTTP status, or 0 when no answer arrived.
 	StatusCode int
-	// NotProcessed means the bank provably did not apply the request: a 429 carrying
-	// X-Not-Processed, or a refused dial. Resending under the same key is safe.
+	// NotProcessed means the bank provably did not apply the request (a pay, or set faults):
+	// a 429 carrying X-Not-Processed, or a request the wire shows never reached the bank
+	// (httpsend.Wire). Resending under the same key is safe. Reads never set it.
 	NotProcessed bool
 	// Declined means the bank applied the payment as failed (422), for good.
 	Declined bool
@@ -78,17 +78,20 @@ func IsDeclined(err error) bool {
 }
 
 // IsNotProcessed reports whether the request provably never took effect: the bank refused it
-// with 429 and X-Not-Processed, or the connection was never established (a dial error such as
-// connection refused), so the request never left. Resending under the same key is safe.
+// with 429 and X-Not-Processed, or the wire shows the request never reached the bank (no
+// connection was obtained, as when the dial is refused, or the header block was never
+// completely written; see httpsend.Wire.NotSent). Resending under the same key is safe.
+//
+// A dial error alone is not that proof: net/http resends a request by itself after its
+// kept-alive connection died, and the error it returns is the resend's, so "connection
+// refused" can follow a request the bank applied. The Client stops those resends, and only
+// its own *Error says what the wire showed; any other error is not NotProcessed.
 //
 // Any other failure, including a timeout, a reset, EOF and any 5xx, is ambiguous: the bank may
 // have applied the payment. Treat it as UNKNOWN and find out (Lookup), never as failed.
 func IsNotProcessed(err error) bool {
 	var e *Error
-	if errors.As(err, &e) && e.NotProcessed {
-		return true
-	}
-	return isDialError(err)
+	return errors.As(err, &e) && e.NotProcessed
 }
 
 // IsConflict reports whether the key was already used for a different payment (409). It is a
@@ -96,11 +99,4 @@ func IsNotProcessed(err error) bool {
 func IsConflict(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.StatusCode == http.StatusConflict
-}
-
-// isDialError is true only when connecting failed, so no byte of the request was sent. A
-// failure on an established connection (read, write) carries Op "read" or "write" instead.
-func isDialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }

@@ -171,6 +171,12 @@ func (h *handler) pay(w http.ResponseWriter, r *http.Request) {
 	case DropAfterApply:
 		drop(w)
 		return
+	case CrashAfterApply:
+		h.b.update(rec, func(rec *Request) { rec.Answered = time.Now() }) // the crash is the answer
+		// A caller whose transport resends on a new connection is refused: the error it
+		// sees ("connection refused") follows a payment that was made.
+		_ = h.b.SetDown(true) // fails only if the bank is closing, which cuts the connection too
+		return
 	case DelayAfterApply:
 		if !h.b.sleep(r.Context(), h.b.cfg.Delay) {
 			return

@@ -26,10 +26,12 @@ type Payload struct {
 
 // Sender pays operations at the bank under their operation id as idempotency key
 // (Operation.IdempotencyKey) and classifies the answer only as far as it proves something
-// (the table in the package doc): declined is permanent (outbox.Permanent), a refusal before
-// processing is not-sent (outbox.NotSent), and everything else (a 5xx, a timeout, a dropped
-// connection) may have paid and is returned as is, so the operation becomes UNKNOWN_EXTERNAL
-// for the reconciler to ask about. The operation's payload is JSON holding a Payload.
+// (the table in the package doc): declined is permanent (outbox.Permanent); a refusal before
+// processing, or a request the wire shows never reached the bank, is not-sent
+// (outbox.NotSent); everything else (a 5xx, a timeout, a dropped connection) may have paid
+// and is returned as is, so the operation becomes UNKNOWN_EXTERNAL for the reconciler to ask
+// about. The Client sends through outbox/httpsend, so net/http never resends a payment by
+// itself. The operation's payload is JSON holding a Payload.
 type Sender struct {
 	Client *Client
 }

@@ -20,9 +20,9 @@ import (
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// startBank starts an in-process fake bank and a client for it without keep-alive, so that a
-// dropped answer is seen as one (net/http resends a request carrying an Idempotency-Key on a
-// reused connection that died, which would hide the fault).
+// startBank starts an in-process fake bank and a client for it without keep-alive. (A
+// dropped answer is seen as one either way: the fake bank's client sends through
+// outbox/httpsend, so net/http never resends a payment on a reused connection that died.)
 func startBank(t *testing.T, cfg *fakebank.Config) (*fakebank.Bank, *fakebank.Client) {
 	t.Helper()
 	bank := fakebank.New(cfg)

@@ -25,7 +25,15 @@ const ActionEvent = "console.action"
 // reason reads and checks an action's reason: required (the audit trail says why), one
 // line, bounded, and read as it was typed: no control characters, no invisible or
 // bidirectional formatting characters (a U+202E shows "refund 100" as "001 dnufer").
-func (h *Handler) reason(w http.ResponseWriter, r *http.Request) (string, bool) {
+//
+// The actor, the signed-in user's name, goes into the same audit rows: it is held to the same
+// rule here, so a name with a bidi control is refused clearly rather than by the SDK deeper
+// down.
+func (h *Handler) reason(w http.ResponseWriter, r *http.Request, v *viewer) (string, bool) {
+	if err := audittext.Check("the signed-in user's name", v.Actor); err != nil {
+		h.fail(w, r, http.StatusForbidden, "%v; it cannot name an actor in the audit trail: fix the user's name", err)
+		return "", false
+	}
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
 	switch {
 	case reason == "":
@@ -79,7 +87,7 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: only a pending or running run can be cancelled; the form sends the status you saw", seen)
 		return
 	}
-	reason, ok := h.reason(w, r)
+	reason, ok := h.reason(w, r, v)
 	if !ok {
 		return
 	}
@@ -136,7 +144,7 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if !ok {
 		return
 	}
-	reason, ok := h.reason(w, r)
+	reason, ok := h.reason(w, r, v)
 	if !ok {
 		return
 	}
@@ -223,7 +231,7 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		h.badRequest(w, r, err)
 		return
 	}
-	reason, ok := h.reason(w, r)
+	reason, ok := h.reason(w, r, v)
 	if !ok {
 		return
 	}

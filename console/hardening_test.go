@@ -134,3 +134,22 @@ func TestCSRFTokenRotates(t *testing.T) {
 	res = resolve(2, third)
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
 }
+
+// TestActorWithBidiCharactersCannotAct: the signed-in user's name goes into the audit rows
+// as the reason does, under the same rule.
+func TestActorWithBidiCharactersCannotAct(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *console.Config) {
+		c.Authenticate = func(*http.Request) (string, bool) { return "alice\u202e", true }
+	})
+	f.enqueue(t, "actor", "", 1)
+	f.setState(t, "actor-0", outbox.StateManual, "gave up")
+	id := outbox.OperationID("payout", "actor-0")
+	fm := form(f.get(t, "/console/operation?id="+id.String()), "resolve-form")
+	fm.Set("outcome", "SUCCEEDED")
+	fm.Set("reason", "TICKET-6")
+	res := f.post(t, "/console/operation/resolve", fm)
+	require.Equal(t, http.StatusForbidden, res.status, res.body)
+	require.Contains(t, res.text, "U+202E")
+	require.Zero(t, countEvents(t, f, console.ActionEvent))
+}

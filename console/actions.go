@@ -3,15 +3,17 @@ package console
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
@@ -21,8 +23,17 @@ import (
 const ActionEvent = "console.action"
 
 // reason reads and checks an action's reason: required (the audit trail says why), one
-// line, bounded.
-func (h *Handler) reason(w http.ResponseWriter, r *http.Request) (string, bool) {
+// line, bounded, and read as it was typed: no control characters, no invisible or
+// bidirectional formatting characters (a U+202E shows "refund 100" as "001 dnufer").
+//
+// The actor, the signed-in user's name, goes into the same audit rows: it is held to the same
+// rule here, so a name with a bidi control is refused clearly rather than by the SDK deeper
+// down.
+func (h *Handler) reason(w http.ResponseWriter, r *http.Request, v *viewer) (string, bool) {
+	if err := audittext.Check("the signed-in user's name", v.Actor); err != nil {
+		h.fail(w, r, http.StatusForbidden, "%v; it cannot name an actor in the audit trail: fix the user's name", err)
+		return "", false
+	}
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
 	switch {
 	case reason == "":
@@ -31,11 +42,24 @@ func (h *Handler) reason(w http.ResponseWriter, r *http.Request) (string, bool) 
 	case utf8.RuneCountInString(reason) > maxReason || !utf8.ValidString(reason):
 		h.fail(w, r, http.StatusBadRequest, "reason: at most %d characters of valid UTF-8", maxReason)
 		return "", false
-	case strings.IndexFunc(reason, unicode.IsControl) >= 0:
-		h.fail(w, r, http.StatusBadRequest, "reason: one line, without control characters")
+	}
+	if err := audittext.Check("reason", reason); err != nil {
+		h.fail(w, r, http.StatusBadRequest, "%v", err)
 		return "", false
 	}
 	return reason, true
+}
+
+// seenVersion reads the version of what the operator saw, which every action form of this
+// console carries: a form without it was rendered by an older console (reload the page).
+func (h *Handler) seenVersion(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	s := r.PostForm.Get("seen_version")
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 1 {
+		h.fail(w, r, http.StatusBadRequest, "seen_version=%.40q: the form sends the version of what you saw; reload the page and decide again", s)
+		return 0, false
+	}
+	return v, true
 }
 
 // audit records a console action in tx: who, what, on which subject, why, from where.
@@ -63,7 +87,7 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: only a pending or running run can be cancelled; the form sends the status you saw", seen)
 		return
 	}
-	reason, ok := h.reason(w, r)
+	reason, ok := h.reason(w, r, v)
 	if !ok {
 		return
 	}
@@ -100,39 +124,79 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 
 var errMoved = errors.New("moved since seen")
 
-// resumeRun calls the Resume adapter (see Config.Resume) and audits it.
+// resumeRun calls the Resume adapter (see Config.Resume) with the version of the run the
+// operator saw, and audits it.
 func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if h.cfg.Resume == nil {
 		h.fail(w, r, http.StatusNotFound, "resume is not available here: Config.Resume is not set")
 		return
 	}
-	key := r.PostForm.Get("key")
+	key, seen := r.PostForm.Get("key"), r.PostForm.Get("seen")
 	if key == "" || textParam("key", key, 255) != nil {
 		h.fail(w, r, http.StatusBadRequest, "key: the run's key is required")
 		return
 	}
-	reason, ok := h.reason(w, r)
+	if seen != string(workflow.StatusFailed) && seen != string(workflow.StatusCancelled) {
+		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: only a failed or cancelled run can be resumed; the form sends the status you saw", seen)
+		return
+	}
+	version, ok := h.seenVersion(w, r)
+	if !ok {
+		return
+	}
+	reason, ok := h.reason(w, r, v)
 	if !ok {
 		return
 	}
 	ctx := r.Context()
-	if err := h.cfg.Resume(ctx, key, v.Actor, reason); err != nil {
-		// Resume's refusals (not found, not resumable) are the operator's to read; they
-		// name the run and its state, not the server.
-		h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
-		h.fail(w, r, http.StatusConflict, "run %q was not resumed: %v", key, err)
+	if err := h.cfg.Resume(ctx, key, version, v.Actor, reason); err != nil {
+		switch {
+		case errors.Is(err, workflow.ErrRunNotFound):
+			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
+			h.fail(w, r, http.StatusNotFound, "no run with key %q: nothing was done", key)
+		case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, workflow.ErrRunNotResumable):
+			// Guards against a resume decided on a stale page (the run was resumed, ran and
+			// failed again since): the operator gets what it is now, from the database, not
+			// the adapter's text.
+			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
+			h.fail(w, r, http.StatusConflict, "run %q was not resumed: %s; nothing was done: reload the run, read what changed and decide again",
+				key, h.runNow(ctx, key, seen, version))
+		default:
+			// Anything else is the adapter's or the database's failure; its text may name
+			// users, databases and hosts: logged under a reference, not shown.
+			h.internal(w, r, "resuming the run", err)
+		}
 		return
 	}
 	// Resume commits on its own; the console's audit row follows it (a crash between the two
 	// loses the console row, not Resume's own audit).
 	if err := pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
-		return audit(ctx, tx, key, "run.resume", "", "resumed", v.Actor, reason, r)
+		return audit(ctx, tx, key, "run.resume", seen, "resumed", v.Actor, reason, r)
 	}); err != nil {
 		h.internal(w, r, "auditing the resume", err)
 		return
 	}
-	h.logger.Info("console: run resumed", "run", key, "actor", v.Actor, "reason", reason)
+	h.logger.Info("console: run resumed", "run", key, "actor", v.Actor, "reason", reason, "seen_version", version)
 	h.redirect(w, r, "/run", url.Values{"key": {key}})
+}
+
+// runNow describes a run as it is now against what the operator saw, for a refusal.
+func (h *Handler) runNow(ctx context.Context, key, seen string, seenVersion int64) string {
+	var status string
+	var version int64
+	var lastError *string
+	err := h.db.QueryRow(ctx, `SELECT status, version, last_error FROM stepwise_run WHERE key = $1`, key).Scan(&status, &version, &lastError)
+	if err != nil {
+		return fmt.Sprintf("it is no longer %s (version %d) as you saw it", seen, seenVersion)
+	}
+	msg := fmt.Sprintf("you saw it %s at version %d; it is %s now, at version %d", seen, seenVersion, status, version)
+	if version > seenVersion && status == seen {
+		msg += fmt.Sprintf(" (it changed status %d times since, and came back to %s)", version-seenVersion, status)
+	}
+	if lastError != nil && *lastError != "" {
+		msg += fmt.Sprintf("; its last error: %q", *lastError)
+	}
+	return msg
 }
 
 // resolveOperation records a person's decision on a MANUAL operation through
@@ -153,6 +217,10 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: the console resolves MANUAL operations; the form sends the state you saw", seen)
 		return
 	}
+	version, ok := h.seenVersion(w, r)
+	if !ok {
+		return
+	}
 	outcome := outbox.State(r.PostForm.Get("outcome"))
 	if outcome != outbox.StateSucceeded && outcome != outbox.StateFailedPermanent && outcome != outbox.StateRetryable {
 		h.fail(w, r, http.StatusBadRequest, "outcome=%.40q: want SUCCEEDED (it happened), FAILED_PERMANENT (it did not and will not) or RETRYABLE (send it again under the same id)", outcome)
@@ -163,16 +231,17 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		h.badRequest(w, r, err)
 		return
 	}
-	reason, ok := h.reason(w, r)
+	reason, ok := h.reason(w, r, v)
 	if !ok {
 		return
 	}
 	ctx := r.Context()
 	err = pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
-		// ResolveTx moves the operation only if it is still in the state the operator saw
-		// (another operator or the reconciler may have settled it meanwhile).
+		// ResolveTx moves the operation only if it is still the one the operator saw: its
+		// state and its version (another operator or the reconciler may have settled it
+		// meanwhile, or sent it again and brought it back to MANUAL for another reason).
 		if _, err := h.cfg.Reconciler.ResolveTx(ctx, tx, &reconcile.ResolveParams{
-			OperationID: id, Outcome: outcome, ExpectedState: seen, Actor: v.Actor, Reason: reason, ExternalRef: ref,
+			OperationID: id, Outcome: outcome, ExpectedState: seen, ExpectedVersion: version, Actor: v.Actor, Reason: reason, ExternalRef: ref,
 		}); err != nil {
 			return err
 		}
@@ -183,7 +252,8 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		h.fail(w, r, http.StatusNotFound, "no operation %s", id)
 		return
 	case errors.Is(err, outbox.ErrStateChanged):
-		h.fail(w, r, http.StatusConflict, "operation %s is no longer %s: nothing was done; reload it and decide again (%v)", id, seen, err)
+		h.fail(w, r, http.StatusConflict, "operation %s is no longer the %s you saw: nothing was done; %s; reload it, read what changed and decide again",
+			id, seen, h.operationNow(ctx, id, seen, version))
 		return
 	case errors.Is(err, reconcile.ErrInvalidResolution), errors.Is(err, outbox.ErrInvalidTransition):
 		h.fail(w, r, http.StatusBadRequest, "%v", err)
@@ -192,6 +262,27 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		h.internal(w, r, "resolving the operation", err)
 		return
 	}
-	h.logger.Info("console: operation resolved", "operation", id, "outcome", outcome, "actor", v.Actor, "reason", reason)
+	h.logger.Info("console: operation resolved", "operation", id, "outcome", outcome, "actor", v.Actor, "reason", reason, "seen_version", version)
 	h.redirect(w, r, "/operation", url.Values{"id": {id.String()}})
+}
+
+// operationNow describes an operation as it is now against what the operator saw, with the
+// evidence a new decision needs, for a refusal.
+func (h *Handler) operationNow(ctx context.Context, id uuid.UUID, seen outbox.State, seenVersion int64) string {
+	op, err := outbox.Get(ctx, h.db, id)
+	if err != nil {
+		return fmt.Sprintf("it is no longer %s at version %d", seen, seenVersion)
+	}
+	msg := fmt.Sprintf("you saw it %s at version %d; it is %s now, at version %d", seen, seenVersion, op.State, op.Version)
+	if op.Version > seenVersion && op.State == seen {
+		msg += fmt.Sprintf(" (it changed state %d times since, and came back to %s)", op.Version-seenVersion, op.State)
+	}
+	for _, f := range []struct{ name, v string }{
+		{"why MANUAL", op.ManualReason}, {"last lookup", op.LastLookup}, {"last error", op.LastError}, {"external reference", op.ExternalRef},
+	} {
+		if f.v != "" {
+			msg += fmt.Sprintf("; %s: %q", f.name, f.v)
+		}
+	}
+	return msg
 }

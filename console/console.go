@@ -39,10 +39,13 @@ type Config struct {
 	Location *time.Location
 
 	// Resume, when set, offers Resume on failed and cancelled runs: it continues a run from
-	// its cursor. ADAPTER: main's workflow package has no Resume yet; wire
-	// workflow.Resume(ctx, client, key, actor, reason) here once it exists. The console
+	// its cursor, only if the run is still at seenVersion (the Run.Version the operator's
+	// page showed). Wire workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor,
+	// reason). Its refusals are shown when they match workflow.ErrRunNotFound,
+	// ErrRunNotResumable or ErrRunChanged; any other error is logged and the page says only
+	// that the resume failed (an adapter's error may name hosts and users). The console
 	// audits the action itself after Resume returns (Resume runs its own transaction).
-	Resume func(ctx context.Context, key, actor, reason string) error
+	Resume func(ctx context.Context, key string, seenVersion int64, actor, reason string) error
 
 	// Requests, when set, lists the requests actually started for an operation (one per
 	// send) on its page. ADAPTER for the outbox's request-record table; without it the page
@@ -78,6 +81,7 @@ type Handler struct {
 	pages  *pages
 	logger *slog.Logger
 	errSeq atomic.Int64
+	now    func() time.Time // the CSRF token's clock; nil is time.Now (tests set it)
 }
 
 const (

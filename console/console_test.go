@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -222,12 +223,14 @@ func TestBadInputIsAClearClientError(t *testing.T) {
 	}{
 		{"/console/operation/resolve", url.Values{"id": {"nope"}}, 400, "want the operation_id"},
 		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"PENDING"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 400, "resolves MANUAL operations"},
-		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "outcome": {"PENDING"}, "reason": {"r"}}, 400, "want SUCCEEDED"},
-		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "outcome": {"SUCCEEDED"}}, 400, "reason is required"},
-		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "outcome": {"SUCCEEDED"}, "reason": {"a\nb"}}, 400, "one line"},
-		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "outcome": {"SUCCEEDED"}, "reason": {strings.Repeat("r", 501)}}, 400, "at most 500"},
-		{"/console/operation/resolve", url.Values{"id": {"6f1c1c1e-0000-4000-8000-000000000000"}, "seen": {"MANUAL"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 404, "no operation"},
-		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 409, "is no longer MANUAL"},
+		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 400, "seen_version"},
+		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "seen_version": {"0"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 400, "seen_version"},
+		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "seen_version": {"1"}, "outcome": {"PENDING"}, "reason": {"r"}}, 400, "want SUCCEEDED"},
+		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "seen_version": {"1"}, "outcome": {"SUCCEEDED"}}, 400, "reason is required"},
+		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "seen_version": {"1"}, "outcome": {"SUCCEEDED"}, "reason": {"a\nb"}}, 400, "U+000A (a control character)"},
+		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "seen_version": {"1"}, "outcome": {"SUCCEEDED"}, "reason": {strings.Repeat("r", 501)}}, 400, "at most 500"},
+		{"/console/operation/resolve", url.Values{"id": {"6f1c1c1e-0000-4000-8000-000000000000"}, "seen": {"MANUAL"}, "seen_version": {"1"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 404, "no operation"},
+		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "seen_version": {"1"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 409, "is no longer the MANUAL you saw"},
 		{"/console/run/cancel", url.Values{"key": {"nope"}, "seen": {"running"}, "reason": {"r"}}, 404, "no run with key"},
 		{"/console/run/cancel", url.Values{"key": {"nope"}, "seen": {"failed"}, "reason": {"r"}}, 400, "only a pending or running run"},
 		{"/console/run/resume", url.Values{"key": {"nope"}, "reason": {"r"}}, 404, "Config.Resume is not set"},
@@ -273,7 +276,7 @@ func TestResolveFromTheConsole(t *testing.T) {
 	f.setState(t, "m-1", outbox.StateManual, "gave up: 5 checks")
 	id := outbox.OperationID("payout", "m-0")
 	page := f.get(t, "/console/operation?id="+id.String())
-	form := url.Values{"csrf": {csrf(t, page)}, "id": {id.String()}, "seen": {"MANUAL"}, "outcome": {"SUCCEEDED"},
+	form := url.Values{"csrf": {csrf(t, page)}, "id": {id.String()}, "seen": {"MANUAL"}, "seen_version": {form(page, "resolve-form").Get("seen_version")}, "outcome": {"SUCCEEDED"},
 		"reason": {"TICKET-7: the bank confirms the payment"}, "external_ref": {"bank-77"}, "actor": {"mallory"}}
 	res := f.post(t, "/console/operation/resolve", form)
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
@@ -292,7 +295,8 @@ func TestResolveFromTheConsole(t *testing.T) {
 	// The same form again: the operation moved since the operator saw it; nothing happens.
 	res = f.post(t, "/console/operation/resolve", form)
 	require.Equal(t, http.StatusConflict, res.status)
-	require.Contains(t, res.body, "is no longer MANUAL")
+	require.Contains(t, res.text, "is no longer the MANUAL you saw")
+	require.Contains(t, res.text, "it is SUCCEEDED now")
 	require.Len(t, f.events(t, "op:"+id.String()), 2)
 	require.Contains(t, f.get(t, "/console/audit"), "TICKET-7")
 }
@@ -303,11 +307,11 @@ func TestCancelAndResumeFromTheConsole(t *testing.T) {
 	t.Parallel()
 	var resumed []string
 	f := newFixture(t, func(c *console.Config) {
-		c.Resume = func(_ context.Context, key, actor, reason string) error {
+		c.Resume = func(_ context.Context, key string, seenVersion int64, actor, reason string) error {
 			if key == "r/done" {
-				return errors.New("run r/done succeeded: only failed or cancelled runs resume")
+				return fmt.Errorf("%w: run r/done succeeded: only failed or cancelled runs resume", workflow.ErrRunNotResumable)
 			}
-			resumed = append(resumed, key+" "+actor+" "+reason)
+			resumed = append(resumed, fmt.Sprintf("%s v%d %s %s", key, seenVersion, actor, reason))
 			return nil
 		}
 	})
@@ -332,14 +336,14 @@ func TestCancelAndResumeFromTheConsole(t *testing.T) {
 
 	page = f.get(t, "/console/run?key=r/failed")
 	require.Contains(t, page, "resume-form")
-	res = f.post(t, "/console/run/resume", url.Values{"csrf": {tok}, "key": {"r/failed"}, "reason": {"bank back up"}})
+	res = f.post(t, "/console/run/resume", url.Values{"csrf": {tok}, "key": {"r/failed"}, "seen": {"failed"}, "seen_version": {"1"}, "reason": {"bank back up"}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
-	require.Equal(t, []string{"r/failed alice bank back up"}, resumed)
-	require.Contains(t, f.events(t, "r/failed"), "console.action alice >resumed")
+	require.Equal(t, []string{"r/failed v1 alice bank back up"}, resumed)
+	require.Contains(t, f.events(t, "r/failed"), "console.action alice failed>resumed")
 
-	res = f.post(t, "/console/run/resume", url.Values{"csrf": {tok}, "key": {"r/done"}, "reason": {"why not"}})
+	res = f.post(t, "/console/run/resume", url.Values{"csrf": {tok}, "key": {"r/done"}, "seen": {"failed"}, "seen_version": {"1"}, "reason": {"why not"}})
 	require.Equal(t, http.StatusConflict, res.status)
-	require.Contains(t, res.body, "only failed or cancelled runs resume")
+	require.Contains(t, res.text, "it is succeeded now", "the refusal says what the run is, from the database")
 }
 
 // TestSecurity: who may read, who may act, and from where.
@@ -349,9 +353,10 @@ func TestSecurity(t *testing.T) {
 	f.enqueue(t, "s", "", 1)
 	f.setState(t, "s-0", outbox.StateManual, "gave up")
 	id := outbox.OperationID("payout", "s-0")
-	tok := csrf(t, f.get(t, "/console/operation?id="+id.String()))
+	page := f.get(t, "/console/operation?id="+id.String())
+	tok, version := csrf(t, page), form(page, "resolve-form").Get("seen_version")
 	form := func() url.Values {
-		return url.Values{"csrf": {tok}, "id": {id.String()}, "seen": {"MANUAL"}, "outcome": {"FAILED_PERMANENT"}, "reason": {"x"}}
+		return url.Values{"csrf": {tok}, "id": {id.String()}, "seen": {"MANUAL"}, "seen_version": {version}, "outcome": {"FAILED_PERMANENT"}, "reason": {"x"}}
 	}
 	sameOrigin := map[string]string{"Origin": "http://console.test", "Sec-Fetch-Site": "same-origin"}
 

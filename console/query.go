@@ -46,7 +46,9 @@ func decodeCursor(s string) (*pageCursor, error) {
 	}
 	ns, key, ok := strings.Cut(string(raw), "\x00")
 	n, err := strconv.ParseInt(ns, 10, 64)
-	if !ok || err != nil || key == "" || !utf8.ValidString(key) {
+	// A key with a NUL or another control character is no key of ours (PostgreSQL refuses
+	// a NUL in text: a 500 and an ERROR log for what is the client's mistake).
+	if !ok || err != nil || key == "" || !utf8.ValidString(key) || strings.IndexFunc(key, unicode.IsControl) >= 0 {
 		return nil, badInput("after=%.40q is not a page cursor of this console: use the Next link", s)
 	}
 	return &pageCursor{At: time.Unix(0, n), Key: key}, nil

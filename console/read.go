@@ -249,14 +249,14 @@ type RunRow struct {
 func (r *RunRow) Held() bool { return r.LeaseUntil != nil && r.LeaseUntil.After(time.Now()) }
 
 const runColumns = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.last_error,
-	r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at,
+	r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version,
 	coalesce(c.cursor::text, ''), coalesce(c.owner, ''), c.lease_until, coalesce(c.fencing_token, 0), coalesce(c.steps, 0)`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var x RunRow
 	var input []byte
 	err := row.Scan(&x.Key, &x.Workflow, &input, &x.Status, &x.Schedule, &x.Slot, &x.Shard, &x.RiverJobID, &x.Attempts, &x.LastError,
-		&x.CreatedAt, &x.UpdatedAt, &x.FinishedAt, &x.CancelRequestedAt, &x.Cursor, &x.Owner, &x.LeaseUntil, &x.Token, &x.Steps)
+		&x.CreatedAt, &x.UpdatedAt, &x.FinishedAt, &x.CancelRequestedAt, &x.Version, &x.Cursor, &x.Owner, &x.LeaseUntil, &x.Token, &x.Steps)
 	x.Input = json.RawMessage(input)
 	return &x, err
 }

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 	"unicode"
 )
 
@@ -87,19 +89,49 @@ func (h *Handler) authorizeAction(w http.ResponseWriter, r *http.Request, v *vie
 		h.fail(w, r, http.StatusBadRequest, "unreadable form (at most %d bytes): %v", maxBody, err)
 		return false
 	}
-	if got := r.PostForm.Get("csrf"); subtle.ConstantTimeCompare([]byte(got), []byte(v.CSRF)) != 1 {
+	if !h.csrfValid(v.Actor, r.PostForm.Get("csrf")) {
 		h.fail(w, r, http.StatusForbidden, "missing or stale CSRF token: reload the page and submit the form again")
 		return false
 	}
 	return true
 }
 
-// csrfToken is bound to the user: a token seen by one user is no use to another.
+// csrfWindow is how often the CSRF token rotates. A token is bound to the user and to its
+// window; the previous window's token is still accepted (the grace for a page rendered just
+// before the rotation), so a token lives between one and two windows. Guards against a token
+// that leaked (a screenshot, a log, a shared page's source) staying good until the next
+// restart, as a token bound to the user alone did.
+const csrfWindow = time.Hour
+
+// csrfToken is the user's token of the current window: a token seen by one user is no use to
+// another, nor to anyone after two windows.
 func (h *Handler) csrfToken(actor string) string {
+	return h.csrfTokenAt(actor, h.csrfNow())
+}
+
+func (h *Handler) csrfNow() int64 {
+	now := time.Now
+	if h.now != nil {
+		now = h.now
+	}
+	return now().Unix() / int64(csrfWindow/time.Second)
+}
+
+func (h *Handler) csrfTokenAt(actor string, window int64) string {
 	m := hmac.New(sha256.New, h.cfg.CSRFKey)
 	m.Write([]byte("stepwise-console-csrf\x00"))
 	m.Write([]byte(actor))
+	m.Write([]byte("\x00" + strconv.FormatInt(window, 10)))
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// csrfValid accepts the user's token of this window or the previous one (compared in
+// constant time).
+func (h *Handler) csrfValid(actor, got string) bool {
+	w := h.csrfNow()
+	cur := subtle.ConstantTimeCompare([]byte(got), []byte(h.csrfTokenAt(actor, w)))
+	prev := subtle.ConstantTimeCompare([]byte(got), []byte(h.csrfTokenAt(actor, w-1)))
+	return cur|prev == 1
 }
 
 // sameOrigin: Sec-Fetch-Site when the browser sends it; otherwise Origin's host must be the

@@ -74,9 +74,21 @@ type StateChangedError struct {
 	OperationID uuid.UUID
 	Expected    State
 	Actual      State
+	// ExpectedVersion and ActualVersion are set when the caller gave the version it saw
+	// (reconcile.ResolveParams.ExpectedVersion): the state may be the same, the operation
+	// has moved since (and come back).
+	ExpectedVersion, ActualVersion int64
 }
 
 func (e *StateChangedError) Error() string {
+	if e.ExpectedVersion != 0 && e.Actual == e.Expected && e.ActualVersion > e.ExpectedVersion {
+		return fmt.Sprintf("%s: operation %s is %s again, but not the %s you saw: it changed state %d time(s) since (version %d, not %d); read it again before deciding",
+			ErrStateChanged.Error(), e.OperationID, e.Actual, e.Expected, e.ActualVersion-e.ExpectedVersion, e.ActualVersion, e.ExpectedVersion)
+	}
+	if e.ExpectedVersion != 0 {
+		return fmt.Sprintf("%s: operation %s is %s (version %d), not %s (version %d) as expected; read it again before deciding",
+			ErrStateChanged.Error(), e.OperationID, e.Actual, e.ActualVersion, e.Expected, e.ExpectedVersion)
+	}
 	return fmt.Sprintf("%s: operation %s is %s, not %s as expected; read it again before deciding",
 		ErrStateChanged.Error(), e.OperationID, e.Actual, e.Expected)
 }

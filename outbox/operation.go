@@ -165,6 +165,10 @@ type Operation struct {
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	FinishedAt    *time.Time
+	// Version counts the operation's state changes (1 when enqueued). A person's decision
+	// carries the version it was taken on (reconcile.ResolveParams.ExpectedVersion): an
+	// operation that left MANUAL and came back MANUAL for another reason has another version.
+	Version int64
 }
 
 // IdempotencyKey is the key a Sender passes to the external system: the operation id.
@@ -226,7 +230,7 @@ func scanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 		&op.RunKey, &op.State, &op.Attempts, &op.Checks, &op.LeaseUntil, &op.LeasedBy, &op.NextAttemptAt,
 		&op.NextCheckAt, &op.LastSentAt, &op.UnknownSince, &op.ExternalRef, &op.LastError,
 		&op.LastLookup, &op.ManualReason, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt,
-		&op.Claims, &op.ClaimedAt, &op.InFlightUntil}
+		&op.Claims, &op.ClaimedAt, &op.InFlightUntil, &op.Version}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}

@@ -2,11 +2,13 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 )
@@ -22,10 +24,19 @@ type ResolveParams struct {
 	// The decision is refused with ErrStateChanged if the operation has moved since.
 	// Required.
 	ExpectedState outbox.State
+	// ExpectedVersion is the operation's Version the person saw, or 0 to check the state
+	// only. With it, the decision is refused with ErrStateChanged if the operation moved
+	// since, even if it is back in ExpectedState: MANUAL because "never sent", then sent
+	// again, then MANUAL because "the bank holds 999 EUR" is another question, and an answer
+	// to the first (FAILED_PERMANENT) would record a payment the bank made as failed. A tool
+	// that shows operations to people should pass it.
+	ExpectedVersion int64
 	// Actor names the person, for the audit trail. Required.
 	Actor string
 	// Reason says why, for the audit trail (a ticket, what the bank's support said).
-	// Required.
+	// Required. Actor and Reason hold no control characters and no invisible or
+	// bidirectional formatting characters (Unicode Cc, Cf, Zl, Zp): they would make the
+	// audit trail read otherwise than it was written.
 	Reason string
 	// ExternalRef is the external system's reference, when the person found one.
 	ExternalRef string
@@ -33,7 +44,8 @@ type ResolveParams struct {
 
 // Resolve records a person's decision about a MANUAL or UNKNOWN_EXTERNAL operation: audited,
 // with the kind's outcome callback in the same transaction, and only if the operation is still
-// in the state the person saw (ErrStateChanged otherwise). A RETRYABLE decision also wakes the
+// in the state (and, with ExpectedVersion, the version) the person saw (ErrStateChanged
+// otherwise, an *outbox.StateChangedError saying what it is now). A RETRYABLE decision also wakes the
 // dispatcher when ctx carries a River client (see outbox.ContextWithClient); otherwise the
 // outbox's poll sends it.
 func (r *Reconciler) Resolve(ctx context.Context, params *ResolveParams) (*outbox.Operation, error) {
@@ -65,6 +77,32 @@ func (r *Reconciler) ResolveTx(ctx context.Context, tx pgx.Tx, params *ResolvePa
 		return nil, fmt.Errorf("%w: Actor is required: the audit trail names who decided", ErrInvalidResolution)
 	case p.Reason == "":
 		return nil, fmt.Errorf("%w: Reason is required: the audit trail says why", ErrInvalidResolution)
+	case p.ExpectedVersion < 0:
+		return nil, fmt.Errorf("%w: ExpectedVersion %d: pass the operation's Version as read, or 0 to check the state only", ErrInvalidResolution, p.ExpectedVersion)
+	}
+	if err := audittext.Check("Actor", p.Actor); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidResolution, err)
+	}
+	if err := audittext.Check("Reason", p.Reason); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidResolution, err)
+	}
+	if p.ExpectedVersion != 0 {
+		// Guards against a decision on a stale screen whose state came back (ABA). The row
+		// lock holds the version until this transaction ends, so the transition below moves
+		// the operation the person saw, not a later episode of it.
+		var state outbox.State
+		var version int64
+		err := tx.QueryRow(ctx, `SELECT state, version FROM stepwise_operation WHERE operation_id = $1 FOR UPDATE`, p.OperationID).Scan(&state, &version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("resolving operation %s: %w", p.OperationID, outbox.ErrNotFound)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("resolving operation %s: reading its version: %w", p.OperationID, err)
+		}
+		if version != p.ExpectedVersion {
+			return nil, fmt.Errorf("resolving operation %s: %w", p.OperationID, &outbox.StateChangedError{OperationID: p.OperationID,
+				Expected: p.ExpectedState, Actual: state, ExpectedVersion: p.ExpectedVersion, ActualVersion: version})
+		}
 	}
 	op, err := ledger.TransitionOneTx[*outbox.Operation](ctx, r.ob, tx, ledger.Move{
 		OperationID: p.OperationID,

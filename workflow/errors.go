@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 )
@@ -23,3 +24,32 @@ var errLeaseLost = errors.New("workflow: lease lost while the step ran")
 
 // ErrRunCancelled is the cause of a step context cancelled by CancelRun.
 var ErrRunCancelled = errors.New("workflow: run cancelled")
+
+// ErrRunNotResumable is returned by Resume for a run that is not failed or cancelled.
+var ErrRunNotResumable = errors.New("workflow: run is not resumable")
+
+// ErrRunChanged is returned (as a *RunChangedError) by ResumeIfUnchanged when the run moved
+// since the person read it, and by Resume when it moved while being resumed.
+var ErrRunChanged = errors.New("workflow: run changed since it was read")
+
+// RunChangedError says what a run is now, for the person who decided on an older view of it.
+type RunChangedError struct {
+	Key string
+	// SeenVersion is the version the decision was taken on; Version, Status and LastError
+	// are the run's now.
+	SeenVersion, Version int64
+	Status               RunStatus
+	LastError            *string
+}
+
+func (e *RunChangedError) Error() string {
+	last := ""
+	if e.LastError != nil && *e.LastError != "" {
+		last = fmt.Sprintf(", last error %q", *e.LastError)
+	}
+	return fmt.Sprintf("%s: run %q changed status %d time(s) since version %d: it is %s now (version %d%s); nothing was done: read it again and decide again",
+		ErrRunChanged.Error(), e.Key, e.Version-e.SeenVersion, e.SeenVersion, e.Status, e.Version, last)
+}
+
+// Is makes errors.Is(err, ErrRunChanged) true.
+func (e *RunChangedError) Is(target error) bool { return target == ErrRunChanged }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/slotrun"
 )
@@ -50,6 +51,10 @@ type Run struct {
 	FinishedAt *time.Time
 	// CancelRequestedAt is when CancelRun was called, if it was.
 	CancelRequestedAt *time.Time
+	// Version counts the run's status changes (1 when started). A person who resumes a
+	// run passes the version they saw (ResumeIfUnchanged): a run resumed, run and failed
+	// again since has another version, and another failure to read first.
+	Version int64
 
 	// FailuresInARow is Failures while they are still in a row: 0 once the run committed a
 	// step after its last failure (its next failure then counts 1 again).
@@ -231,7 +236,7 @@ func runKeyOf(metadata []byte, args any) (string, error) {
 // runColumnsSQL are a run's columns with its derived retry state, read from stepwise_run r
 // joined with its checkpoint c and River job j as in runJoinsSQL (scanRun).
 const runColumnsSQL = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.failures,
-		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, ` + retryColumnsSQL
+		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version, ` + retryColumnsSQL
 
 const runJoinsSQL = `
 	LEFT JOIN stepwise_checkpoint c ON c.key = r.key
@@ -246,7 +251,7 @@ func scanRun(row pgx.Row, extra ...any) (*Run, error) {
 		retryErr    *string
 	)
 	err := row.Scan(append([]any{&r.Key, &r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
-		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt,
+		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt, &r.Version,
 		&r.FailuresInARow, &retrying, &nextTry, &maxAttempts, &retryErr}, extra...)...)
 	if err != nil {
 		return nil, err
@@ -324,9 +329,28 @@ func CancelRun(ctx context.Context, q stepwise.DBTX, key, reason string) error {
 // back to pending under a new River job (same queue, priority and max attempts as its last
 // job, when River still has it) with a fresh crash-loop budget, and the checkpoint is left
 // as committed, so no committed step is redone. actor (who) and reason (why, e.g. a ticket)
-// are required and recorded in the run's 'run.resume' event. A succeeded run is never redone;
-// a pending or running one is refused (it is not stopped).
+// are required and recorded in the run's 'run.resume' event; neither may hold control or
+// invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is never redone;
+// a pending or running one is refused (it is not stopped): ErrRunNotResumable.
+//
+// A person who decided on a screen should call ResumeIfUnchanged with the version they saw.
 func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reason string) error {
+	return resume(ctx, client, key, 0, actor, reason)
+}
+
+// ResumeIfUnchanged is Resume, only if the run's Version is still seenVersion: the run the
+// person read. A run resumed by someone else meanwhile, run and failed again (perhaps for a
+// reason that should not be retried blindly) is refused with a *RunChangedError
+// (errors.Is ErrRunChanged) that says what it is now; read it again and decide again.
+// seenVersion must be a Version read from the run (1 or more).
+func ResumeIfUnchanged(ctx context.Context, client *river.Client[pgx.Tx], key string, seenVersion int64, actor, reason string) error {
+	if seenVersion < 1 {
+		return fmt.Errorf("workflow.ResumeIfUnchanged(%q): seenVersion %d: pass the run's Version as read (1 or more)", key, seenVersion)
+	}
+	return resume(ctx, client, key, seenVersion, actor, reason)
+}
+
+func resume(ctx context.Context, client *river.Client[pgx.Tx], key string, seenVersion int64, actor, reason string) error {
 	switch {
 	case client == nil:
 		return errors.New("workflow.Resume: client is nil")
@@ -334,6 +358,12 @@ func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reaso
 		return fmt.Errorf("workflow.Resume(%q): actor is empty; say who resumes the run, for the audit trail", key)
 	case reason == "":
 		return fmt.Errorf("workflow.Resume(%q): reason is empty; say why the run can go on now (e.g. the incident fixed)", key)
+	}
+	if err := audittext.Check("actor", actor); err != nil {
+		return fmt.Errorf("workflow.Resume(%q): %w", key, err)
+	}
+	if err := audittext.Check("reason", reason); err != nil {
+		return fmt.Errorf("workflow.Resume(%q): %w", key, err)
 	}
 	execTx, err := client.Driver().GetExecutor().Begin(ctx)
 	if err != nil {
@@ -345,8 +375,14 @@ func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reaso
 	if err != nil {
 		return fmt.Errorf("workflow.Resume: %w", err)
 	}
+	// Guards against a decision on a stale screen: the run the person read may have been
+	// resumed, run and failed again since, failed or cancelled as before but for another
+	// reason (ABA on the status).
+	if seenVersion != 0 && run.Version != seenVersion {
+		return &RunChangedError{Key: key, SeenVersion: seenVersion, Status: run.Status, Version: run.Version, LastError: run.LastError}
+	}
 	if run.Status != StatusFailed && run.Status != StatusCancelled {
-		return fmt.Errorf("workflow.Resume(%q): the run is %s; only a failed or cancelled run can be resumed", key, run.Status)
+		return fmt.Errorf("%w: workflow.Resume(%q): the run is %s; only a failed or cancelled run can be resumed", ErrRunNotResumable, key, run.Status)
 	}
 	opts := &river.InsertOpts{}
 	if run.RiverJobID != nil {
@@ -367,13 +403,19 @@ func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reaso
 	if err != nil {
 		return fmt.Errorf("resuming run %q: inserting its River job: %w", key, err)
 	}
-	// Guards: two resumes at once, or a run that changed since it was read.
-	ok, err := resumeRun(ctx, tx, key, run.Status, ins.Job.ID, actor, reason)
+	// Guards: two resumes at once, or a run that changed since it was read (its version).
+	ok, err := resumeRun(ctx, tx, key, run.Status, run.Version, ins.Job.ID, actor, reason)
 	if err != nil {
 		return fmt.Errorf("resuming run %q: %w", key, err)
 	}
 	if !ok {
-		return fmt.Errorf("resuming run %q: %w", key, errRunMoved)
+		// Read committed: this statement sees what moved it (the job inserted above is
+		// rolled back with the transaction).
+		now, err := GetRun(ctx, tx, key)
+		if err != nil {
+			return fmt.Errorf("resuming run %q: %w", key, errRunMoved)
+		}
+		return &RunChangedError{Key: key, SeenVersion: run.Version, Status: now.Status, Version: now.Version, LastError: now.LastError}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("resuming run %q: committing: %w", key, err)

@@ -406,16 +406,17 @@ func finishByMaintenance(ctx context.Context, tx pgx.Tx, s seenRun, to RunStatus
 // resumeRun puts a failed or cancelled run back to pending under a new job, from its last
 // committed cursor (the checkpoint is untouched), with a fresh crash-loop budget. Guards: a
 // run that is not failed or cancelled (a succeeded run is never redone; a live one is not
-// doubled), and two resumes at once (the status moves on the first).
-func resumeRun(ctx context.Context, tx pgx.Tx, key string, from RunStatus, newJob int64, actor, reason string) (bool, error) {
+// doubled), two resumes at once (the status moves on the first), and a run that moved since
+// it was read and came back to the same status (its version moved).
+func resumeRun(ctx context.Context, tx pgx.Tx, key string, from RunStatus, version, newJob int64, actor, reason string) (bool, error) {
 	return changed(ctx, tx, `
 		WITH r AS (
 			UPDATE stepwise_run SET status = 'pending', river_job_id = $3, failures = 0, last_error = NULL,
 			       finished_at = NULL, cancel_requested_at = NULL, released_at = NULL, wake_at = NULL, updated_at = now()
-			 WHERE key = $1 AND status = $2 RETURNING key
+			 WHERE key = $1 AND status = $2 AND version = $6 RETURNING key
 		), ev AS (
 			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
-			SELECT key, 'run.resume', $2, 'pending', $4, jsonb_build_object('reason', $5::text, 'new_job', $3::bigint) FROM r
+			SELECT key, 'run.resume', $2, 'pending', $4, jsonb_build_object('reason', $5::text, 'new_job', $3::bigint, 'seen_version', $6::bigint) FROM r
 		)
-		SELECT count(*) FROM r`, key, string(from), newJob, actor, reason)
+		SELECT count(*) FROM r`, key, string(from), newJob, actor, reason, version)
 }

@@ -18,11 +18,12 @@ func init() {
 }
 
 func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("resolve", "resolve [flags] OP_ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT [--from STATE]", stderr)
+	fs := newFlagSet("resolve", "resolve [flags] OP_ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT [--from STATE] [--seen-version N]", stderr)
 	var db dbFlags
 	db.register(fs)
 	to := fs.String("to", "", "the decision: SUCCEEDED, FAILED_PERMANENT or RETRYABLE (required)")
 	from := fs.String("from", "", "the state you saw (MANUAL or UNKNOWN_EXTERNAL); refused if the payout has moved since. Default: its current state")
+	seenVersion := fs.Int64("seen-version", 0, "the payout's version you decided on, as the console's operation page shows it; refused if it has changed state since, even back to the same state. Default: not checked")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	actor := fs.String("actor", envOr("USER", ""), "who decides, for the audit trail (default $USER)")
 	// The operation id may come before or after the flags.
@@ -59,16 +60,10 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	default:
 		return usageError("--from %q: only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand", *from)
 	}
-	if strings.TrimSpace(*reason) == "" {
-		return usageError("--reason is required: it is kept in the audit trail")
+	if *seenVersion < 0 {
+		return usageError("--seen-version %d: want the version the console's operation page shows (1 or more), or leave it out", *seenVersion)
 	}
-	if strings.TrimSpace(*actor) == "" {
-		return usageError("--actor is required when $USER is not set")
-	}
-	if err := checkText("reason", *reason, maxReasonLen); err != nil {
-		return err
-	}
-	if err := checkText("actor", *actor, maxActorLen); err != nil {
+	if err := checkAuditFlags(*actor, *reason); err != nil {
 		return err
 	}
 	pool, err := db.connect(ctx)
@@ -82,11 +77,11 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	op, err := settlement.Resolve(ctx, pool, svc.Reconciler, settlement.Resolution{OperationID: id, From: fromState, To: toState, Actor: *actor, Reason: *reason})
+	op, err := settlement.Resolve(ctx, pool, svc.Reconciler, settlement.Resolution{OperationID: id, From: fromState, SeenVersion: *seenVersion, To: toState, Actor: *actor, Reason: *reason})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "payout %s (%s, %s) is now %s; settlement %s; audited as %q by %s\n",
-		op.ID, op.BusinessKey, settlement.FormatMoney(op.Amount, op.Currency), op.State, settlement.StatusFor(op.State), *reason, *actor)
+	fmt.Fprintf(stdout, "payout %s (%s, %s) is now %s (version %d); settlement %s; audited as %q by %s\n",
+		op.ID, op.BusinessKey, settlement.FormatMoney(op.Amount, op.Currency), op.State, op.Version, settlement.StatusFor(op.State), *reason, *actor)
 	return nil
 }

@@ -17,11 +17,12 @@ func init() {
 }
 
 func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("resume", "resume [flags] RUN_KEY --reason TEXT", stderr)
+	fs := newFlagSet("resume", "resume [flags] RUN_KEY --reason TEXT [--seen-version N]", stderr)
 	var db dbFlags
 	db.register(fs)
 	reason := fs.String("reason", "", "why the run can go on now, e.g. the incident fixed (required, kept in the audit trail)")
 	actor := fs.String("actor", envOr("USER", ""), "who resumes the run, for the audit trail (default $USER)")
+	seenVersion := fs.Int64("seen-version", 0, "the run's version you decided on, as the console's run page shows it; refused if the run has changed status since (resumed, run and failed again). Default: not checked")
 	// The run key may come before or after the flags.
 	var key string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -38,11 +39,12 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if key == "" {
 		return usageError("RUN_KEY is required: the run's key, as \"report --date D\" lists it")
 	}
-	if strings.TrimSpace(*reason) == "" {
-		return usageError("--reason is required: it is kept in the audit trail")
+	if *seenVersion < 0 {
+		return usageError("--seen-version %d: want the version the console's run page shows (1 or more), or leave it out", *seenVersion)
 	}
-	if strings.TrimSpace(*actor) == "" {
-		return usageError("--actor is required when $USER is not set")
+	// The same checks as resolve's: a newline in --actor would forge a second audit line.
+	if err := checkAuditFlags(*actor, *reason); err != nil {
+		return err
 	}
 	pool, err := db.connect(ctx)
 	if err != nil {
@@ -54,7 +56,12 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	if err := workflow.Resume(ctx, client, key, *actor, *reason); err != nil {
+	if *seenVersion > 0 {
+		err = workflow.ResumeIfUnchanged(ctx, client, key, *seenVersion, *actor, *reason)
+	} else {
+		err = workflow.Resume(ctx, client, key, *actor, *reason)
+	}
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "run %s resumed from its last checkpoint by %s (%q); serve picks it up\n", key, *actor, *reason)

@@ -36,9 +36,10 @@ func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger
 		cfg.Authenticate = console.BasicAuth(user, password)
 	}
 	// Resume continues a failed or cancelled run from its last committed cursor, audited
-	// with the signed-in operator as actor.
-	cfg.Resume = func(ctx context.Context, key, actor, reason string) error {
-		return workflow.Resume(ctx, svc.Client, key, actor, reason)
+	// with the signed-in operator as actor, and only if the run is still the one the
+	// operator's page showed (a run resumed, run and failed again since is refused).
+	cfg.Resume = func(ctx context.Context, key string, seenVersion int64, actor, reason string) error {
+		return workflow.ResumeIfUnchanged(ctx, svc.Client, key, seenVersion, actor, reason)
 	}
 	// Requests shows the requests actually started per operation, so an operator can tell a
 	// payout sent twice from one merely claimed twice.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -47,9 +48,13 @@ func checkShare(flagName string, v float64) error {
 	return nil
 }
 
-// checkText refuses audit text that is empty, longer than max bytes, not UTF-8, or holds
-// control characters (a newline in --actor forges a second line in every log and report
-// that prints it).
+// checkText refuses audit text that is longer than max bytes, not UTF-8, or holds a
+// character that makes the audit trail read otherwise than it was written: control
+// characters (a newline in --actor forges a second line in every log and report that prints
+// it), invisible and bidirectional formatting characters (Unicode Cf: U+202E shows "refund
+// 100" as "001 dnufer", U+200B makes two tickets look alike), line and paragraph separators.
+// The same rule as reconcile.Resolve's and workflow.Resume's; every command that writes audit
+// text (resolve, resume) checks its flags with it before anything runs.
 func checkText(flagName, s string, max int) error {
 	switch {
 	case len(s) > max:
@@ -58,9 +63,27 @@ func checkText(flagName, s string, max int) error {
 		return usageError("--%s is not valid UTF-8", flagName)
 	}
 	for _, r := range s {
-		if unicode.IsControl(r) {
-			return usageError("--%s holds a control character (%U): use plain text on one line", flagName, r)
+		switch {
+		case unicode.IsControl(r), unicode.In(r, unicode.Zl, unicode.Zp):
+			return usageError("--%s holds a control character or line break (%U): use plain text on one line", flagName, r)
+		case unicode.Is(unicode.Cf, r):
+			return usageError("--%s holds an invisible or bidirectional formatting character (%U): it would make the audit trail read otherwise than typed; remove it", flagName, r)
 		}
 	}
 	return nil
+}
+
+// checkAuditFlags checks the actor and the reason of a command that writes the audit trail:
+// both required, both by checkText.
+func checkAuditFlags(actor, reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return usageError("--reason is required: it is kept in the audit trail")
+	}
+	if strings.TrimSpace(actor) == "" {
+		return usageError("--actor is required when $USER is not set")
+	}
+	if err := checkText("reason", reason, maxReasonLen); err != nil {
+		return err
+	}
+	return checkText("actor", actor, maxActorLen)
 }

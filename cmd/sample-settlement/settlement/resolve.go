@@ -22,6 +22,10 @@ type Resolution struct {
 	// colleague's). Empty means "the current state", which must then be MANUAL or
 	// UNKNOWN_EXTERNAL.
 	From outbox.State
+	// SeenVersion is the payout's Version the person saw, or 0 to check the state only.
+	// With it, a payout that left From and came back (MANUAL because never sent, then sent,
+	// then MANUAL because the bank holds another amount) is refused as stale.
+	SeenVersion int64
 	// To is SUCCEEDED (the bank paid: e.g. confirmed by phone), FAILED_PERMANENT (it did not
 	// and will not) or RETRYABLE (send again, under the same operation id).
 	To outbox.State
@@ -69,7 +73,7 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler,
 		}
 	}
 	op, err := rec.Resolve(ctx, &reconcile.ResolveParams{
-		OperationID: r.OperationID, Outcome: r.To, ExpectedState: from, Actor: r.Actor, Reason: r.Reason,
+		OperationID: r.OperationID, Outcome: r.To, ExpectedState: from, ExpectedVersion: r.SeenVersion, Actor: r.Actor, Reason: r.Reason,
 	})
 	var changed *outbox.StateChangedError
 	switch {
@@ -78,6 +82,14 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler,
 		when := ""
 		if now != nil {
 			when = fmt.Sprintf(" (last change %s)", now.UpdatedAt.UTC().Format("2006-01-02 15:04:05Z"))
+		}
+		if changed.ExpectedVersion != 0 {
+			why := ""
+			if now != nil && now.ManualReason != "" {
+				why = fmt.Sprintf("; why MANUAL now: %q", now.ManualReason)
+			}
+			return nil, fmt.Errorf("%w: payout %s (%s) is %s at version %d now, not %s at version %d as you saw%s%s; nothing was changed: look again before deciding",
+				ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, changed.ActualVersion, from, changed.ExpectedVersion, when, why)
 		}
 		return nil, fmt.Errorf("%w: payout %s (%s) is %s now, not %s as you saw%s; nothing was changed: look again before deciding",
 			ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, from, when)

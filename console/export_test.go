@@ -1,0 +1,6 @@
+package console
+
+import "time"
+
+// SetClock sets the clock of h's CSRF tokens, before h serves.
+func SetClock(h *Handler, now func() time.Time) { h.now = now }

@@ -5,12 +5,14 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -355,4 +357,59 @@ func checkHosts(list []string) error {
 		}
 	}
 	return nil
+}
+
+// ProxyUser returns a Config.Authenticate for a console behind an authenticating reverse
+// proxy (oauth2-proxy, an identity-aware proxy, a web server doing SSO): the operator's name
+// is the value of header (e.g. X-Forwarded-User), believed only on a request whose TCP peer
+// is one of trusted (addresses or CIDR prefixes: the proxy's). A request from any other peer,
+// or without the header, is not authenticated.
+//
+// Only correct when the proxy sets header itself on every request and removes any copy the
+// client sent, and when nothing but the proxy can reach the console's address (bind it to
+// loopback or a private interface): whoever reaches it from a trusted address names
+// themselves. The name goes into the audit trail verbatim, so one with control characters
+// or over 200 bytes is refused.
+func ProxyUser(header string, trusted []string) (func(*http.Request) (string, bool), error) {
+	if header == "" || strings.ContainsAny(header, " :\t") {
+		return nil, fmt.Errorf("console.ProxyUser: header %q: want a header name such as X-Forwarded-User", header)
+	}
+	if len(trusted) == 0 {
+		return nil, errors.New("console.ProxyUser: no trusted proxy: list the proxy's addresses (e.g. 127.0.0.1 or 10.0.0.0/24)")
+	}
+	nets := make([]netip.Prefix, 0, len(trusted))
+	for _, t := range trusted {
+		p, err := netip.ParsePrefix(t)
+		if err != nil {
+			a, aerr := netip.ParseAddr(t)
+			if aerr != nil {
+				return nil, fmt.Errorf("console.ProxyUser: trusted proxy %q: want an address or a CIDR prefix (10.0.0.0/24)", t)
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		nets = append(nets, p.Masked())
+	}
+	return func(r *http.Request) (string, bool) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil {
+			return "", false
+		}
+		peer := ap.Addr().Unmap()
+		trustedPeer := false
+		for _, n := range nets {
+			if n.Contains(peer) {
+				trustedPeer = true
+				break
+			}
+		}
+		vals := r.Header.Values(header)
+		if !trustedPeer || len(vals) != 1 {
+			return "", false // a second copy: the client's, passed on by a proxy that appends
+		}
+		name := strings.TrimSpace(vals[0])
+		if name == "" || len(name) > maxNameLen || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+			return "", false
+		}
+		return name, true
+	}, nil
 }

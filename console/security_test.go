@@ -214,3 +214,45 @@ func TestUnauthenticatedHoldsNoSlot(t *testing.T) {
 	require.Equal(t, http.StatusOK, <-done)
 	require.Equal(t, http.StatusOK, httpRequest(t, f, http.MethodGet, "/console/", "127.0.0.1:4002", testUser, testPassword).Code)
 }
+
+// Issue 23 item 4: behind an authenticating proxy, the operator's name comes from the
+// proxy's header, believed only from the proxy's address; the audit names that operator.
+func TestProxyUser(t *testing.T) {
+	t.Parallel()
+	auth, err := console.ProxyUser("X-Forwarded-User", []string{"10.0.0.0/24", "127.0.0.1"})
+	require.NoError(t, err)
+	f := newFixture(t, func(c *console.Config) { c.Authenticate = auth })
+	get := func(remote string, names ...string) int {
+		r, err := http.NewRequest(http.MethodGet, "http://console.test/console/", nil)
+		require.NoError(t, err)
+		r.RemoteAddr = remote
+		for _, n := range names {
+			r.Header.Add("X-Forwarded-User", n)
+		}
+		w := httptest.NewRecorder()
+		f.h.ServeHTTP(w, r)
+		if w.Code == http.StatusOK {
+			require.Contains(t, w.Body.String(), names[0], "the page names the operator")
+		}
+		return w.Code
+	}
+	require.Equal(t, http.StatusOK, get("10.0.0.7:5000", "carol"))
+	require.Equal(t, http.StatusOK, get("127.0.0.1:5000", "dave"))
+	require.Equal(t, http.StatusUnauthorized, get("10.0.1.7:5000", "carol"), "not from the proxy: the header is anyone's")
+	require.Equal(t, http.StatusUnauthorized, get("10.0.0.7:5000"), "no name")
+	require.Equal(t, http.StatusUnauthorized, get("10.0.0.7:5000", "carol", "mallory"), "two copies: one is the client's")
+	require.Equal(t, http.StatusUnauthorized, get("10.0.0.7:5000", "carol\nforged"), "control characters")
+
+	for _, c := range []struct {
+		header  string
+		trusted []string
+		want    string
+	}{
+		{"", []string{"127.0.0.1"}, "want a header name"},
+		{"X-Forwarded-User", nil, "no trusted proxy"},
+		{"X-Forwarded-User", []string{"proxy.example"}, "want an address or a CIDR"},
+	} {
+		_, err := console.ProxyUser(c.header, c.trusted)
+		require.ErrorContains(t, err, c.want)
+	}
+}

@@ -35,6 +35,9 @@ func (a *operatorAuth) configured() bool { return a.console != nil || a.riverUse
 //     "htpasswd -nBC 12 NAME" prints); every console action is audited under the name;
 //   - or CONSOLE_USER and CONSOLE_PASSWORD: one shared console account (the audit names
 //     only that account);
+//   - or CONSOLE_PROXY_USER_HEADER and CONSOLE_TRUSTED_PROXIES: an authenticating reverse
+//     proxy names the operator in that header, believed only from the listed addresses (see
+//     console.ProxyUser);
 //   - RIVERUI_USER and RIVERUI_PASSWORD: River UI's account.
 //
 // A pair set by half is refused (it used to leave that surface anonymous without a word),
@@ -43,9 +46,32 @@ func operatorAuthFromEnv() (*operatorAuth, error) {
 	a := &operatorAuth{}
 	usersFile := os.Getenv("CONSOLE_USERS")
 	user, password := os.Getenv("CONSOLE_USER"), os.Getenv("CONSOLE_PASSWORD")
+	proxyHeader, proxies := os.Getenv("CONSOLE_PROXY_USER_HEADER"), os.Getenv("CONSOLE_TRUSTED_PROXIES")
+	forms := 0
+	for _, set := range []bool{usersFile != "", user != "" || password != "", proxyHeader != "" || proxies != ""} {
+		if set {
+			forms++
+		}
+	}
 	switch {
-	case usersFile != "" && (user != "" || password != ""):
-		return nil, usageError("CONSOLE_USERS and CONSOLE_USER/CONSOLE_PASSWORD are both set: use one (CONSOLE_USERS names each operator in the audit trail)")
+	case forms > 1:
+		return nil, usageError("more than one of CONSOLE_USERS, CONSOLE_USER/CONSOLE_PASSWORD and CONSOLE_PROXY_USER_HEADER/CONSOLE_TRUSTED_PROXIES are set: use one (CONSOLE_USERS names each operator in the audit trail)")
+	case proxyHeader != "" || proxies != "":
+		if proxyHeader == "" || proxies == "" {
+			return nil, usageError("CONSOLE_PROXY_USER_HEADER and CONSOLE_TRUSTED_PROXIES go together: the header names the operator, and is believed only from the proxy's addresses; set both or neither")
+		}
+		var list []string
+		for _, p := range strings.Split(proxies, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				list = append(list, p)
+			}
+		}
+		auth, err := console.ProxyUser(proxyHeader, list)
+		if err != nil {
+			return nil, usageError("CONSOLE_PROXY_USER_HEADER/CONSOLE_TRUSTED_PROXIES: %v", err)
+		}
+		a.console = auth
+		a.consoleFrom = proxyHeader + " from " + strings.Join(list, ", ")
 	case usersFile != "":
 		users, err := console.LoadUsers(usersFile)
 		if err != nil {

@@ -494,7 +494,8 @@ func TestServeRefusesUnsafeCredentials(t *testing.T) {
 	plainFile := filepath.Join(t.TempDir(), "plain")
 	require.NoError(t, os.WriteFile(plainFile, []byte("alice:"+alicePassword+"\n"), 0o600))
 	users := writeUsersFile(t, map[string]string{"alice": alicePassword})
-	unset := []string{"CONSOLE_USERS=", "CONSOLE_USER=", "CONSOLE_PASSWORD=", "RIVERUI_USER=", "RIVERUI_PASSWORD="}
+	unset := []string{"CONSOLE_USERS=", "CONSOLE_USER=", "CONSOLE_PASSWORD=", "RIVERUI_USER=", "RIVERUI_PASSWORD=",
+		"CONSOLE_PROXY_USER_HEADER=", "CONSOLE_TRUSTED_PROXIES="}
 
 	for _, c := range []struct {
 		name string
@@ -506,7 +507,10 @@ func TestServeRefusesUnsafeCredentials(t *testing.T) {
 		{"console password only", []string{"CONSOLE_PASSWORD=" + alicePassword}, nil, "CONSOLE_USER is empty"},
 		{"river user only", []string{"RIVERUI_USER=ops"}, nil, "RIVERUI_PASSWORD is empty"},
 		{"short password", []string{"CONSOLE_USER=ops", "CONSOLE_PASSWORD=x"}, nil, "want at least 12"},
-		{"both console forms", []string{"CONSOLE_USERS=" + users, "CONSOLE_USER=ops", "CONSOLE_PASSWORD=" + alicePassword}, nil, "both set"},
+		{"both console forms", []string{"CONSOLE_USERS=" + users, "CONSOLE_USER=ops", "CONSOLE_PASSWORD=" + alicePassword}, nil, "more than one of"},
+		{"users and a proxy", []string{"CONSOLE_USERS=" + users, "CONSOLE_PROXY_USER_HEADER=X-Forwarded-User", "CONSOLE_TRUSTED_PROXIES=127.0.0.1"}, nil, "more than one of"},
+		{"proxy header without proxies", []string{"CONSOLE_PROXY_USER_HEADER=X-Forwarded-User"}, nil, "go together"},
+		{"proxy not an address", []string{"CONSOLE_PROXY_USER_HEADER=X-Forwarded-User", "CONSOLE_TRUSTED_PROXIES=proxy.example"}, nil, "want an address or a CIDR"},
 		{"cheap hash", []string{"CONSOLE_USERS=" + cheapFile}, nil, "bcrypt cost 4 is too cheap"},
 		{"plain password in the file", []string{"CONSOLE_USERS=" + plainFile}, nil, "not a bcrypt hash"},
 		{"users file missing", []string{"CONSOLE_USERS=" + plainFile + ".missing"}, nil, "no such file"},

@@ -407,7 +407,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		return nil, err
 	}
 	mux.Handle("/console/", cons)
-	return limitBodies(operatorHeaders(allowedHostsOnly(o.hosts, logger, readOnlyUnlessAuthorized(mux)))), nil
+	return operatorHeaders(limitBodies(allowedHostsOnly(o.hosts, logger, readOnlyUnlessAuthorized(mux)))), nil
 }
 
 func orNone(list []string) string {

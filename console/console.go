@@ -102,7 +102,8 @@ type Handler struct {
 	logger *slog.Logger
 	errSeq atomic.Int64
 	slots  chan struct{}
-	busy   sampledLog
+	busy   sampledLog // 503s
+	unauth sampledLog // 401s without credentials
 }
 
 const (

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -70,7 +71,7 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bo
 			h.cfg.Guard.Failed(r, name)
 		} else {
 			// A browser's first request carries none (the 401 makes it ask): not a failure.
-			h.logger.Info("console: credentials required (401)", "peer", r.RemoteAddr, "path", r.URL.Path)
+			h.unauth.logAt(h.logger, slog.LevelInfo, "console: request without credentials refused (401)", "peer", r.RemoteAddr, "path", r.URL.Path)
 		}
 		w.Header().Set("WWW-Authenticate", `Basic realm="stepwise console", charset="UTF-8"`)
 		h.fail(w, r, http.StatusUnauthorized, "credentials required")
@@ -185,6 +186,10 @@ type sampledLog struct {
 }
 
 func (s *sampledLog) log(l *slog.Logger, msg string, args ...any) {
+	s.logAt(l, slog.LevelWarn, msg, args...)
+}
+
+func (s *sampledLog) logAt(l *slog.Logger, level slog.Level, msg string, args ...any) {
 	s.mu.Lock()
 	now := time.Now()
 	if now.Sub(s.last) < 10*time.Second {
@@ -195,5 +200,5 @@ func (s *sampledLog) log(l *slog.Logger, msg string, args ...any) {
 	dropped := s.dropped
 	s.last, s.dropped = now, 0
 	s.mu.Unlock()
-	l.Warn(msg, append(args, "not_logged_since_last", dropped)...)
+	l.Log(context.Background(), level, msg, append(args, "not_logged_since_last", dropped)...)
 }

@@ -182,6 +182,7 @@ type Guard struct {
 	now    func() time.Time
 
 	mu         sync.Mutex
+	proxies    []netip.Prefix // see TrustProxies
 	peers      map[string]*peerFailures
 	tokens     float64 // global failure budget left
 	refilled   time.Time
@@ -212,20 +213,83 @@ func NewGuard(logger *slog.Logger) *Guard {
 	return &Guard{logger: logger, now: time.Now, peers: map[string]*peerFailures{}, tokens: GuardGlobalPerMinute}
 }
 
-// peerKey is who a failure is counted against: the peer's IP, an IPv6 one by its /64.
-func peerKey(r *http.Request) string {
+// TrustProxies makes the Guard count a request relayed by one of proxies (addresses or CIDR
+// prefixes: a reverse proxy or load balancer in front) against the client the proxy names in
+// X-Forwarded-For (the rightmost address that is not itself a listed proxy), not against the
+// proxy. Guards against: behind a proxy every visitor shares the proxy's address, and five
+// wrong passwords from anyone would lock every operator out. Call it before use.
+func (g *Guard) TrustProxies(proxies []string) error {
+	nets, err := parsePrefixes(proxies)
+	if err != nil {
+		return fmt.Errorf("console.Guard.TrustProxies: %w", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.proxies = nets
+	return nil
+}
+
+// peerKey is who a failure is counted against: the peer's IP (or, from a trusted proxy, the
+// client it forwards), an IPv6 one by its /64.
+func (g *Guard) peerKey(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	ip := net.ParseIP(host)
-	if ip == nil {
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
 		return host
 	}
-	if ip.To4() == nil {
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	addr = addr.Unmap().WithZone("")
+	g.mu.Lock()
+	proxies := g.proxies
+	g.mu.Unlock()
+	if inPrefixes(addr, proxies) {
+		// X-Forwarded-For: client, proxy1, proxy2 — each proxy appends its peer; entries left
+		// of the last untrusted one are the client's to forge.
+		hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
+		for i := len(hops) - 1; i >= 0; i-- {
+			a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			if err != nil {
+				break
+			}
+			if a = a.Unmap().WithZone(""); !inPrefixes(a, proxies) {
+				addr = a
+				break
+			}
+		}
 	}
-	return ip.String()
+	if addr.Is6() {
+		p, _ := addr.Prefix(64)
+		return p.String()
+	}
+	return addr.String()
+}
+
+// parsePrefixes reads addresses and CIDR prefixes.
+func parsePrefixes(list []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(list))
+	for _, t := range list {
+		p, err := netip.ParsePrefix(t)
+		if err != nil {
+			a, aerr := netip.ParseAddr(t)
+			if aerr != nil {
+				return nil, fmt.Errorf("trusted proxy %q: want an address or a CIDR prefix (10.0.0.0/24)", t)
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func inPrefixes(a netip.Addr, nets []netip.Prefix) bool {
+	for _, n := range nets {
+		if n.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // refill adds the budget earned since the last call. Called with mu held.
@@ -240,7 +304,7 @@ func (g *Guard) refill(now time.Time) {
 // checked again; 0: check them now. A refusal is logged once per lockout.
 func (g *Guard) Wait(r *http.Request) time.Duration {
 	now := g.now()
-	key := peerKey(r)
+	key := g.peerKey(r)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.refill(now)
@@ -268,7 +332,7 @@ func (g *Guard) Wait(r *http.Request) time.Duration {
 // Failed records and logs a failed sign-in of name (as sent) from r's peer.
 func (g *Guard) Failed(r *http.Request, name string) {
 	now := g.now()
-	key := peerKey(r)
+	key := g.peerKey(r)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.refill(now)
@@ -305,7 +369,7 @@ func (g *Guard) Failed(r *http.Request, name string) {
 
 // Succeeded forgets r's peer's failures.
 func (g *Guard) Succeeded(r *http.Request) {
-	key := peerKey(r)
+	key := g.peerKey(r)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.peers, key)
@@ -377,31 +441,16 @@ func ProxyUser(header string, trusted []string) (func(*http.Request) (string, bo
 	if len(trusted) == 0 {
 		return nil, errors.New("console.ProxyUser: no trusted proxy: list the proxy's addresses (e.g. 127.0.0.1 or 10.0.0.0/24)")
 	}
-	nets := make([]netip.Prefix, 0, len(trusted))
-	for _, t := range trusted {
-		p, err := netip.ParsePrefix(t)
-		if err != nil {
-			a, aerr := netip.ParseAddr(t)
-			if aerr != nil {
-				return nil, fmt.Errorf("console.ProxyUser: trusted proxy %q: want an address or a CIDR prefix (10.0.0.0/24)", t)
-			}
-			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
-		}
-		nets = append(nets, p.Masked())
+	nets, err := parsePrefixes(trusted)
+	if err != nil {
+		return nil, fmt.Errorf("console.ProxyUser: %w", err)
 	}
 	return func(r *http.Request) (string, bool) {
 		ap, err := netip.ParseAddrPort(r.RemoteAddr)
 		if err != nil {
 			return "", false
 		}
-		peer := ap.Addr().Unmap()
-		trustedPeer := false
-		for _, n := range nets {
-			if n.Contains(peer) {
-				trustedPeer = true
-				break
-			}
-		}
+		trustedPeer := inPrefixes(ap.Addr().Unmap(), nets)
 		vals := r.Header.Values(header)
 		if !trustedPeer || len(vals) != 1 {
 			return "", false // a second copy: the client's, passed on by a proxy that appends

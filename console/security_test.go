@@ -256,3 +256,33 @@ func TestProxyUser(t *testing.T) {
 		require.ErrorContains(t, err, c.want)
 	}
 }
+
+// Behind a trusted proxy, failed sign-ins count against the client the proxy names in
+// X-Forwarded-For, not against the proxy: one guesser does not lock every operator out, and
+// a client cannot escape its count by forging entries left of the proxy's.
+func TestGuardBehindProxy(t *testing.T) {
+	t.Parallel()
+	g := console.NewGuard(slog.New(slog.DiscardHandler))
+	require.NoError(t, g.TrustProxies([]string{"10.0.0.1", "10.9.0.0/16"}))
+	require.ErrorContains(t, g.TrustProxies([]string{"proxy.example"}), "want an address or a CIDR")
+	f := newFixture(t, func(c *console.Config) { c.Guard = g })
+	via := func(xff []string, user, password string) int {
+		r, err := http.NewRequest(http.MethodGet, "http://console.test/console/", nil)
+		require.NoError(t, err)
+		r.RemoteAddr = "10.0.0.1:443"
+		for _, v := range xff {
+			r.Header.Add("X-Forwarded-For", v)
+		}
+		r.SetBasicAuth(user, password)
+		w := httptest.NewRecorder()
+		f.h.ServeHTTP(w, r)
+		return w.Code
+	}
+	for i := range console.GuardFreeFailures + 1 {
+		// The guesser forges a first entry each time; the proxy appends its real address.
+		require.Equal(t, http.StatusUnauthorized, via([]string{fmt.Sprintf("192.0.2.%d, 198.51.100.7", i)}, testUser, "wrong"))
+	}
+	require.Equal(t, http.StatusTooManyRequests, via([]string{"198.51.100.7"}, testUser, testPassword), "the guesser is locked out")
+	require.Equal(t, http.StatusOK, via([]string{"203.0.113.5"}, testUser, testPassword), "another client of the same proxy is not")
+	require.Equal(t, http.StatusOK, via([]string{"203.0.113.5", "10.9.3.3"}, testUser, testPassword), "a chain of trusted proxies is skipped")
+}

@@ -350,6 +350,9 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	if o.auth.guard == nil {
 		// One guard for every surface: an attacker gets one budget of failures, not one each.
 		o.auth.guard = console.NewGuard(logger)
+		if err := o.auth.guard.TrustProxies(o.auth.trustedProxies); err != nil {
+			return nil, err
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -22,8 +22,11 @@ type operatorAuth struct {
 	consoleFrom string
 	// riverUser, riverPassword: River UI's one account; empty: read-only, loopback.
 	riverUser, riverPassword string
-	// guard limits and logs failed sign-ins on every surface together.
+	// guard limits and logs failed sign-ins on every surface together (made by serveHandler,
+	// with its logger).
 	guard *console.Guard
+	// trustedProxies are CONSOLE_TRUSTED_PROXIES: their X-Forwarded-For names the peer.
+	trustedProxies []string
 }
 
 // configured reports whether any surface takes credentials.
@@ -35,9 +38,11 @@ func (a *operatorAuth) configured() bool { return a.console != nil || a.riverUse
 //     "htpasswd -nBC 12 NAME" prints); every console action is audited under the name;
 //   - or CONSOLE_USER and CONSOLE_PASSWORD: one shared console account (the audit names
 //     only that account);
-//   - or CONSOLE_PROXY_USER_HEADER and CONSOLE_TRUSTED_PROXIES: an authenticating reverse
-//     proxy names the operator in that header, believed only from the listed addresses (see
-//     console.ProxyUser);
+//   - or CONSOLE_PROXY_USER_HEADER: an authenticating reverse proxy names the operator in
+//     that header, believed only from CONSOLE_TRUSTED_PROXIES (see console.ProxyUser);
+//   - CONSOLE_TRUSTED_PROXIES: the addresses of the proxies in front (addresses or CIDR
+//     prefixes, comma-separated); failed sign-ins relayed by them count against the client
+//     they name in X-Forwarded-For (console.Guard.TrustProxies), not against the proxy;
 //   - RIVERUI_USER and RIVERUI_PASSWORD: River UI's account.
 //
 // A pair set by half is refused (it used to leave that surface anonymous without a word),
@@ -47,24 +52,30 @@ func operatorAuthFromEnv() (*operatorAuth, error) {
 	usersFile := os.Getenv("CONSOLE_USERS")
 	user, password := os.Getenv("CONSOLE_USER"), os.Getenv("CONSOLE_PASSWORD")
 	proxyHeader, proxies := os.Getenv("CONSOLE_PROXY_USER_HEADER"), os.Getenv("CONSOLE_TRUSTED_PROXIES")
+	var list []string // CONSOLE_TRUSTED_PROXIES
+	for _, p := range strings.Split(proxies, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			list = append(list, p)
+		}
+	}
+	// The proxies' X-Forwarded-For is believed for the sign-in limits: behind a proxy every
+	// visitor shares its address, and one guesser would lock every operator out.
+	if err := console.NewGuard(nil).TrustProxies(list); err != nil {
+		return nil, usageError("CONSOLE_TRUSTED_PROXIES: %v", err)
+	}
+	a.trustedProxies = list
 	forms := 0
-	for _, set := range []bool{usersFile != "", user != "" || password != "", proxyHeader != "" || proxies != ""} {
+	for _, set := range []bool{usersFile != "", user != "" || password != "", proxyHeader != ""} {
 		if set {
 			forms++
 		}
 	}
 	switch {
 	case forms > 1:
-		return nil, usageError("more than one of CONSOLE_USERS, CONSOLE_USER/CONSOLE_PASSWORD and CONSOLE_PROXY_USER_HEADER/CONSOLE_TRUSTED_PROXIES are set: use one (CONSOLE_USERS names each operator in the audit trail)")
-	case proxyHeader != "" || proxies != "":
-		if proxyHeader == "" || proxies == "" {
-			return nil, usageError("CONSOLE_PROXY_USER_HEADER and CONSOLE_TRUSTED_PROXIES go together: the header names the operator, and is believed only from the proxy's addresses; set both or neither")
-		}
-		var list []string
-		for _, p := range strings.Split(proxies, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				list = append(list, p)
-			}
+		return nil, usageError("more than one of CONSOLE_USERS, CONSOLE_USER/CONSOLE_PASSWORD and CONSOLE_PROXY_USER_HEADER are set: use one (CONSOLE_USERS names each operator in the audit trail)")
+	case proxyHeader != "":
+		if len(list) == 0 {
+			return nil, usageError("CONSOLE_PROXY_USER_HEADER needs CONSOLE_TRUSTED_PROXIES: the header names the operator, and is believed only from the proxy's addresses")
 		}
 		auth, err := console.ProxyUser(proxyHeader, list)
 		if err != nil {

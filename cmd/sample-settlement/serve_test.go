@@ -526,7 +526,7 @@ func TestServeRefusesUnsafeCredentials(t *testing.T) {
 		{"short password", []string{"CONSOLE_USER=ops", "CONSOLE_PASSWORD=x"}, nil, "want at least 12"},
 		{"both console forms", []string{"CONSOLE_USERS=" + users, "CONSOLE_USER=ops", "CONSOLE_PASSWORD=" + alicePassword}, nil, "more than one of"},
 		{"users and a proxy", []string{"CONSOLE_USERS=" + users, "CONSOLE_PROXY_USER_HEADER=X-Forwarded-User", "CONSOLE_TRUSTED_PROXIES=127.0.0.1"}, nil, "more than one of"},
-		{"proxy header without proxies", []string{"CONSOLE_PROXY_USER_HEADER=X-Forwarded-User"}, nil, "go together"},
+		{"proxy header without proxies", []string{"CONSOLE_PROXY_USER_HEADER=X-Forwarded-User"}, nil, "needs CONSOLE_TRUSTED_PROXIES"},
 		{"proxy not an address", []string{"CONSOLE_PROXY_USER_HEADER=X-Forwarded-User", "CONSOLE_TRUSTED_PROXIES=proxy.example"}, nil, "want an address or a CIDR"},
 		{"cheap hash", []string{"CONSOLE_USERS=" + cheapFile}, nil, "bcrypt cost 4 is too cheap"},
 		{"plain password in the file", []string{"CONSOLE_USERS=" + plainFile}, nil, "not a bcrypt hash"},

@@ -165,10 +165,13 @@ func (u *Users) Authenticate(r *http.Request) (string, bool) {
 //   - Per peer (an IP address; an IPv6 peer by its /64, which one host owns whole): the
 //     first GuardFreeFailures failures cost nothing more; each one after locks the peer out
 //     for twice as long as the last, from 1 s up to GuardMaxLockout. A peer's failures are
-//     forgotten after GuardForget without one, or on a sign-in that passes.
+//     forgotten after GuardForget without one, or on a sign-in that passes. Past its free
+//     failures a peer gets one check at a time (concurrent guesses do not all slip through
+//     before the first fails).
 //   - In all: at most GuardGlobalPerMinute failures a minute from every peer together (a
 //     burst of as many); beyond, every sign-in is refused until the budget refills. Guards
-//     against guessing spread over many addresses.
+//     against guessing spread over many addresses. A check takes its unit before it runs
+//     and gives it back when it passes, so concurrent checks cannot overdraw the budget.
 //
 // While locked out, a request's credentials are not checked at all, even right ones:
 // otherwise the lockout would still answer "right" or "wrong" to each guess. The answer is
@@ -190,7 +193,8 @@ type Guard struct {
 }
 
 type peerFailures struct {
-	n           int
+	n           int // failures
+	inflight    int // checks let through by Wait, not yet Failed or Succeeded
 	last        time.Time
 	lockedUntil time.Time
 	refusals    int // refused while locked, since the lockout began
@@ -302,13 +306,20 @@ func (g *Guard) refill(now time.Time) {
 
 // Wait reports how long r's peer (or everyone) must wait before its credentials are
 // checked again; 0: check them now. A refusal is logged once per lockout.
+//
+// A request that carries credentials (an Authorization header) and is let through holds a
+// reservation until Failed or Succeeded: one unit of the global budget, and its peer's
+// place in line. Guards against a burst of concurrent guesses all passing the check before
+// the first of them fails: the global budget is spent up front, and a peer past its free
+// failures gets one check at a time.
 func (g *Guard) Wait(r *http.Request) time.Duration {
 	now := g.now()
 	key := g.peerKey(r)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.refill(now)
-	if p := g.peers[key]; p != nil && now.Before(p.lockedUntil) {
+	p := g.peers[key]
+	if p != nil && now.Before(p.lockedUntil) {
 		p.refusals++
 		if p.refusals == 1 {
 			g.logger.Warn("console: sign-in refused without checking: too many failed sign-ins from this peer",
@@ -326,7 +337,40 @@ func (g *Guard) Wait(r *http.Request) time.Duration {
 		return max(wait, time.Second)
 	}
 	g.globalLock = false
+	if !carriesCredentials(r) {
+		return 0
+	}
+	if p == nil {
+		p = g.peer(key, now)
+	}
+	if p.inflight > 0 && p.n+p.inflight >= GuardFreeFailures {
+		return time.Second // past the free failures: one check at a time
+	}
+	p.inflight++
+	g.tokens--
 	return 0
+}
+
+// carriesCredentials: the request holds a Guard reservation from Wait (see Wait).
+func carriesCredentials(r *http.Request) bool { return r.Header.Get("Authorization") != "" }
+
+// peer returns key's record, made if need be. Called with mu held.
+func (g *Guard) peer(key string, now time.Time) *peerFailures {
+	if p := g.peers[key]; p != nil {
+		if p.n > 0 && now.Sub(p.last) > GuardForget {
+			p.n, p.lockedUntil = 0, time.Time{}
+		}
+		return p
+	}
+	if len(g.peers) >= guardMaxPeers {
+		g.sweep(now)
+	}
+	p := &peerFailures{}
+	if len(g.peers) < guardMaxPeers {
+		// Beyond the cap a peer is limited by the global budget only.
+		g.peers[key] = p
+	}
+	return p
 }
 
 // Failed records and logs a failed sign-in of name (as sent) from r's peer.
@@ -336,21 +380,11 @@ func (g *Guard) Failed(r *http.Request, name string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.refill(now)
-	g.tokens = max(g.tokens-1, 0)
-	p := g.peers[key]
-	if p != nil && now.Sub(p.last) > GuardForget {
-		p = nil
-		delete(g.peers, key)
-	}
-	if p == nil {
-		if len(g.peers) >= guardMaxPeers {
-			g.sweep(now)
-		}
-		p = &peerFailures{}
-		if len(g.peers) < guardMaxPeers {
-			// Beyond the cap a peer is limited by the global budget only.
-			g.peers[key] = p
-		}
+	p := g.peer(key, now)
+	if carriesCredentials(r) {
+		p.inflight = max(p.inflight-1, 0) // its budget unit was spent in Wait
+	} else {
+		g.tokens = max(g.tokens-1, 0)
 	}
 	p.n++
 	p.last = now
@@ -367,18 +401,29 @@ func (g *Guard) Failed(r *http.Request, name string) {
 		"failures", p.n, "locked_for", lock)
 }
 
-// Succeeded forgets r's peer's failures.
+// Succeeded forgets r's peer's failures and gives back the reservation of Wait.
 func (g *Guard) Succeeded(r *http.Request) {
 	key := g.peerKey(r)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	delete(g.peers, key)
+	if carriesCredentials(r) {
+		g.tokens = min(g.tokens+1, GuardGlobalPerMinute)
+	}
+	p := g.peers[key]
+	if p == nil {
+		return
+	}
+	p.inflight = max(p.inflight-1, 0)
+	p.n, p.lockedUntil = 0, time.Time{}
+	if p.inflight == 0 {
+		delete(g.peers, key)
+	}
 }
 
 // sweep drops peers whose failures are forgotten. Called with mu held.
 func (g *Guard) sweep(now time.Time) {
 	for k, p := range g.peers {
-		if now.Sub(p.last) > GuardForget && !now.Before(p.lockedUntil) {
+		if p.inflight == 0 && now.Sub(p.last) > GuardForget && !now.Before(p.lockedUntil) {
 			delete(g.peers, k)
 		}
 	}

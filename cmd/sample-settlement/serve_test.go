@@ -488,7 +488,7 @@ func TestServeLimitsSignInFailures(t *testing.T) {
 	spread.Wait()
 	t.Logf("guesses from fresh peers: %d checked before the global limit refused (%d refused)", spread401.Load(), spread429.Load())
 	require.Positive(t, spread429.Load(), "guessing spread over many peers meets the global limit")
-	require.Less(t, spread401.Load(), int64(150), "the global limit holds")
+	require.Less(t, spread401.Load(), int64(100), "the global limit holds: 60 a minute, reserved before each check, so concurrent guesses cannot overdraw it")
 	require.Positive(t, countLines(p, "every sign-in refused for now"))
 }
 

@@ -104,6 +104,8 @@ type Handler struct {
 	slots  chan struct{}
 	busy   sampledLog // 503s
 	unauth sampledLog // 401s without credentials
+
+	misdirected sampledLog // 421s
 }
 
 const (

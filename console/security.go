@@ -102,13 +102,13 @@ func (h *Handler) authorizeAction(w http.ResponseWriter, r *http.Request, v *vie
 		h.fail(w, r, http.StatusForbidden, "cross-origin request refused: actions are accepted only from the console's own pages (Sec-Fetch-Site same-origin, or an Origin equal to %s); from a script, send the header Origin: http://%s", r.Host, r.Host)
 		return false
 	}
-	// The CSRF token as well: it also stops an old browser that sends neither header, and a
-	// same-site page of another application on this host.
 	// The body is read only now, from an authenticated same-origin request, and within
 	// bodyTimeout: a client that announces a body and dribbles it holds its slot that long,
 	// not the server's whole read timeout. (ErrNotSupported, from a test recorder, leaves the
 	// server's own timeout.)
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyTimeout))
+	// The CSRF token as well: it also stops an old browser that sends neither header, and a
+	// same-site page of another application on this host.
 	if err := r.ParseForm(); err != nil {
 		h.logger.Warn("console: unreadable form", "actor", v.Actor, "peer", r.RemoteAddr, "path", r.URL.Path, "error", err)
 		h.fail(w, r, http.StatusBadRequest, "unreadable form (at most %d bytes, sent within %s): %v", maxBody, bodyTimeout, err)
@@ -171,7 +171,7 @@ func (h *Handler) hostAllowed(w http.ResponseWriter, r *http.Request) bool {
 	if AllowedHost(r.Host, h.cfg.Hosts) {
 		return true
 	}
-	h.logger.Warn("console: request for a host that is not ours refused (421): a DNS-rebinding page, or a name missing from Config.Hosts",
+	h.misdirected.log(h.logger, "console: request for a host that is not ours refused (421): a DNS-rebinding page, or a name missing from Config.Hosts",
 		"host", fmt.Sprintf("%.100q", r.Host), "peer", r.RemoteAddr, "path", r.URL.Path)
 	h.fail(w, r, http.StatusMisdirectedRequest, "the console does not answer to the host %.100q: it answers localhost, 127.0.0.1 and [::1], and the names listed in Config.Hosts (the sample: --allowed-host). Open it by one of those names; if this name is yours, list it", r.Host)
 	return false

@@ -27,8 +27,31 @@ type Config struct {
 	// Authenticate names the user of a request, or reports false when the request carries
 	// no valid credentials. With it, every request needs credentials and actions are
 	// allowed; the name is the actor of the audit trail. Without it the console is
-	// read-only and answers loopback peers only. See BasicAuth.
+	// read-only and answers loopback peers only. See Users (one identity per operator; the
+	// choice for production) and BasicAuth (one shared account).
+	//
+	// Failed sign-ins are limited and logged by Guard; credentials are checked before any
+	// part of a request's body is read and before the request takes one of MaxInFlight's
+	// slots.
 	Authenticate func(r *http.Request) (actor string, ok bool)
+
+	// Hosts lists the names (as browsers send them in Host, with or without a port) the
+	// console answers to besides this machine's loopback (localhost, 127.0.0.1, [::1]).
+	// Without Authenticate, or when Hosts is set, a request for any other Host gets 421:
+	// guards against DNS rebinding, where a page the operator opens re-points its own name
+	// at 127.0.0.1 and reads the console as its own origin. With Authenticate and no Hosts,
+	// any Host is answered (the browser never sends the operator's credentials to a
+	// rebinding page's origin). Behind a proxy, list the name the proxy is reached by.
+	Hosts []string
+
+	// Guard limits and logs failed sign-ins (see Guard). Default: one per handler. Share one
+	// between the surfaces of a process so an attacker does not get a budget per surface.
+	Guard *Guard
+
+	// MaxInFlight caps the requests served at once, counted after authentication (an
+	// unauthenticated request never holds a slot); beyond it the console answers 503 at
+	// once. Default 8.
+	MaxInFlight int
 
 	// Reconciler enables resolving MANUAL operations (reconcile.Reconciler.ResolveTx).
 	Reconciler *reconcile.Reconciler
@@ -82,11 +105,21 @@ type Handler struct {
 	logger *slog.Logger
 	errSeq atomic.Int64
 	now    func() time.Time // the CSRF token's clock; nil is time.Now (tests set it)
+	slots  chan struct{}
+	busy   sampledLog // 503s
+	unauth sampledLog // 401s without credentials
+
+	misdirected sampledLog // 421s
 }
 
 const (
 	defaultPageSize = 50
 	maxPageSize     = 500
+	// defaultMaxInFlight is Config.MaxInFlight's default.
+	defaultMaxInFlight = 8
+	// bodyTimeout bounds reading an authenticated form's body: a form of ours arrives in one
+	// packet; a client that announces a body and sends it slowly holds a slot only this long.
+	bodyTimeout = 5 * time.Second
 	// maxBody bounds a form: a reason and a few ids. Anything bigger is not a form of ours.
 	maxBody = 16 << 10
 	// maxReason bounds an action's reason: a sentence and a ticket number, not an essay.
@@ -131,11 +164,23 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if err := checkHosts(c.Hosts); err != nil {
+		return nil, err
+	}
+	switch {
+	case c.MaxInFlight == 0:
+		c.MaxInFlight = defaultMaxInFlight
+	case c.MaxInFlight < 0:
+		return nil, fmt.Errorf("console.New: MaxInFlight %d: want 1 or more, or 0 for the default (%d)", c.MaxInFlight, defaultMaxInFlight)
+	}
+	if c.Guard == nil {
+		c.Guard = NewGuard(c.Logger)
+	}
 	p, err := parsePages()
 	if err != nil {
 		return nil, err
 	}
-	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger}, nil
+	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger, slots: make(chan struct{}, c.MaxInFlight)}, nil
 }
 
 // ServeHTTP checks who is asking and whether they may, then serves the page or action.
@@ -152,8 +197,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if path == "" {
 		path = "/"
 	}
+	// Host first: a rebinding page must learn nothing, not even whether credentials exist.
+	if !h.hostAllowed(w, r) {
+		return
+	}
+	// Credentials before anything else is read or held: an unauthenticated client (one that
+	// announces a body and never sends it, say) is answered at once and takes no slot.
 	v, ok := h.authorize(w, r)
 	if !ok {
+		return
+	}
+	// The slots bound what authenticated requests cost at once (each may query the database).
+	select {
+	case h.slots <- struct{}{}:
+		defer func() { <-h.slots }()
+	default:
+		h.busy.log(h.logger, "console: request refused: every slot is busy (503)", "max_in_flight", h.cfg.MaxInFlight, "actor", v.Actor, "path", r.URL.Path)
+		w.Header().Set("Retry-After", "1")
+		h.fail(w, r, http.StatusServiceUnavailable, "busy: %d requests are being served; retry in a moment", h.cfg.MaxInFlight)
 		return
 	}
 	switch r.Method {
@@ -223,6 +284,12 @@ func setSecurityHeaders(w http.ResponseWriter) {
 
 // fail answers a client error with a page that says what was wrong and how to fix it.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, format string, args ...any) {
+	if r.ContentLength != 0 && r.PostForm == nil {
+		// The body was never read (a refusal before the form): hang up after the answer.
+		// Otherwise the server reads up to 256 KB of it before answering, and a client that
+		// announced a body and sends none waits, holding its connection, for the read timeout.
+		w.Header().Set("Connection", "close")
+	}
 	h.renderError(w, r, status, fmt.Sprintf(format, args...))
 }
 

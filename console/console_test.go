@@ -409,7 +409,9 @@ func TestSecurity(t *testing.T) {
 // TestWithoutCredentials: read-only, for loopback peers only, and never through a proxy.
 func TestWithoutCredentials(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *console.Config) { c.Authenticate = nil })
+	// console.test is this test's Host: without credentials only listed or loopback names
+	// are answered (DNS rebinding; see TestHostsAnswered).
+	f := newFixture(t, func(c *console.Config) { c.Authenticate = nil; c.Hosts = []string{"console.test"} })
 	f.enqueue(t, "n", "", 1)
 	f.setState(t, "n-0", outbox.StateManual, "gave up")
 	id := outbox.OperationID("payout", "n-0")

@@ -9,7 +9,7 @@
 //	h, err := console.New(pool, &console.Config{
 //		Prefix:       "/console",
 //		Reconciler:   reconciler,                                  // enables Resolve
-//		Authenticate: console.BasicAuth(user, password),           // enables every action
+//		Authenticate: users.Authenticate,                          // console.LoadUsers; enables every action
 //		Statements:   map[string]reconcile.Statement{"payout": s}, // enables Totals
 //	})
 //	mux.Handle("/console/", h)
@@ -21,8 +21,13 @@
 //
 //   - Without Authenticate, the console is read-only and answers only requests from a
 //     loopback peer that carry no forwarding header (a reverse proxy on the same host would
-//     otherwise make every visitor "local"); anything else gets 403 with the fix.
-//   - With Authenticate, every request needs credentials, reads included.
+//     otherwise make every visitor "local"), under a loopback Host or one in Config.Hosts
+//     (DNS rebinding); anything else gets 403 or 421 with the fix.
+//   - With Authenticate, every request needs credentials, reads included: Users (one
+//     identity per operator, bcrypt hashes), ProxyUser (an authenticating proxy's header,
+//     from the proxy's addresses only) or BasicAuth (one shared account).
+//   - Failed sign-ins are limited per peer and in all, and logged (Guard); credentials are
+//     checked before a request takes a slot (Config.MaxInFlight) or has its body read.
 //   - Every action is a POST that needs credentials, a same-origin request (Sec-Fetch-Site
 //     "same-origin", or an Origin equal to the request's own) and the CSRF token of the page
 //     it was made from (bound to the user). The actor recorded is the authenticated user,

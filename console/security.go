@@ -1,15 +1,19 @@
 package console
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 )
@@ -53,12 +57,27 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bo
 		}
 		return &viewer{}, true
 	}
+	// A locked-out peer's credentials are not even checked: a lockout that still answered
+	// right or wrong would not stop guessing.
+	if wait := h.cfg.Guard.Wait(r); wait > 0 {
+		secs := int((wait + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		h.fail(w, r, http.StatusTooManyRequests, "too many failed sign-ins: credentials are not checked for %d s; the attempts are in the server's log", secs)
+		return nil, false
+	}
 	actor, ok := h.cfg.Authenticate(r)
 	if !ok {
+		if name, _, sent := r.BasicAuth(); sent || r.Header.Get("Authorization") != "" {
+			h.cfg.Guard.Failed(r, name)
+		} else {
+			// A browser's first request carries none (the 401 makes it ask): not a failure.
+			h.unauth.logAt(h.logger, slog.LevelInfo, "console: request without credentials refused (401)", "peer", r.RemoteAddr, "path", r.URL.Path)
+		}
 		w.Header().Set("WWW-Authenticate", `Basic realm="stepwise console", charset="UTF-8"`)
 		h.fail(w, r, http.StatusUnauthorized, "credentials required")
 		return nil, false
 	}
+	h.cfg.Guard.Succeeded(r)
 	// The actor goes into the audit trail verbatim: a newline or control character there
 	// could forge a second line in a log or a report.
 	if actor == "" || len(actor) > 200 || strings.IndexFunc(actor, unicode.IsControl) >= 0 {
@@ -83,10 +102,16 @@ func (h *Handler) authorizeAction(w http.ResponseWriter, r *http.Request, v *vie
 		h.fail(w, r, http.StatusForbidden, "cross-origin request refused: actions are accepted only from the console's own pages (Sec-Fetch-Site same-origin, or an Origin equal to %s); from a script, send the header Origin: http://%s", r.Host, r.Host)
 		return false
 	}
+	// The body is read only now, from an authenticated same-origin request, and within
+	// bodyTimeout: a client that announces a body and dribbles it holds its slot that long,
+	// not the server's whole read timeout. (ErrNotSupported, from a test recorder, leaves the
+	// server's own timeout.)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyTimeout))
 	// The CSRF token as well: it also stops an old browser that sends neither header, and a
 	// same-site page of another application on this host.
 	if err := r.ParseForm(); err != nil {
-		h.fail(w, r, http.StatusBadRequest, "unreadable form (at most %d bytes): %v", maxBody, err)
+		h.logger.Warn("console: unreadable form", "actor", v.Actor, "peer", r.RemoteAddr, "path", r.URL.Path, "error", err)
+		h.fail(w, r, http.StatusBadRequest, "unreadable form (at most %d bytes, sent within %s): %v", maxBody, bodyTimeout, err)
 		return false
 	}
 	if !h.csrfValid(v.Actor, r.PostForm.Get("csrf")) {
@@ -164,4 +189,46 @@ func loopbackPeer(r *http.Request) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// hostAllowed answers 421 to a request whose Host is neither loopback nor listed in
+// Config.Hosts, when the console checks Host (see Config.Hosts). Guards against DNS
+// rebinding (see AllowedHost).
+func (h *Handler) hostAllowed(w http.ResponseWriter, r *http.Request) bool {
+	if h.cfg.Authenticate != nil && len(h.cfg.Hosts) == 0 {
+		return true
+	}
+	if AllowedHost(r.Host, h.cfg.Hosts) {
+		return true
+	}
+	h.misdirected.log(h.logger, "console: request for a host that is not ours refused (421): a DNS-rebinding page, or a name missing from Config.Hosts",
+		"host", fmt.Sprintf("%.100q", r.Host), "peer", r.RemoteAddr, "path", r.URL.Path)
+	h.fail(w, r, http.StatusMisdirectedRequest, "the console does not answer to the host %.100q: it answers localhost, 127.0.0.1 and [::1], and the names listed in Config.Hosts (the sample: --allowed-host). Open it by one of those names; if this name is yours, list it", r.Host)
+	return false
+}
+
+// sampledLog logs a repeated event at most once every 10 s, with how many were not logged.
+// Guards against a flood of refusals flooding the log as well.
+type sampledLog struct {
+	mu      sync.Mutex
+	last    time.Time
+	dropped int
+}
+
+func (s *sampledLog) log(l *slog.Logger, msg string, args ...any) {
+	s.logAt(l, slog.LevelWarn, msg, args...)
+}
+
+func (s *sampledLog) logAt(l *slog.Logger, level slog.Level, msg string, args ...any) {
+	s.mu.Lock()
+	now := time.Now()
+	if now.Sub(s.last) < 10*time.Second {
+		s.dropped++
+		s.mu.Unlock()
+		return
+	}
+	dropped := s.dropped
+	s.last, s.dropped = now, 0
+	s.mu.Unlock()
+	l.Log(context.Background(), level, msg, append(args, "not_logged_since_last", dropped)...)
 }

@@ -14,6 +14,8 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 	"riverqueue.com/riverui"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -50,7 +53,23 @@ type serveFlags struct {
 	metricsInterval   time.Duration
 	dbMaxConns        int
 	publicWithoutAuth bool
+	behindTLS         bool
+	allowedHosts      hostList
 	verbose           bool
+}
+
+// hostList is --allowed-host: repeatable, each a comma-separated list.
+type hostList []string
+
+func (h *hostList) String() string { return strings.Join(*h, ",") }
+
+func (h *hostList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*h = append(*h, s)
+		}
+	}
+	return nil
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -74,6 +93,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&f.metricsInterval, "metrics-interval", 5*time.Second, "how often the metrics (database gauges included) are gathered in the background; a scrape serves the last gather")
 	fs.IntVar(&f.dbMaxConns, "db-max-conns", 0, "database connections this process may open (default: 2 × --settle-workers + 16)")
 	fs.BoolVar(&f.publicWithoutAuth, "public-without-auth", false, "allow an --addr beyond loopback without RIVERUI_USER/RIVERUI_PASSWORD (only behind a proxy that authenticates)")
+	fs.BoolVar(&f.behindTLS, "behind-tls", false, "the operator surface is reached over TLS terminated in front of this process: allows credentials (CONSOLE_USERS, CONSOLE_USER, RIVERUI_USER) with an --addr beyond loopback, which is otherwise refused (they would cross the network in clear text)")
+	_ = f.allowedHosts.Set(os.Getenv("SERVE_ALLOWED_HOSTS"))
+	fs.Var(&f.allowedHosts, "allowed-host", "a Host name (with or without :port) the console, River UI and /metrics answer to besides localhost, 127.0.0.1 and [::1], e.g. the proxy's name or the address Prometheus scrapes; repeatable, or comma-separated ($SERVE_ALLOWED_HOSTS). Any other Host gets 421 (DNS rebinding)")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
@@ -93,12 +115,33 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return usageError("--addr %q: want host:port, e.g. 127.0.0.1:8080", f.addr)
 	}
+	for _, h := range f.allowedHosts {
+		if strings.ContainsAny(h, "/*@ \t") {
+			return usageError("--allowed-host %q: want a host name or address as browsers send it in Host, with or without a port (e.g. ops.example.com or ops.example.com:8443)", h)
+		}
+	}
+	// Credentials are checked before the database is touched: a half-set pair exits 2 at once.
+	auth, err := operatorAuthFromEnv()
+	if err != nil {
+		return err
+	}
 	logger := newLogger(stderr, f.verbose)
+	hosts := append([]string(nil), f.allowedHosts...)
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		// Basic-auth credentials over plain HTTP beyond this host can be read by anyone on
+		// the path; every browser request repeats them.
+		if auth.configured() && !f.behindTLS {
+			return usageError("--addr %s is beyond loopback and credentials are configured: they would cross the network in clear text with every request; terminate TLS in front of serve (a proxy) and pass --behind-tls, or bind 127.0.0.1 and reach it through ssh -L", f.addr)
+		}
+		// The address serve is bound to is a name this surface answers to (an address is
+		// never a rebinding page's origin); 0.0.0.0 or :: name no host.
+		if host != "" && (ip == nil || !ip.IsUnspecified()) {
+			hosts = append(hosts, host)
+		}
 		// Guards against publishing River UI (payment jobs' arguments and errors) and the
 		// metrics to a network by a mistyped --addr: without credentials that takes an
 		// explicit flag.
-		if (os.Getenv("RIVERUI_USER") == "" || os.Getenv("RIVERUI_PASSWORD") == "") && !f.publicWithoutAuth {
+		if auth.riverUser == "" && !f.publicWithoutAuth {
 			return usageError("--addr %s is beyond loopback and RIVERUI_USER/RIVERUI_PASSWORD are not set: River UI and /metrics would be open to the network; set both, bind 127.0.0.1, or pass --public-without-auth if a proxy in front authenticates", f.addr)
 		}
 		logger.Warn("serving beyond loopback: /metrics, /healthz and /readyz are open to anyone who can reach " + f.addr)
@@ -147,7 +190,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer cancelRun()
 	rd := &readiness{}
 	go rd.watchDB(runCtx, pool, 2*time.Second, logger)
-	handler, err := serveHandler(runCtx, svc, rd, serveOps{metricsInterval: f.metricsInterval}, logger)
+	handler, err := serveHandler(runCtx, svc, rd, serveOps{metricsInterval: f.metricsInterval, auth: auth, hosts: hosts}, logger)
 	if err != nil {
 		return err
 	}
@@ -170,6 +213,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	go svc.RunMaintenance(runCtx)
 	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/ /console/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
 		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
+	consoleFrom := "none (read-only, loopback)"
+	if auth.console != nil {
+		consoleFrom = auth.consoleFrom
+	}
+	fmt.Fprintf(stdout, "operators: console %s; River UI %s; hosts answered besides loopback: %s\n",
+		consoleFrom, map[bool]string{true: "RIVERUI_USER", false: "none (read-only, loopback)"}[auth.riverUser != ""], orNone(hosts))
 
 	select {
 	case <-ctx.Done():
@@ -273,16 +322,32 @@ func poolSizeFor(settleWorkers int) int {
 }
 
 // serveHandler is the operator's HTTP surface: Prometheus metrics, liveness (/healthz),
-// readiness (/readyz) and River's web UI. Reads are open (bind to loopback, the default, to
-// keep them private); anything else — River UI's cancel, retry, delete — needs the
+// readiness (/readyz), River's web UI and the console. Reads are open (bind to loopback, the
+// default, to keep them private); anything else — River UI's cancel, retry, delete — needs the
 // basic-auth credentials in RIVERUI_USER and RIVERUI_PASSWORD, and is refused outright when
-// they are not set.
+// they are not set. Only loopback Host names and o.hosts are answered (DNS rebinding; health
+// probes excepted), no page may be framed, and failed sign-ins on River UI and the console
+// share one console.Guard. See docs/console.md, "Threat model".
 //
 // Nothing here queries the database per request except River UI (capped): metrics come from
 // a background gather and readiness from a background ping, so no request rate can take
 // connections from the steps. See cachedGatherer.
 func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o serveOps, logger *slog.Logger) (http.Handler, error) {
 	o = o.withDefaults()
+	if o.auth == nil {
+		auth, err := operatorAuthFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		o.auth = auth
+	}
+	if o.auth.guard == nil {
+		// One guard for every surface: an attacker gets one budget of failures, not one each.
+		o.auth.guard = console.NewGuard(logger)
+		if err := o.auth.guard.TrustProxies(o.auth.trustedProxies); err != nil {
+			return nil, err
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, c := range svc.Collectors() {
@@ -324,14 +389,29 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		}
 		fmt.Fprintln(w, "ready")
 	})))
-	mux.Handle("/riverui/", limitInFlight(o.maxUIRequests, readWholeBody(requireAuthForWrites(genericServerErrors(ui, "River UI", logger), os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")))))
-	// The operator's console checks credentials, origin and CSRF itself (package console).
-	cons, err := newConsole(svc.Pool, svc, logger)
+	// Credentials first, then a slot, then the body (writes only, within bodyReadTimeout).
+	// Guards against the lockout measured before this order: four connections that announce
+	// a 1 MB body and never send it held River UI's and the console's four slots each, and
+	// every operator request got 503 for as long as they stayed (the server's read timeout,
+	// then again).
+	mux.Handle("/riverui/", requireAuthForWrites(
+		limitInFlightLogged(o.maxUIRequests, "River UI", logger, readWriteBody(genericServerErrors(ui, "River UI", logger), logger)),
+		o.auth.riverUser, o.auth.riverPassword, o.auth.guard))
+	// The operator's console checks host, credentials, its own slots, origin and CSRF itself,
+	// in that order (package console), with the same failure guard as River UI.
+	cons, err := newConsole(svc.Pool, svc, logger, &consoleSecurity{auth: o.auth, hosts: o.hosts, maxInFlight: o.maxUIRequests})
 	if err != nil {
 		return nil, err
 	}
-	mux.Handle("/console/", limitInFlight(o.maxUIRequests, readWholeBody(cons)))
-	return limitBodies(readOnlyUnlessAuthorized(mux)), nil
+	mux.Handle("/console/", cons)
+	return operatorHeaders(limitBodies(allowedHostsOnly(o.hosts, logger, readOnlyUnlessAuthorized(mux)))), nil
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	return strings.Join(list, ", ")
 }
 
 // serveOps are the limits of the operator's HTTP surface.
@@ -340,6 +420,10 @@ type serveOps struct {
 	maxScrapes      int // /metrics requests in flight
 	maxProbes       int // /healthz and /readyz requests in flight
 	maxUIRequests   int // River UI and console requests in flight, each
+	// auth is who may sign in; nil: read from the environment (operatorAuthFromEnv).
+	auth *operatorAuth
+	// hosts are the Host names answered besides loopback (--allowed-host, the bound address).
+	hosts []string
 }
 
 // withDefaults fills the zero limits with serve's defaults.
@@ -364,6 +448,7 @@ func (o serveOps) withDefaults() serveOps {
 func readOnlyUnlessAuthorized(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") && !isUnder(r.URL.Path, "/console/") {
+			closeUnreadBody(w, r)
 			http.Error(w, "read-only endpoint", http.StatusMethodNotAllowed)
 			return
 		}
@@ -387,7 +472,11 @@ func isUnder(path, prefix string) bool {
 //     JSON request needs a CORS preflight, which this server never grants), and a browser's
 //     Sec-Fetch-Site, when sent, must be same-origin, and its Origin, when sent, must be this
 //     host. Clients that are not browsers (curl, scripts) send neither header and pass.
-func requireAuthForWrites(next http.Handler, user, password string) http.Handler {
+//
+// It runs before the in-flight cap and reads no body: a request without valid credentials
+// never holds a slot. Failed sign-ins are limited and logged by guard (429 with Retry-After
+// while the peer, or everyone, is locked out; see console.Guard).
+func requireAuthForWrites(next http.Handler, user, password string, guard *console.Guard) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		write := true
 		switch r.Method {
@@ -396,20 +485,37 @@ func requireAuthForWrites(next http.Handler, user, password string) http.Handler
 		}
 		if user == "" || password == "" {
 			if write {
+				closeUnreadBody(w, r)
 				http.Error(w, "River UI is read-only here: set RIVERUI_USER and RIVERUI_PASSWORD on the serve process to allow changes", http.StatusForbidden)
 				return
 			}
 			next.ServeHTTP(w, r)
 			return
 		}
+		// Every refusal here is made without reading the body: hang up after it.
+		if wait := guard.Wait(r); wait > 0 {
+			closeUnreadBody(w, r)
+			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+			http.Error(w, "too many failed sign-ins: credentials are not checked for a while; the attempts are in the server's log", http.StatusTooManyRequests)
+			return
+		}
 		u, p, ok := r.BasicAuth()
-		if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(user)) != 1 || subtle.ConstantTimeCompare([]byte(p), []byte(password)) != 1 {
+		// Both compared whatever the first gives: no timing signal for "user exists".
+		okU := subtle.ConstantTimeCompare([]byte(u), []byte(user))
+		okP := subtle.ConstantTimeCompare([]byte(p), []byte(password))
+		if !ok || okU&okP != 1 {
+			if ok || r.Header.Get("Authorization") != "" {
+				guard.Failed(r, u)
+			}
+			closeUnreadBody(w, r)
 			w.Header().Set("WWW-Authenticate", `Basic realm="stepwise river ui", charset="UTF-8"`)
 			http.Error(w, "credentials required", http.StatusUnauthorized)
 			return
 		}
+		guard.Succeeded(r)
 		if write {
 			if why := crossSiteWrite(r); why != "" {
+				closeUnreadBody(w, r)
 				http.Error(w, "refused: "+why, http.StatusForbidden)
 				return
 			}
@@ -444,6 +550,7 @@ const maxRequestBody = 1 << 20
 func limitBodies(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > maxRequestBody {
+			closeUnreadBody(w, r)
 			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
 			return
 		}
@@ -452,17 +559,32 @@ func limitBodies(next http.Handler) http.Handler {
 	})
 }
 
-// readWholeBody reads a request's body (already capped by limitBodies) before next sees it,
-// and answers 413 when it is over the cap. Guards against: a body sent without a length
-// (chunked) passing limitBodies' Content-Length check, being cut at the cap while River UI
-// decodes it, and answered as a malformed request (400) instead of a refused size. It runs
-// under the in-flight cap, so at most that many bodies are held at once.
-func readWholeBody(next http.Handler) http.Handler {
+// bodyReadTimeout bounds reading an authenticated write's body: River UI's writes are a few
+// hundred bytes, sent at once.
+const bodyReadTimeout = 5 * time.Second
+
+// readWriteBody reads a write's body (already capped by limitBodies) before next sees it,
+// within bodyReadTimeout, and answers 413 when it is over the cap. Reads (GET, HEAD,
+// OPTIONS) pass without their body being read.
+//
+// Guards against: a body sent without a length (chunked) passing limitBodies' Content-Length
+// check, being cut at the cap while River UI decodes it, and answered as a malformed request
+// (400) instead of a refused size; and a client that announces a body and dribbles it holding
+// a slot for the server's whole read timeout. It runs after authentication and under the
+// in-flight cap, so only an operator's request is read, at most that many at once.
+func readWriteBody(next http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+			next.ServeHTTP(w, r)
+			return
+		}
 		if r.Body == nil || r.Body == http.NoBody {
 			next.ServeHTTP(w, r)
 			return
 		}
+		// ErrNotSupported (a test recorder) leaves the server's own read timeout.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyReadTimeout))
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			var tooLarge *http.MaxBytesError
@@ -470,10 +592,55 @@ func readWholeBody(next http.Handler) http.Handler {
 				http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
 				return
 			}
-			http.Error(w, "reading the request body failed", http.StatusBadRequest)
+			logger.Warn("operator surface: request body not received in time or unreadable", "peer", r.RemoteAddr, "path", r.URL.Path, "timeout", bodyReadTimeout, "err", err)
+			http.Error(w, "reading the request body failed (send it at once, within "+bodyReadTimeout.String()+")", http.StatusBadRequest)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// allowedHostsOnly answers 421 to a request whose Host is neither loopback nor in hosts,
+// except for /healthz and /readyz (an orchestrator's probe sends the pod's address; they
+// show nothing). Guards against DNS rebinding: a page the operator opens re-points its own
+// name at 127.0.0.1 (or at the address an ssh -L listens on) and then reads River UI's API
+// (payment jobs' arguments), /metrics and the console as its own origin. See
+// console.AllowedHost.
+func allowedHostsOnly(hosts []string, logger *slog.Logger, next http.Handler) http.Handler {
+	var refused sampledWarn
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || console.AllowedHost(r.Host, hosts) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		closeUnreadBody(w, r)
+		refused.warn(logger, "operator surface: request for a host that is not ours refused (421): a DNS-rebinding page, or a name to list with --allowed-host",
+			"host", fmt.Sprintf("%.100q", r.Host), "peer", r.RemoteAddr, "path", r.URL.Path)
+		http.Error(w, fmt.Sprintf("this server does not answer to the host %.100q: it answers localhost, 127.0.0.1 and [::1], and the names given to serve with --allowed-host; open it by one of those, or list this name if it is yours", r.Host),
+			http.StatusMisdirectedRequest)
+	})
+}
+
+// closeUnreadBody makes the server hang up after answering a request whose body it refuses
+// unread. Guards against: the server reading up to 256 KB of that body before it answers (so
+// that the connection can be reused), which a client that announced a body and sends none
+// turns into a wait, holding its connection, for the whole read timeout.
+func closeUnreadBody(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
+}
+
+// operatorHeaders: no page of the operator surface may be framed by another site (River UI's
+// buttons clickjacked: an invisible frame over a decoy), nor sniffed into another type. The
+// console sets a stricter policy of its own.
+func operatorHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Content-Security-Policy", "frame-ancestors 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
 		next.ServeHTTP(w, r)
 	})
 }

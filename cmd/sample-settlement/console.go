@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,20 +19,30 @@ import (
 )
 
 // newConsole is the operator's console of the sample service, mounted at /console/. With
-// CONSOLE_USER and CONSOLE_PASSWORD set, operators sign in with them and may cancel runs and
-// resolve MANUAL payouts; without, the console is read-only and answers loopback only.
-// Totals compare payouts with the bank's statement.
-func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger) (http.Handler, error) {
+// operators configured (CONSOLE_USERS, or CONSOLE_USER and CONSOLE_PASSWORD; see
+// operatorAuthFromEnv), they sign in and may cancel runs and resolve MANUAL payouts, each
+// audited under their name; without, the console is read-only and answers loopback only.
+// Totals compare payouts with the bank's statement. sec nil: read from the environment,
+// with the console's default limits.
+func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger, sec *consoleSecurity) (http.Handler, error) {
+	if sec == nil {
+		auth, err := operatorAuthFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		sec = &consoleSecurity{auth: auth}
+	}
 	cfg := &console.Config{
-		Prefix:     "/console",
-		Reconciler: svc.Reconciler,
-		Logger:     logger,
+		Prefix:       "/console",
+		Reconciler:   svc.Reconciler,
+		Logger:       logger,
+		Authenticate: sec.auth.console,
+		Guard:        sec.auth.guard,
+		Hosts:        sec.hosts,
+		MaxInFlight:  sec.maxInFlight,
 	}
 	if svc.Sender != nil && svc.Sender.Client != nil {
 		cfg.Statements = map[string]reconcile.Statement{settlement.PayoutKind: fakebank.Statement(svc.Sender.Client)}
-	}
-	if user, password := os.Getenv("CONSOLE_USER"), os.Getenv("CONSOLE_PASSWORD"); user != "" && password != "" {
-		cfg.Authenticate = console.BasicAuth(user, password)
 	}
 	// Resume continues a failed or cancelled run from its last committed cursor, audited
 	// with the signed-in operator as actor, and only if the run is still the one the
@@ -65,7 +74,7 @@ func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger
 
 // serveDemoConsole serves the console for the demo's lifetime and says where.
 func serveDemoConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger, addr string, step func(string, ...any)) (func(), error) {
-	h, err := newConsole(pool, svc, logger)
+	h, err := newConsole(pool, svc, logger, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -32,8 +32,9 @@ func TestServeMountsTheConsole(t *testing.T) {
 	do := func(h http.Handler, method, path string) (int, string) {
 		req := httptest.NewRequest(method, path, strings.NewReader("reason=x"))
 		req.RemoteAddr = "127.0.0.1:5000"
+		req.Host = "127.0.0.1:8080" // a loopback name: any other Host is refused (DNS rebinding)
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Origin", "http://example.com")
+		req.Header.Set("Origin", "http://127.0.0.1:8080")
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		return rec.Code, rec.Body.String()
@@ -61,6 +62,7 @@ func TestServeMountsTheConsole(t *testing.T) {
 
 	// The demo serves the same console on --console-addr and prints where.
 	t.Setenv("CONSOLE_USER", "")
+	t.Setenv("CONSOLE_PASSWORD", "")
 	var printed string
 	stop, err := serveDemoConsole(pool, svc, quietLogger(), "127.0.0.1:0", func(format string, args ...any) { printed = fmt.Sprintf(format, args...) })
 	require.NoError(t, err)

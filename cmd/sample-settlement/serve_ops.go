@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -158,9 +159,46 @@ func (l limiter) wrap(next http.Handler) http.Handler {
 	})
 }
 
-// limitInFlight caps next at max requests in flight (River UI reads, which query the
-// database, and the console); see limiter.
-func limitInFlight(max int, next http.Handler) http.Handler { return newLimiter(max).wrap(next) }
+// limitInFlightLogged caps next at max requests in flight (River UI's, which query the
+// database), like limiter, and logs the refusals (sampled): an operator told "busy" should
+// find why in the log.
+func limitInFlightLogged(max int, what string, logger *slog.Logger, next http.Handler) http.Handler {
+	l := newLimiter(max)
+	var busy sampledWarn
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case l <- struct{}{}:
+			defer func() { <-l }()
+			next.ServeHTTP(w, r)
+		default:
+			busy.warn(logger, what+": request refused: every slot is busy (503)", "max_in_flight", max, "peer", r.RemoteAddr, "path", r.URL.Path)
+			closeUnreadBody(w, r)
+			unavailable(w, "busy: too many concurrent requests, retry later")
+		}
+	})
+}
+
+// sampledWarn logs a repeated refusal at most once every 10 s, with how many it did not
+// log. Guards against a flood of refusals flooding the log as well.
+type sampledWarn struct {
+	mu      sync.Mutex
+	last    time.Time
+	dropped int
+}
+
+func (s *sampledWarn) warn(logger *slog.Logger, msg string, args ...any) {
+	s.mu.Lock()
+	now := time.Now()
+	if now.Sub(s.last) < 10*time.Second {
+		s.dropped++
+		s.mu.Unlock()
+		return
+	}
+	dropped := s.dropped
+	s.last, s.dropped = now, 0
+	s.mu.Unlock()
+	logger.Warn(msg, append(args, "not_logged_since_last", dropped)...)
+}
 
 // readiness tracks whether this process is ready to take work: the schema is known to be
 // current, River is started and the database answered the last background ping.

@@ -460,3 +460,13 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "db is nil")
 	require.Panics(t, func() { console.BasicAuth("alice", "") })
 }
+
+// A ledger with no operation yet (a service before its first payout): the operations page
+// lists none. Guards against: the empty query being sent with the page-size argument already
+// bound, which the server refused ("expected 0 arguments, got 1") as a 500.
+func TestOperationsPageOnAnEmptyLedger(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	body := f.get(t, "/console/operations")
+	require.Contains(t, body, "Operations")
+}

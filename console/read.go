@@ -483,8 +483,8 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 	}
 	var sql string
 	switch len(parts) {
-	case 0: // no operation at all yet
-		sql = `SELECT ` + ledger.Columns("o") + ` FROM stepwise_operation o WHERE false`
+	case 0: // no operation at all yet: a query with no parameters, so no arguments either
+		sql, args = `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o WHERE false`, nil
 	case 1:
 		sql = parts[0]
 	default:

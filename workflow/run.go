@@ -50,6 +50,9 @@ type Run struct {
 	FinishedAt *time.Time
 	// CancelRequestedAt is when CancelRun was called, if it was.
 	CancelRequestedAt *time.Time
+	// HistoryPrunedAt is when package retention deleted the run's events (its row and
+	// checkpoint stay, so the key still names this run and a failed run still resumes).
+	HistoryPrunedAt *time.Time
 
 	// Created is true when the Start call that returned this Run created it.
 	Created bool
@@ -88,7 +91,8 @@ func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], k
 // that delivers it, all in the caller's transaction. A key names one run forever: starting
 // the same key again with the same workflow and input returns the existing run (Created is
 // false) and inserts no job, so "the cron fired twice" or "the caller retried" cannot start a
-// second run. The same key with another workflow or input is ErrRunConflict.
+// second run. The same key with another workflow or input is ErrRunConflict. This holds after
+// retention too: package retention never deletes a run's row, only its events.
 func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args A, opts *StartOpts) (*Run, error) {
 	var insertOpts *river.InsertOpts
 	if opts != nil {
@@ -208,10 +212,10 @@ func runKeyOf(metadata []byte, args any) (string, error) {
 func GetRun(ctx context.Context, q stepwise.DBTX, key string) (*Run, error) {
 	r := &Run{Key: key}
 	err := q.QueryRow(ctx, `SELECT workflow, input, status, schedule, slot, shard, river_job_id, attempts, failures,
-			last_error, wake_at, created_at, updated_at, finished_at, cancel_requested_at
+			last_error, wake_at, created_at, updated_at, finished_at, cancel_requested_at, history_pruned_at
 		FROM stepwise_run WHERE key = $1`, key).
 		Scan(&r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
-			&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt)
+			&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt, &r.HistoryPrunedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrRunNotFound, key)
 	}

@@ -459,6 +459,9 @@ func ShardOf(key string, n int) int {
 // is not recorded here (the tick that reaches the slot records it), so SlotStatus reports
 // ErrSlotNotFound until then. This is the only way, besides a Scheduler, to start a run that
 // belongs to a slot: workflow.StartOpts cannot set one.
+//
+// A slot that was materialized and whose runs are gone is refused with ErrSlotRunsMissing:
+// starting them again would redo the slot from the start.
 func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, sch Schedule[A], slot time.Time) ([]*workflow.Run, error) {
 	switch {
 	case client == nil:
@@ -474,6 +477,9 @@ func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx
 	if next := def.spec.Next(slot.Add(-time.Nanosecond)); !next.Equal(slot) {
 		return nil, fmt.Errorf("%w: schedule %q: %s is not a slot of %q in %s; pass one of its slots, e.g. %s",
 			ErrInvalid, sch.Name, fmtSlot(slot), def.specText, def.zone, fmtSlot(next))
+	}
+	if err := refuseSlotWithoutRuns(ctx, tx, sch.Name, slot); err != nil {
+		return nil, err
 	}
 	runs := make([]*workflow.Run, 0, def.shards)
 	for shard := range def.shards {

@@ -72,6 +72,11 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 	require.Contains(t, r.stdout, "2 operation events", "the dispatcher's machine transitions go")
 	require.Contains(t, r.stdout, "every decision a person made")
 
+	// A failed run's history goes only by name; a name that is no failed run is refused.
+	r = runCLI(t, "prune", "--older-than", "720h", "--failed-run", "settle/nope", "--database-url", dbURL)
+	require.Equal(t, 1, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stderr, `there is no run "settle/nope"`)
+
 	r = runCLI(t, "prune", "--help")
 	require.Contains(t, r.stderr, "all people's decisions")
 	require.Contains(t, r.stderr, "are kept forever")

@@ -1,33 +1,47 @@
-// Package retention deletes Stepwise's finished history: terminal runs with their
-// checkpoints and audit events, audit events of settled operations, and closed schedule
-// slots, older than a configured age, in small batches that never block a step.
+// Package retention deletes Stepwise's finished history: the audit events of succeeded runs
+// and of settled operations, older than a configured age, in small batches that never block
+// a step. Every row that carries a promise stays, forever.
 //
 // It is a package function on a pool, not part of workflow.Engine: it needs no River client
 // and no engine, so an operator can run it from a cron job, a maintenance command or a
 // goroutine of any worker process, and it touches no code on the step path.
 //
-// # What is kept: operations are tombstones, forever
+// # What is kept forever, and why
 //
-// An operation_id must stay known for as long as the external system could still see a
-// resend of it, and the ledger is what makes a resend carry the same id: a step replayed
-// after a crash enqueues by (kind, business_key) and finds the existing row, and only the
-// row's operation_id is the idempotency key the bank knows. A bank keeps idempotency keys
-// for a bounded time, but Stepwise cannot know that bound, nor whether a business key
-// could be enqueued again (a back-fill of an old date). So Prune never deletes a row of
-// stepwise_operation: the row is the tombstone (operation_id, kind, business_key,
-// payload hash, amount, currency, final state, external reference), a few hundred bytes.
-// What goes is its audit trail (stepwise_event 'op:…' rows) once the operation is
-// SUCCEEDED or FAILED_PERMANENT and the events are older than the age. An operation that
-// is PENDING, PROCESSING, RETRYABLE, UNKNOWN_EXTERNAL or MANUAL keeps everything, and so
-// does every run that wrote one: its batch is not settled.
+// Runs: every stepwise_run row and its stepwise_checkpoint. A key names one run forever:
+// workflow.Start and schedule.StartSlot find a used key by its row and return that run, so a
+// pruned key cannot be started again from cursor zero (its committed steps redone), and a
+// slot's runs stay the evidence of its batch status. A failed or cancelled run can still be
+// resumed from its checkpoint, so its events (why it failed) stay too, unless the operator
+// names the run in Config.FailedRuns. A pruned run's row records when (history_pruned_at).
+//
+// Operations: every stepwise_operation row (and its requests). An operation_id must stay known
+// for as long as the external system could still see a resend of it, and the ledger is what
+// makes a resend carry the same id: a step replayed after a crash enqueues by (kind,
+// business_key) and finds the existing row, and only the row's operation_id is the
+// idempotency key the bank knows. Stepwise cannot know how long the bank keeps its keys, nor
+// whether a business key could be enqueued again (a back-fill of an old date), so the row is
+// the tombstone. What goes is its machine trail (op.transition events of dispatchers and the
+// reconciler) once the operation is SUCCEEDED or FAILED_PERMANENT and the events are older
+// than the age. An operation that is PENDING, PROCESSING, RETRYABLE, UNKNOWN_EXTERNAL or
+// MANUAL keeps everything, and so does every run that wrote one: its batch is not settled.
+//
+// People's decisions: every console.action event, every resolution (the op.transition a person
+// recorded through reconcile.Resolve), every transition into MANUAL (what the person decided
+// on), and every run.resume and run.cancel_requested (who resumed or stopped a run, and why).
+// A decision about money is kept as long as the operation it decided, which is forever.
+//
+// Schedule slots: every stepwise_schedule_slot row, one per decided slot (materialized,
+// skipped with its reason, buffered). It is the record that a date was settled or why it was
+// not; the tick reads only open slots, so old ones cost nothing.
 //
 // # Never blocking a step
 //
 // Each batch is its own short transaction of at most BatchSize rows, selected oldest first
-// with FOR UPDATE SKIP LOCKED (a row a step or a tick holds is skipped, not waited for),
-// under lock_timeout: a batch that would wait longer gives up and is retried on the next
-// pass. Only terminal rows are touched; running runs, their checkpoints and open slots are
-// never selected. Between batches Prune sleeps Pause, so the step path keeps the database.
+// with FOR UPDATE SKIP LOCKED (a row a step holds is skipped, not waited for), under
+// lock_timeout: a batch that would wait longer gives up and is retried on the next pass.
+// Only finished runs and settled operations are touched. Between batches Prune sleeps, so the
+// step path keeps the database.
 package retention
 
 import (
@@ -47,13 +61,22 @@ const MinAge = 24 * time.Hour
 
 // Config configures Prune.
 type Config struct {
-	// OlderThan is the age past which finished history is deleted: runs finished, events
-	// written and slots due before now - OlderThan. Required; at least MinAge.
+	// OlderThan is the age past which finished history is deleted: the events of runs that
+	// succeeded before now - OlderThan, and events written before it of settled operations.
+	// Required; at least MinAge.
 	OlderThan time.Duration
 
-	// BatchSize is the most runs (or events, or slots) one transaction deletes; a run goes
-	// with its checkpoint and events, so a batch of runs deletes about five times as many
-	// rows. Defaults to 500; at most 10000.
+	// FailedRuns names failed or cancelled runs whose history the operator gives up: their
+	// events go whatever their age, as a succeeded run's do (people's decisions stay). A
+	// failed or cancelled run can still be resumed, so Prune never touches one by age; only
+	// this list does. The runs themselves (key, checkpoint) stay, and can still be resumed.
+	// Prune refuses, before deleting anything, a name that is not a failed or cancelled run,
+	// or a run that wrote operations not yet settled.
+	FailedRuns []string
+
+	// BatchSize is the most runs (or events) one transaction prunes; a run's events go with
+	// it, so a batch of runs deletes several times as many rows. Defaults to 500; at most
+	// 10000.
 	BatchSize int
 
 	// Pause is the least sleep between batches; Prune also sleeps at least three times as
@@ -70,16 +93,18 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Result counts what Prune deleted.
+// Result counts what Prune did.
 type Result struct {
-	Runs, Checkpoints, RunEvents, OperationEvents, Slots int64
+	// Runs is how many runs had their history pruned (their rows stay, marked); RunEvents
+	// and OperationEvents how many events were deleted.
+	Runs, RunEvents, OperationEvents int64
 	// Batches is how many transactions ran; Skipped how many gave up on a lock.
 	Batches, Skipped int
 }
 
-// Total is every row deleted.
+// Total is every row deleted or marked.
 func (r *Result) Total() int64 {
-	return r.Runs + r.Checkpoints + r.RunEvents + r.OperationEvents + r.Slots
+	return r.Runs + r.RunEvents + r.OperationEvents
 }
 
 func (c *Config) withDefaults() (*Config, error) {
@@ -112,42 +137,47 @@ func (c *Config) withDefaults() (*Config, error) {
 	return &out, nil
 }
 
-// Prune deletes the history older than cfg.OlderThan, batch by batch, until none is left or
-// ctx ends. It is safe to run from several processes at once (SKIP LOCKED divides the rows)
-// and to stop at any moment (each batch commits on its own).
+// Prune deletes the history older than cfg.OlderThan (and that of cfg.FailedRuns), batch by
+// batch, until none is left or ctx ends. It is safe to run from several processes at once
+// (SKIP LOCKED divides the rows) and to stop at any moment (each batch commits on its own).
 func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	// Guards against giving up a run the operator did not mean: every name is checked
+	// before anything is deleted.
+	if err := checkFailedRuns(ctx, pool, cfg.FailedRuns); err != nil {
+		return nil, err
+	}
 	cutoff := cfg.Now().Add(-cfg.OlderThan)
 	res := &Result{}
 	var pending func() // adds the last batch's counts to res, once it committed
-	phases := []func(context.Context, pgx.Tx) (int64, error){
-		func(ctx context.Context, tx pgx.Tx) (int64, error) {
+	runPhase := func(sel runSelector) func(context.Context, pgx.Tx) (int64, error) {
+		return func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			// Counted only once the batch committed: a batch cut by ctx or a lock
 			// timeout rolls back and deleted nothing.
 			var runs Result
-			n, err := pruneRuns(ctx, tx, cutoff, cfg.BatchSize, &runs)
+			n, err := pruneRuns(ctx, tx, sel, &runs)
 			if err == nil {
 				pending = func() {
 					res.Runs += runs.Runs
 					res.RunEvents += runs.RunEvents
-					res.Checkpoints += runs.Checkpoints
 				}
 			}
 			return n, err
-		},
+		}
+	}
+	phases := []func(context.Context, pgx.Tx) (int64, error){
+		runPhase(succeededBefore(cutoff, cfg.BatchSize)),
 		func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			n, err := pruneOperationEvents(ctx, tx, cutoff, cfg.BatchSize)
 			pending = func() { res.OperationEvents += n }
 			return n, err
 		},
-		func(ctx context.Context, tx pgx.Tx) (int64, error) {
-			n, err := pruneSlots(ctx, tx, cutoff, cfg.BatchSize)
-			pending = func() { res.Slots += n }
-			return n, err
-		},
+	}
+	if len(cfg.FailedRuns) > 0 {
+		phases = append(phases, runPhase(namedFailed(cfg.FailedRuns, cfg.BatchSize)))
 	}
 	for _, phase := range phases {
 		for {
@@ -205,17 +235,87 @@ func batch(ctx context.Context, pool *pgxpool.Pool, cfg *Config, phase func(cont
 	return n, false, nil
 }
 
-// pruneRuns deletes a batch of runs finished before cutoff, with their audit events and
-// checkpoints. A run that wrote an operation not yet settled is kept: its batch is open.
-func pruneRuns(ctx context.Context, tx pgx.Tx, cutoff time.Time, limit int, res *Result) (int64, error) {
-	rows, err := tx.Query(ctx, `
+// keptForever is true of an event (alias e) that records a person's decision, or what the
+// person decided on; Prune never deletes one. Guards against "who marked this payout
+// SUCCEEDED, and why?" having no answer once the machine trail around it is gone. Never
+// NULL (to_state and detail may be), so NOT keptForever is never NULL either.
+const keptForever = `coalesce(e.kind IN ('console.action', 'run.resume', 'run.cancel_requested')
+	OR (e.kind = 'op.transition' AND (e.to_state = 'MANUAL' OR e.detail->>'resolution' = 'manual')), false)`
+
+// unsettled is true of a run (alias r) that wrote an operation not yet settled: its batch is
+// open, and its history is what an operator reads to settle it.
+const unsettled = `EXISTS (SELECT FROM stepwise_operation o WHERE o.run_key = r.key
+	AND o.state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT'))`
+
+// runSelector is the query that picks (and locks) one batch of runs to prune, and its args.
+type runSelector struct {
+	sql  string
+	args []any
+}
+
+// succeededBefore picks succeeded runs finished before cutoff whose history is still there
+// (or that finished again since it went: a named failed run resumed later). Failed and
+// cancelled runs are never picked by age: they can still be resumed.
+func succeededBefore(cutoff time.Time, limit int) runSelector {
+	return runSelector{sql: `
 		SELECT r.key FROM stepwise_run r
-		 WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.finished_at < $1
-		   AND NOT EXISTS (SELECT FROM stepwise_operation o WHERE o.run_key = r.key
-		                    AND o.state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT'))
+		 WHERE r.status = 'succeeded' AND r.finished_at < $1
+		   AND (r.history_pruned_at IS NULL OR r.history_pruned_at < r.finished_at)
+		   AND NOT ` + unsettled + `
 		 ORDER BY r.finished_at
 		 LIMIT $2
-		 FOR UPDATE OF r SKIP LOCKED`, cutoff, limit)
+		 FOR UPDATE OF r SKIP LOCKED`, args: []any{cutoff, limit}}
+}
+
+// namedFailed picks the failed or cancelled runs the operator named whose history is still
+// there. A run resumed since checkFailedRuns is no longer failed, and is left alone.
+func namedFailed(keys []string, limit int) runSelector {
+	return runSelector{sql: `
+		SELECT r.key FROM stepwise_run r
+		 WHERE r.key = ANY($1) AND r.status IN ('failed', 'cancelled')
+		   AND (r.history_pruned_at IS NULL OR r.history_pruned_at < r.finished_at)
+		   AND NOT ` + unsettled + `
+		 ORDER BY r.key
+		 LIMIT $2
+		 FOR UPDATE OF r SKIP LOCKED`, args: []any{keys, limit}}
+}
+
+// checkFailedRuns refuses a Config.FailedRuns name that is not a failed or cancelled run, or
+// whose run wrote operations not yet settled, naming it and why.
+func checkFailedRuns(ctx context.Context, pool *pgxpool.Pool, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	rows, err := pool.Query(ctx, `SELECT k.key, r.status, coalesce(`+unsettled+`, false)
+		FROM unnest($1::text[]) k(key) LEFT JOIN stepwise_run r ON r.key = k.key`, keys)
+	if err != nil {
+		return fmt.Errorf("retention: reading Config.FailedRuns: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var status *string
+		var open bool
+		if err := rows.Scan(&key, &status, &open); err != nil {
+			return fmt.Errorf("retention: reading Config.FailedRuns: %w", err)
+		}
+		switch {
+		case status == nil:
+			return fmt.Errorf("retention.Config.FailedRuns: there is no run %q; name failed or cancelled runs by their exact key", key)
+		case *status != "failed" && *status != "cancelled":
+			return fmt.Errorf("retention.Config.FailedRuns: run %q is %s; only a failed or cancelled run is pruned by name (a succeeded run's history goes by age)", key, *status)
+		case open:
+			return fmt.Errorf("retention.Config.FailedRuns: run %q wrote operations that are not settled yet; settle them (or resolve them by hand) first", key)
+		}
+	}
+	return rows.Err()
+}
+
+// pruneRuns prunes the history of a batch of runs: deletes their run and lease events (not
+// people's decisions) and marks the run rows. The run row and its checkpoint stay: they are
+// what makes Start of the key return this run instead of starting it again from cursor zero.
+func pruneRuns(ctx context.Context, tx pgx.Tx, sel runSelector, res *Result) (int64, error) {
+	rows, err := tx.Query(ctx, sel.sql, sel.args...)
 	if err != nil {
 		return 0, fmt.Errorf("selecting finished runs: %w", err)
 	}
@@ -226,57 +326,38 @@ func pruneRuns(ctx context.Context, tx pgx.Tx, cutoff time.Time, limit int, res 
 	if len(keys) == 0 {
 		return 0, nil
 	}
-	tag, err := tx.Exec(ctx, `DELETE FROM stepwise_event WHERE subject = ANY($1)`, keys)
+	// Only the run's own kinds: a run key may look like another subject ('op:…',
+	// 'schedule:…'), whose events are not the run's to delete.
+	tag, err := tx.Exec(ctx, `DELETE FROM stepwise_event e WHERE e.subject = ANY($1)
+		AND (e.kind LIKE 'run.%' OR e.kind LIKE 'lease.%') AND NOT `+keptForever, keys)
 	if err != nil {
 		return 0, fmt.Errorf("deleting events of finished runs: %w", err)
 	}
 	res.RunEvents += tag.RowsAffected()
-	tag, err = tx.Exec(ctx, `DELETE FROM stepwise_run WHERE key = ANY($1)`, keys)
+	tag, err = tx.Exec(ctx, `UPDATE stepwise_run SET history_pruned_at = now() WHERE key = ANY($1)`, keys)
 	if err != nil {
-		return 0, fmt.Errorf("deleting finished runs: %w", err)
+		return 0, fmt.Errorf("marking pruned runs: %w", err)
 	}
 	res.Runs += tag.RowsAffected()
-	// The checkpoint goes with its run: nothing claims a finished run's lease again.
-	tag, err = tx.Exec(ctx, `DELETE FROM stepwise_checkpoint WHERE key = ANY($1)`, keys)
-	if err != nil {
-		return 0, fmt.Errorf("deleting checkpoints of finished runs: %w", err)
-	}
-	res.Checkpoints += tag.RowsAffected()
 	return int64(len(keys)), nil
 }
 
-// pruneOperationEvents deletes a batch of audit events older than cutoff of operations that
-// are SUCCEEDED or FAILED_PERMANENT; the operation row itself is kept (see the package doc).
+// pruneOperationEvents deletes a batch of machine transitions older than cutoff of operations
+// that are SUCCEEDED or FAILED_PERMANENT; the operation row and people's decisions are kept
+// (see the package doc).
 func pruneOperationEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, `
 		DELETE FROM stepwise_event WHERE id IN (
 			SELECT e.id FROM stepwise_event e
 			  JOIN stepwise_operation o ON e.subject = 'op:' || o.operation_id::text
-			 WHERE e.at < $1 AND e.subject LIKE 'op:%'
+			 WHERE e.at < $1 AND e.subject LIKE 'op:%' AND e.kind = 'op.transition'
+			   AND NOT `+keptForever+`
 			   AND o.state IN ('SUCCEEDED', 'FAILED_PERMANENT')
 			 ORDER BY e.at
 			 LIMIT $2
 			 FOR UPDATE OF e SKIP LOCKED)`, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("deleting events of settled operations: %w", err)
-	}
-	return tag.RowsAffected(), nil
-}
-
-// pruneSlots deletes a batch of closed schedule slots due before cutoff: skipped ones, and
-// materialized ones whose runs all finished. The newest slot of each schedule is kept.
-func pruneSlots(ctx context.Context, tx pgx.Tx, cutoff time.Time, limit int) (int64, error) {
-	tag, err := tx.Exec(ctx, `
-		DELETE FROM stepwise_schedule_slot WHERE (schedule, slot) IN (
-			SELECT s.schedule, s.slot FROM stepwise_schedule_slot s
-			 WHERE s.slot < $1
-			   AND (s.status = 'skipped' OR (s.status = 'materialized' AND s.runs_done_at IS NOT NULL))
-			   AND s.slot < (SELECT max(l.slot) FROM stepwise_schedule_slot l WHERE l.schedule = s.schedule)
-			 ORDER BY s.slot
-			 LIMIT $2
-			 FOR UPDATE OF s SKIP LOCKED)`, cutoff, limit)
-	if err != nil {
-		return 0, fmt.Errorf("deleting closed schedule slots: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }

@@ -49,9 +49,11 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	return n
 }
 
-// Issue 15 item 7: Prune deletes finished history older than the age, in batches, and keeps
-// everything still alive or still needed: running runs, recent runs, runs whose payout is not
-// settled, and every operation row (the tombstone that keeps its operation_id known).
+// Prune deletes finished history older than the age, in batches, and keeps everything still
+// alive or still needed: running runs, recent runs, runs whose payout is not settled, failed
+// and cancelled runs (they can be resumed), every run row and checkpoint (the key names one
+// run forever), every operation row (the tombstone that keeps its operation_id known) and
+// every schedule slot (the record of what a date did).
 func TestPruneDeletesOldFinishedHistoryOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -69,7 +71,7 @@ func TestPruneDeletesOldFinishedHistoryOnly(t *testing.T) {
 	history(t, pool, "old-running", "running", old, "")
 	history(t, pool, "recent", "succeeded", recent, "SUCCEEDED")
 
-	// Closed slots of a schedule: two old (one skipped, one done), the newest kept.
+	// Closed slots of a schedule: two old (one skipped, one done), an open one, the newest.
 	_, err := pool.Exec(ctx, `INSERT INTO stepwise_schedule (name, spec, zone, gap, misfire, overlap, shards, watermark)
 		VALUES ('daily', '0 1 * * *', 'UTC', 'run_after', '{}', 'allow_all', 1, now())`)
 	require.NoError(t, err)
@@ -84,26 +86,38 @@ func TestPruneDeletesOldFinishedHistoryOnly(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("pruned: %+v", res)
 
-	require.EqualValues(t, 7, res.Runs, "old-1..5, old-failed, old-cancelled")
-	require.EqualValues(t, 7, res.Checkpoints)
-	require.EqualValues(t, 14, res.RunEvents)
+	require.EqualValues(t, 5, res.Runs, "old-1..5; failed and cancelled runs only by name")
+	require.EqualValues(t, 10, res.RunEvents)
 	require.EqualValues(t, 12, res.OperationEvents, "two events of each of the six settled old operations")
-	require.EqualValues(t, 2, res.Slots, "the skipped and the done old slot; the open one and the newest stay")
 	require.Greater(t, res.Batches, 4, "batches of 2 rows")
 
-	require.Equal(t, []string{"old-running", "old-unknown", "recent"}, keys(t, pool))
-	require.Equal(t, 3, count(t, pool, `SELECT count(*) FROM stepwise_checkpoint`))
+	require.Equal(t, []string{"old-1", "old-2", "old-3", "old-4", "old-5", "old-cancelled", "old-failed", "old-running", "old-unknown", "recent"},
+		keys(t, pool), "run rows are never deleted: a key names one run forever")
+	require.Equal(t, 10, count(t, pool, `SELECT count(*) FROM stepwise_checkpoint`))
+	require.Equal(t, []string{"old-1", "old-2", "old-3", "old-4", "old-5"},
+		column(t, pool, `SELECT key FROM stepwise_run WHERE history_pruned_at IS NOT NULL ORDER BY key`))
+	require.Equal(t, []string{"old-cancelled", "old-cancelled", "old-failed", "old-failed", "old-running", "old-running", "old-unknown", "old-unknown", "recent", "recent"},
+		column(t, pool, `SELECT subject FROM stepwise_event WHERE subject NOT LIKE 'op:%' ORDER BY subject`))
 	require.Equal(t, 8, count(t, pool, `SELECT count(*) FROM stepwise_operation`), "operations are tombstones: never deleted")
 	for k, id := range oldOps {
 		require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM stepwise_operation WHERE operation_id = $1 AND state = 'SUCCEEDED'`, id), k)
 	}
 	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'op:' || $1::text`, unsettled), "an unsettled operation keeps its trail")
-	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM stepwise_schedule_slot`))
+	require.Equal(t, 4, count(t, pool, `SELECT count(*) FROM stepwise_schedule_slot`), "slots are the record of each date: never deleted")
 
 	// A second pass finds nothing.
 	res, err = retention.Prune(ctx, pool, &retention.Config{OlderThan: 7 * 24 * time.Hour})
 	require.NoError(t, err)
 	require.Zero(t, res.Total())
+}
+
+func column(t *testing.T, pool *pgxpool.Pool, sql string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), sql)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
 }
 
 func keys(t *testing.T, pool *pgxpool.Pool) []string {
@@ -138,7 +152,8 @@ func TestPruneSkipsLockedRows(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("pruned with a row held: %+v in %s", res, took)
 	require.EqualValues(t, 1, res.Runs)
-	require.Equal(t, []string{"held"}, keys(t, pool))
+	require.Equal(t, []string{"free"}, column(t, pool, `SELECT key FROM stepwise_run WHERE history_pruned_at IS NOT NULL`))
+	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'held'`))
 	require.Less(t, took, 10*time.Second, "Prune must not wait for the held row")
 }
 

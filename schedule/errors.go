@@ -12,3 +12,8 @@ var ErrNotFound = errors.New("schedule: schedule not found")
 // ErrSlotNotFound is returned by SlotStatus for a slot no tick has decided: not due yet, not
 // a slot of the schedule's spec, or due but not yet ticked.
 var ErrSlotNotFound = errors.New("schedule: slot not found")
+
+// ErrSlotRunsMissing is returned by StartSlot for a slot that was materialized and whose runs
+// are no longer there (deleted by hand, or by a retention.Prune older than the one that keeps
+// runs): starting them again would redo the slot's work, settling the date a second time.
+var ErrSlotRunsMissing = errors.New("schedule: slot's runs are missing")

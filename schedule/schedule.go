@@ -467,6 +467,10 @@ func ShardOf(key string, n int) int {
 // materialized is left as it is. StartSlot holds a share lock on the schedule's row (when it
 // has one) until tx ends: a tick meanwhile passes over the schedule.
 //
+// A slot that was materialized and whose runs are gone (pruned by a release before retention
+// kept them) is refused with ErrSlotRunsMissing: starting them again would redo the slot from
+// the start.
+//
 // This is the only way, besides a Scheduler, to start a run that belongs to a slot:
 // workflow.StartOpts cannot set one.
 func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, sch Schedule[A], slot time.Time, actor string) ([]*workflow.Run, error) {
@@ -486,6 +490,9 @@ func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx
 	if next := def.spec.Next(slot.Add(-time.Nanosecond)); !next.Equal(slot) {
 		return nil, fmt.Errorf("%w: schedule %q: %s is not a slot of %q in %s; pass one of its slots, e.g. %s",
 			ErrInvalid, sch.Name, fmtSlot(slot), def.specText, def.zone, fmtSlot(next))
+	}
+	if err := refuseSlotWithoutRuns(ctx, tx, sch.Name, slot); err != nil {
+		return nil, err
 	}
 	if err := recordStartedByHand(ctx, tx, def, slot, actor); err != nil {
 		return nil, err

@@ -317,3 +317,26 @@ func setPaused(ctx context.Context, q stepwise.DBTX, name string, paused bool, a
 	}
 	return nil
 }
+
+// refuseSlotWithoutRuns returns ErrSlotRunsMissing for a slot that was materialized and has
+// fewer runs than it fanned out to. Guards against StartSlot re-running a date whose runs were
+// deleted: with the runs gone, their keys no longer stop a second start, and the second run
+// would begin from cursor zero and redo what the first committed.
+func refuseSlotWithoutRuns(ctx context.Context, q stepwise.DBTX, schedule string, slot time.Time) error {
+	var shards, runs int
+	err := q.QueryRow(ctx, `SELECT s.shards,
+			(SELECT count(*) FROM stepwise_run r WHERE r.schedule = s.schedule AND r.slot = s.slot)
+		FROM stepwise_schedule_slot s WHERE s.schedule = $1 AND s.slot = $2 AND s.status = 'materialized'`,
+		schedule, slot.UTC()).Scan(&shards, &runs)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading slot %s of schedule %q: %w", fmtSlot(slot), schedule, err)
+	case runs < shards:
+		return fmt.Errorf("%w: schedule %q slot %s was materialized with %d runs and %d of them are gone; starting them again "+
+			"would redo the slot's work from the start. Find what the slot did in the ledger (operations whose run key starts with %q) "+
+			"and settle what is missing by hand", ErrSlotRunsMissing, schedule, fmtSlot(slot), shards, shards-runs, schedule+"/"+slot.UTC().Format(time.RFC3339)+"/")
+	}
+	return nil
+}

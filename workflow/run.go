@@ -65,6 +65,10 @@ type Run struct {
 	// MaxFailures is a crash loop: its status alone says 'running' between tries.
 	Retry *Retry
 
+	// HistoryPrunedAt is when package retention deleted the run's events (its row and
+	// checkpoint stay, so the key still names this run and a failed run still resumes).
+	HistoryPrunedAt *time.Time
+
 	// Created is true when the Start call that returned this Run created it.
 	Created bool
 }
@@ -117,7 +121,8 @@ func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], k
 // that delivers it, all in the caller's transaction. A key names one run forever: starting
 // the same key again with the same workflow and input returns the existing run (Created is
 // false) and inserts no job, so "the cron fired twice" or "the caller retried" cannot start a
-// second run. The same key with another workflow or input is ErrRunConflict.
+// second run. The same key with another workflow or input is ErrRunConflict. This holds after
+// retention too: package retention never deletes a run's row, only its events.
 func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args A, opts *StartOpts) (*Run, error) {
 	var insertOpts *river.InsertOpts
 	if opts != nil {
@@ -236,7 +241,7 @@ func runKeyOf(metadata []byte, args any) (string, error) {
 // runColumnsSQL are a run's columns with its derived retry state, read from stepwise_run r
 // joined with its checkpoint c and River job j as in runJoinsSQL (scanRun).
 const runColumnsSQL = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.failures,
-		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version, ` + retryColumnsSQL
+		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version, r.history_pruned_at, ` + retryColumnsSQL
 
 const runJoinsSQL = `
 	LEFT JOIN stepwise_checkpoint c ON c.key = r.key
@@ -251,7 +256,7 @@ func scanRun(row pgx.Row, extra ...any) (*Run, error) {
 		retryErr    *string
 	)
 	err := row.Scan(append([]any{&r.Key, &r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
-		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt, &r.Version,
+		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt, &r.Version, &r.HistoryPrunedAt,
 		&r.FailuresInARow, &retrying, &nextTry, &maxAttempts, &retryErr}, extra...)...)
 	if err != nil {
 		return nil, err

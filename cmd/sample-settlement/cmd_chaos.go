@@ -38,6 +38,8 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&flags.Merchants, "merchants", 20000, "merchants settled (settle profiles)")
 	fs.IntVar(&flags.Shards, "shards", 8, "runs (shards) per date (settle profiles)")
 	fs.DurationVar(&flags.Lease, "lease", 2*time.Second, "run lease of the workers")
+	withRetention := fs.Bool("retention", false, "run retention.Prune every second with an age of 2s beside the chaos, and an operator resolving payouts by hand; "+
+		"then check that no run key restarts from zero, no slot evidence is lost and every manual decision is still attributable")
 	fs.BoolVar(&flags.Soak, "soak", true, "keep the load up for the whole --duration: when a date is at rest, seed and settle the next one (false: one date)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `Usage: sample-settlement chaos [--profile NAME] [flags]
@@ -112,6 +114,9 @@ Flags:
 		}
 		if classic || set["soak"] {
 			cfg.Soak = flags.Soak
+		}
+		if *withRetention {
+			cfg.Retention = &chaos.Retention{}
 		}
 		cfg.Seed = seed
 		return cfg, nil

@@ -2,25 +2,31 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/stepwise-go/stepwise/retention"
 )
 
 func init() {
-	register("prune", "delete finished runs, their checkpoints and events, and closed slots older than --older-than (operations are kept)", runPrune)
+	register("prune", "delete the audit events of succeeded runs and settled operations older than --older-than (runs, operations, slots and people's decisions are kept forever)", runPrune)
 }
 
 // runPrune runs retention.Prune once: from cron, or a Kubernetes CronJob, beside the serve
 // processes (its batches skip what a step holds and yield to the steps).
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("prune", "prune --older-than 720h [--batch-size 500]", stderr)
+	fs := newFlagSet("prune", "prune --older-than 720h [--batch-size 500] [--failed-run KEY ...]", stderr)
 	var db dbFlags
 	db.register(fs)
-	olderThan := fs.Duration("older-than", 0, "delete finished history older than this, e.g. 720h for 30 days (required; at least 24h)")
-	batchSize := fs.Int("batch-size", 500, "finished runs (or events, or slots) deleted per transaction; a run takes its checkpoint and events with it")
+	olderThan := fs.Duration("older-than", 0, "delete the audit events of succeeded runs and settled payouts older than this, e.g. 720h for 30 days "+
+		"(required; at least 24h). Every run, payout and schedule slot, and all people's decisions (who resolved, resumed or cancelled what, and why), "+
+		"are kept forever")
+	batchSize := fs.Int("batch-size", 500, "runs (or events) pruned per transaction; a run's events go with it")
+	var failedRuns stringList
+	fs.Var(&failedRuns, "failed-run", "a failed or cancelled run whose history you give up, by its exact key (repeatable); without it such runs keep everything, since they can still be resumed")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -39,10 +45,24 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer pool.Close()
 	start := time.Now()
-	res, err := retention.Prune(ctx, pool, &retention.Config{OlderThan: *olderThan, BatchSize: *batchSize})
+	res, err := retention.Prune(ctx, pool, &retention.Config{OlderThan: *olderThan, BatchSize: *batchSize, FailedRuns: failedRuns})
 	if res != nil {
-		fmt.Fprintf(stdout, "pruned in %s: %d runs, %d checkpoints, %d run events, %d operation events, %d schedule slots (%d batches, %d skipped on a lock); operations are kept\n",
-			time.Since(start).Round(time.Millisecond), res.Runs, res.Checkpoints, res.RunEvents, res.OperationEvents, res.Slots, res.Batches, res.Skipped)
+		fmt.Fprintf(stdout, "pruned in %s: the history of %d runs, %d run events, %d operation events (%d batches, %d skipped on a lock); "+
+			"every run, operation and slot is kept, and every decision a person made\n",
+			time.Since(start).Round(time.Millisecond), res.Runs, res.RunEvents, res.OperationEvents, res.Batches, res.Skipped)
 	}
 	return err
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty: name a run by its exact key")
+	}
+	*l = append(*l, v)
+	return nil
 }

@@ -125,6 +125,11 @@ type Config struct {
 	SleepFor        time.Duration
 	SleeperWork     time.Duration // how long a sleeper's first step works before it sleeps
 
+	// Retention, when set, runs retention.Prune with a short age in a loop beside the chaos,
+	// and an operator resolving payouts by hand, and adds the retention checks (see
+	// Retention).
+	Retention *Retention
+
 	// QuietTimeout bounds the wait for rest after the chaos without progress (no step
 	// committed, no run finished, no operation settled); the whole wait is bounded at ten
 	// times it. Defaults to 3 minutes.
@@ -238,6 +243,8 @@ type Result struct {
 	Violations []workflowtest.Violation
 	// Invariants are the sample's checks, one result per date settled.
 	Invariants []*settlement.Result
+	// Retention counts what a retention soak pruned and decided (nil without Config.Retention).
+	Retention *RetentionReport
 }
 
 // oracleChecks are the checks of the strict oracle (the bank's request log, takeovers, the
@@ -284,6 +291,9 @@ func (r *Result) Summary() string {
 		"bank: requests=%d applied=%d concurrent-duplicate-requests=%d sends-after-terminal=%d early-resends=%d effect-mismatches=%d faults=%v",
 		profile, r.Seed, len(r.Invariants), r.Chaos, r.Takeovers, r.Needless.Needless, r.FailedEarly, r.EarlyWakes, r.Fenced, r.Unknown,
 		r.Requests, r.Bank.Applied, r.Concurrent, r.AfterTerminal, r.EarlyResends, r.EffectMismatches, r.Bank.Faults)
+	if r.Retention != nil {
+		s += "\n" + r.Retention.String()
+	}
 	if r.OK() {
 		return s + "\nall invariants hold"
 	}
@@ -364,6 +374,13 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var soak *retentionSoak
+	if cfg.Retention != nil {
+		// Before any work starts, so that every event Prune deletes is archived.
+		if soak, err = newRetentionSoak(ctx, pool, cfg, bankClient, plan); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Workload == "steps" {
 		err = startSteps(ctx, pool, cfg)
 	} else {
@@ -427,6 +444,9 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	}
 	stopProgress := progress(ctx, pool, cfg.Progress, began)
 	defer stopProgress()
+	if soak != nil {
+		soak.start(ctx)
+	}
 	report, err := workflowtest.RunChaos(ctx, &workflowtest.ChaosConfig{
 		Start:        func() (workflowtest.Worker, error) { return cfg.StartWorker(env) },
 		Workers:      cfg.Workers,
@@ -448,6 +468,17 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		return res, err
 	}
 	stopProgress()
+	var retentionViolations []workflowtest.Violation
+	if soak != nil {
+		// The retention checks judge what Prune kept; they put the pruned events back
+		// for the checks below, which judge what the system did from its whole trail.
+		vs, err := soak.finish(ctx, inserter, plan, dates)
+		res.Retention = soak.Report()
+		if err != nil {
+			return res, err
+		}
+		retentionViolations = vs
+	}
 
 	checksBegan := time.Now()
 	defer func() { cfg.Logf("chaos: checking took %s", time.Since(checksBegan).Round(time.Millisecond)) }()
@@ -490,6 +521,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
+	res.Violations = append(res.Violations, retentionViolations...)
 	for _, v := range res.Violations {
 		switch v.Name {
 		case workflowtest.NameConcurrentRequests:

@@ -37,6 +37,11 @@ type Config struct {
 	Statements map[string]reconcile.Statement
 	// Location is the time zone of the Totals page's dates. Default: UTC.
 	Location *time.Location
+	// TotalsTimeout bounds one Totals comparison (the statement and the ledger): keep it below
+	// the server's WriteTimeout, or an answer that took longer is lost to it and the operator
+	// sees a closed connection instead of the reason. Default 20 s (the sample's serve writes
+	// for 30 s).
+	TotalsTimeout time.Duration
 
 	// Resume, when set, offers Resume on failed and cancelled runs: it continues a run from
 	// its cursor. ADAPTER: main's workflow package has no Resume yet; wire
@@ -73,11 +78,12 @@ type Request struct {
 
 // Handler is the console. It is safe for concurrent use.
 type Handler struct {
-	db     outbox.DB
-	cfg    Config
-	pages  *pages
-	logger *slog.Logger
-	errSeq atomic.Int64
+	db         outbox.DB
+	cfg        Config
+	pages      *pages
+	logger     *slog.Logger
+	errSeq     atomic.Int64
+	totalsGate *totalsGate
 }
 
 const (
@@ -111,6 +117,12 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 	if c.Location == nil {
 		c.Location = time.UTC
 	}
+	switch {
+	case c.TotalsTimeout == 0:
+		c.TotalsTimeout = defaultTotalsTimeout
+	case c.TotalsTimeout < 0:
+		return nil, fmt.Errorf("console.New: TotalsTimeout %s: want a positive duration below the server's WriteTimeout, or 0 for the default %s", c.TotalsTimeout, defaultTotalsTimeout)
+	}
 	for kind, s := range c.Statements {
 		if s == nil {
 			return nil, fmt.Errorf("console.New: Statements[%q] is nil", kind)
@@ -131,7 +143,7 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger}, nil
+	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger, totalsGate: newTotalsGate()}, nil
 }
 
 // ServeHTTP checks who is asking and whether they may, then serves the page or action.

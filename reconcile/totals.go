@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -191,21 +192,17 @@ func (t *Totals) String() string {
 // totals read every SUCCEEDED operation of the kind.
 const sentAt = `greatest(last_sent_at, claimed_at)`
 
-// totalsWhere selects a kind's SUCCEEDED operations sent in [$2, $3): one range of
-// stepwise_operation_totals_idx.
-const totalsWhere = `FROM stepwise_operation WHERE kind = $1 AND state = 'SUCCEEDED' AND ` + sentAt + ` >= $2 AND ` + sentAt + ` < $3`
-
 // CompareTotals compares the ledger's SUCCEEDED operations of a kind over a period with the
 // external system's statement for it, effect by effect (matched by idempotency key), and
 // returns the totals per currency and the differences. It reads only; what to do about a
 // difference is a person's decision (Resolve).
 //
-// Its cost is bounded by the period, not by the ledger: the totals are summed by the database
-// over one range of an index (migration 010), and the period's operations are streamed in key
-// order and merged with the statement sorted by key, so memory holds the statement and at
-// most MaxDifferences differences of each kind, never the period's operations. On a pool (or
-// a *pgx.Conn) both reads are made in one read-only repeatable-read transaction, so the totals
-// and the differences describe the same ledger; on a caller's transaction, in that one.
+// Its cost is bounded by the period, not by the ledger, and its memory by neither: the
+// database selects the period with one range of an index (migration 010) and streams key,
+// amount and currency of each operation once, never a payload; the totals are summed and each
+// operation is looked up in the statement (sorted by key in place, with a fixed-size index of
+// key prefixes) as it streams, so memory holds the statement the caller returned, one bit per
+// entry, and at most MaxDifferences differences of each kind.
 func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
 	if params == nil || params.Kind == "" || params.From.IsZero() || params.To.IsZero() || !params.From.Before(params.To) {
 		return nil, errors.New("reconcile.CompareTotals: TotalsParams needs a Kind and a period with From before To")
@@ -232,28 +229,20 @@ func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params 
 		s.Amount += e.Amount
 		t.There[e.Currency] = s
 	}
-	// Key order, as the ledger streams its operations (a uuid's byte order is the order of its
-	// lower-case text); a key applied twice keeps its entries in the order applied.
-	if !slices.IsSortedFunc(entries, compareEntries) {
-		slices.SortFunc(entries, compareEntries)
-	}
-
-	if b, ok := q.(interface {
-		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-	}); ok {
-		tx, err := b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-		if err != nil {
-			return nil, fmt.Errorf("reading the ledger's totals: %w", err)
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		q = tx
-	}
-	if err := sumHere(ctx, q, params, t); err != nil {
-		return nil, err
-	}
+	idx := newKeyIndex(entries)
 	diffs := &differences{limit: limit, counts: t.Counts, byKind: map[DifferenceKind][]Difference{}}
-	if err := mergeLedger(ctx, q, params, entries, diffs); err != nil {
+	if err := streamLedger(ctx, q, params, idx, t, diffs); err != nil {
 		return nil, err
+	}
+	// What the ledger's operations had no match for, in key order; a key listed again right
+	// after itself was applied more than once.
+	for i, e := range idx.entries {
+		switch {
+		case i > 0 && e.Key == idx.entries[i-1].Key:
+			diffs.add(Difference{Kind: Duplicate, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
+		case !idx.isMatched(i):
+			diffs.add(Difference{Kind: OnlyThere, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
+		}
 	}
 	if err := diffs.describe(ctx, q); err != nil {
 		return nil, err
@@ -264,6 +253,77 @@ func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params 
 	return t, nil
 }
 
+// keyIndex finds a key in a statement sorted by key: starts[p] is the first entry whose key
+// begins with the 4-hex-digit prefix p, so a lookup searches the few entries of one prefix
+// (about n/65536 of them, close together in memory). Fixed size, whatever the statement's.
+type keyIndex struct {
+	entries []StatementEntry
+	starts  []int32 // 65536 prefixes + the end of the last
+	matched []uint64
+}
+
+const keyPrefixes = 1 << 16
+
+// newKeyIndex sorts entries in place and indexes them. Keys that begin with four lower-case
+// hex digits (every key the ledger can hold: an operation_id's text) come first, in key
+// order, placed in their prefix's bucket in one pass (American flag sort) and each bucket
+// sorted; any other key follows, sorted, to be reported as only there. A key applied twice
+// keeps its entries next to each other, in the order applied.
+func newKeyIndex(entries []StatementEntry) *keyIndex {
+	// Buckets 0 to 65535 are the hex prefixes; bucket 65536 holds every other key. Two passes
+	// over the keys: count, then place.
+	bucket := func(key string) int {
+		if p := keyPrefix(key); p >= 0 {
+			return p
+		}
+		return keyPrefixes
+	}
+	ends := make([]int32, keyPrefixes+2)
+	for _, e := range entries {
+		ends[bucket(e.Key)+1]++
+	}
+	for p := range keyPrefixes + 1 {
+		ends[p+1] += ends[p]
+	}
+	next := slices.Clone(ends[:keyPrefixes+1])
+	for p := range keyPrefixes + 1 {
+		for next[p] < ends[p+1] {
+			i := next[p]
+			q := bucket(entries[i].Key)
+			if q == p {
+				next[p]++
+				continue
+			}
+			entries[i], entries[next[q]] = entries[next[q]], entries[i]
+			next[q]++
+		}
+		if b := entries[ends[p]:ends[p+1]]; len(b) > 1 {
+			slices.SortFunc(b, compareEntries)
+		}
+	}
+	return &keyIndex{entries: entries, starts: ends[:keyPrefixes+1], matched: make([]uint64, (len(entries)+63)/64)}
+}
+
+// keyPrefix is the value of key's first four characters as hex digits, or -1 when they are
+// not four lower-case hex digits.
+func keyPrefix(key string) int {
+	if len(key) < 4 {
+		return -1
+	}
+	p := 0
+	for _, c := range []byte(key[:4]) {
+		switch {
+		case '0' <= c && c <= '9':
+			p = p<<4 | int(c-'0')
+		case 'a' <= c && c <= 'f':
+			p = p<<4 | int(c-'a'+10)
+		default:
+			return -1
+		}
+	}
+	return p
+}
+
 func compareEntries(a, b StatementEntry) int {
 	if c := strings.Compare(a.Key, b.Key); c != 0 {
 		return c
@@ -271,77 +331,105 @@ func compareEntries(a, b StatementEntry) int {
 	return a.At.Compare(b.At)
 }
 
-// sumHere sums the period's SUCCEEDED operations per currency in the database: an index-only
-// range scan of stepwise_operation_totals_idx on a settled day.
-func sumHere(ctx context.Context, q stepwise.DBTX, params *TotalsParams, t *Totals) error {
-	rows, err := q.Query(ctx, `SELECT coalesce(currency, ''), count(*), coalesce(sum(amount), 0)::bigint `+totalsWhere+` GROUP BY 1`,
-		params.Kind, params.From, params.To)
-	if err != nil {
-		return fmt.Errorf("reading the ledger's totals: %w", err)
+// find returns the index of the first entry under key (canonical text of a uuid), or -1.
+func (x *keyIndex) find(key string) int {
+	p := keyPrefix(key)
+	lo, hi := int(x.starts[p]), int(x.starts[p+1])
+	i := lo + sort.Search(hi-lo, func(j int) bool { return x.entries[lo+j].Key >= key })
+	if i < hi && x.entries[i].Key == key {
+		return i
 	}
-	var cur string
-	var s Sum
-	if _, err := pgx.ForEachRow(rows, []any{&cur, &s.Count, &s.Amount}, func() error {
-		t.Here[cur] = s
-		return nil
-	}); err != nil {
-		return fmt.Errorf("reading the ledger's totals: %w", err)
-	}
-	return nil
+	return -1
 }
 
-// mergeLedger streams the period's SUCCEEDED operations in key order (key, amount and
-// currency only: never a payload) and merges them with the statement sorted by key, recording
-// every difference in diffs. Memory does not grow with the period: one row at a time.
-func mergeLedger(ctx context.Context, q stepwise.DBTX, params *TotalsParams, entries []StatementEntry, diffs *differences) error {
-	rows, err := q.Query(ctx, `SELECT operation_id, coalesce(amount, 0), coalesce(currency, '') `+totalsWhere+` ORDER BY operation_id`,
+func (x *keyIndex) match(i int)          { x.matched[i/64] |= 1 << (i % 64) }
+func (x *keyIndex) isMatched(i int) bool { return x.matched[i/64]&(1<<(i%64)) != 0 }
+
+const hexDigits = "0123456789abcdef"
+
+// streamLedger reads the period's SUCCEEDED operations once, in index order (key, amount
+// and currency only), sums them per currency into t.Here and looks each up in the statement,
+// recording every difference in diffs. One row at a time: memory does not grow with the
+// period.
+func streamLedger(ctx context.Context, q stepwise.DBTX, params *TotalsParams, idx *keyIndex, t *Totals, diffs *differences) error {
+	rows, err := q.Query(ctx, `SELECT operation_id, coalesce(amount, 0), coalesce(currency, '') FROM stepwise_operation
+		WHERE kind = $1 AND state = 'SUCCEEDED' AND `+sentAt+` >= $2 AND `+sentAt+` < $3`,
 		params.Kind, params.From, params.To)
 	if err != nil {
 		return fmt.Errorf("reading the ledger's operations: %w", err)
 	}
+	defer rows.Close()
+	// Per-currency sums, found by the currency's bytes: no string per row.
+	type sum struct {
+		currency string
+		Sum
+	}
+	var sums []sum
 	var (
 		id     uuid.UUID
 		amount int64
-		cur    string
+		cur    []byte
 		text   [36]byte
-		i      int
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&id, &amount, &cur}, func() error {
+	raw := false
+	if fd := rows.FieldDescriptions(); len(fd) == 3 && fd[0].Format == pgx.BinaryFormatCode && fd[1].Format == pgx.BinaryFormatCode {
+		// The usual extended protocol: uuid and bigint in binary, read without a scan per row.
+		raw = true
+	}
+	for rows.Next() {
+		if raw {
+			v := rows.RawValues()
+			if len(v[0]) != 16 || len(v[1]) != 8 {
+				return fmt.Errorf("reading the ledger's operations: unexpected row encoding (%d, %d bytes)", len(v[0]), len(v[1]))
+			}
+			copy(id[:], v[0])
+			amount = int64(binary.BigEndian.Uint64(v[1]))
+			cur = v[2]
+		} else {
+			var c string
+			if err := rows.Scan(&id, &amount, &c); err != nil {
+				return fmt.Errorf("reading the ledger's operations: %w", err)
+			}
+			cur = []byte(c)
+		}
+		k := -1
+		for j := range sums {
+			if sums[j].currency == string(cur) {
+				k = j
+				break
+			}
+		}
+		if k < 0 {
+			sums = append(sums, sum{currency: string(cur)})
+			k = len(sums) - 1
+		}
+		sums[k].Count++
+		sums[k].Amount += amount
+
 		key := keyText(&text, id)
-		for i < len(entries) && entries[i].Key < key {
-			diffs.onlyThere(entries[i])
-			i++
+		i := idx.find(key)
+		if i < 0 {
+			diffs.add(Difference{Kind: OnlyHere, Key: strings.Clone(key), OurState: outbox.StateSucceeded, OurAmount: amount, OurCurrency: sums[k].currency})
+			continue
 		}
-		if i == len(entries) || entries[i].Key != key {
-			diffs.add(Difference{Kind: OnlyHere, Key: strings.Clone(key), OurState: outbox.StateSucceeded, OurAmount: amount, OurCurrency: cur}, id)
-			return nil
-		}
-		e := entries[i]
-		i++
-		if e.Amount != amount || e.Currency != cur {
+		idx.match(i)
+		if e := idx.entries[i]; e.Amount != amount || e.Currency != sums[k].currency {
 			diffs.add(Difference{Kind: AmountDiffers, Key: e.Key, OurState: outbox.StateSucceeded, ExternalRef: e.ExternalRef,
-				OurAmount: amount, OurCurrency: cur, Amount: e.Amount, Currency: e.Currency}, id)
+				OurAmount: amount, OurCurrency: sums[k].currency, Amount: e.Amount, Currency: e.Currency})
 		}
-		for i < len(entries) && entries[i].Key == key {
-			e := entries[i]
-			diffs.add(Difference{Kind: Duplicate, Key: e.Key, OurState: outbox.StateSucceeded, ExternalRef: e.ExternalRef,
-				OurAmount: amount, OurCurrency: cur, Amount: e.Amount, Currency: e.Currency}, id)
-			i++
-		}
-		return nil
-	}); err != nil {
+	}
+	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reading the ledger's operations: %w", err)
 	}
-	for ; i < len(entries); i++ {
-		diffs.onlyThere(entries[i])
+	for _, s := range sums {
+		t.Here[s.currency] = s.Sum
 	}
 	return nil
 }
 
 // keyText writes id's canonical text (the idempotency key) into buf and returns it as a
-// string sharing buf's memory: valid until the next call, compared without allocating.
+// string sharing buf's memory: valid until the next call; clone it to keep it.
 func keyText(buf *[36]byte, id uuid.UUID) string {
-	const hexDigits = "0123456789abcdef"
 	j := 0
 	for k, b := range id {
 		if k == 4 || k == 6 || k == 8 || k == 10 {
@@ -360,42 +448,29 @@ type differences struct {
 	limit  int
 	counts map[DifferenceKind]int
 	byKind map[DifferenceKind][]Difference
-	// ids of the listed differences the ledger holds, to read their business keys and
-	// external references in one query; and of the listed "only there" keys, to say what the
-	// ledger holds for each, if anything.
-	ours, theirs []uuid.UUID
 }
 
-// add records d; id is the ledger's operation it concerns.
-func (ds *differences) add(d Difference, id uuid.UUID) {
+func (ds *differences) add(d Difference) {
 	ds.counts[d.Kind]++
-	if len(ds.byKind[d.Kind]) >= ds.limit {
-		return
-	}
-	ds.byKind[d.Kind] = append(ds.byKind[d.Kind], d)
-	ds.ours = append(ds.ours, id)
-}
-
-// onlyThere records an entry the period's SUCCEEDED operations do not have. The ledger may
-// still hold its key (not SUCCEEDED, or sent in another period): describe says so.
-func (ds *differences) onlyThere(e StatementEntry) {
-	ds.counts[OnlyThere]++
-	if len(ds.byKind[OnlyThere]) >= ds.limit {
-		return
-	}
-	ds.byKind[OnlyThere] = append(ds.byKind[OnlyThere], Difference{Kind: OnlyThere, Key: e.Key, ExternalRef: e.ExternalRef,
-		Amount: e.Amount, Currency: e.Currency})
-	if id, err := uuid.Parse(e.Key); err == nil {
-		ds.theirs = append(ds.theirs, id)
+	if len(ds.byKind[d.Kind]) < ds.limit {
+		ds.byKind[d.Kind] = append(ds.byKind[d.Kind], d)
 	}
 }
 
-// describe reads what the ledger holds for the listed differences: business keys and
-// references of ours, and, for each key only on the statement, the ledger's operation if any
-// (an UNKNOWN_EXTERNAL operation the reconciler has yet to find is a different story from a
-// payment nobody sent). At most 4 × limit rows.
+// describe reads what the ledger holds for the listed differences, in one query of at most
+// 4 × limit keys: business keys and references of ours and, for a key on the statement
+// only, the ledger's operation if any (an UNKNOWN_EXTERNAL operation the reconciler has yet
+// to find is a different story from a payment nobody sent; a SUCCEEDED one sent on another
+// day is a boundary, not a loss).
 func (ds *differences) describe(ctx context.Context, q stepwise.DBTX) error {
-	ids := append(slices.Clone(ds.ours), ds.theirs...)
+	var ids []uuid.UUID
+	for _, list := range ds.byKind {
+		for _, d := range list {
+			if id, err := uuid.Parse(d.Key); err == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
 	if len(ids) == 0 {
 		return nil
 	}
@@ -409,27 +484,23 @@ func (ds *differences) describe(ctx context.Context, q stepwise.DBTX) error {
 		state                      outbox.State
 		amount                     int64
 	}
-	found := map[string]ours{}
+	found := map[uuid.UUID]ours{}
 	var id uuid.UUID
 	var o ours
 	if _, err := pgx.ForEachRow(rows, []any{&id, &o.businessKey, &o.state, &o.ref, &o.amount, &o.currency}, func() error {
-		found[id.String()] = o
+		found[id] = o
 		return nil
 	}); err != nil {
 		return fmt.Errorf("reading the ledger's side of the differences: %w", err)
 	}
-	for _, k := range differenceKinds {
-		list := ds.byKind[k]
+	for k, list := range ds.byKind {
 		for i := range list {
 			d := &list[i]
-			key := d.Key
-			if k == OnlyThere {
-				// A key of another spelling (upper case) still names our operation.
-				if id, err := uuid.Parse(key); err == nil {
-					key = id.String()
-				}
+			id, err := uuid.Parse(d.Key) // a key of another spelling (upper case) still names our operation
+			if err != nil {
+				continue
 			}
-			o, ok := found[key]
+			o, ok := found[id]
 			if !ok {
 				continue
 			}
@@ -437,7 +508,7 @@ func (ds *differences) describe(ctx context.Context, q stepwise.DBTX) error {
 			switch k {
 			case OnlyHere:
 				d.ExternalRef = o.ref
-			case OnlyThere:
+			case OnlyThere, Duplicate:
 				d.OurState, d.OurAmount, d.OurCurrency = o.state, o.amount, o.currency
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,4 +114,41 @@ func TestTotalsBoundTheDifferencesListed(t *testing.T) {
 
 	_, err = reconcile.CompareTotals(ctx, b.pool, statement, &reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now(), MaxDifferences: -1})
 	require.ErrorContains(t, err, "MaxDifferences -1")
+}
+
+// TestTotalsKeysOfAnotherSpelling: keys that cannot be an operation_id's text (upper case,
+// short, empty) are only there, with what the ledger holds under the id they spell if any;
+// the ledger's own keys still match however the statement is ordered.
+func TestTotalsKeysOfAnotherSpelling(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil, nil)
+	from := time.Now().Add(-time.Minute)
+	var ops []outbox.EnqueueParams
+	for i := range 50 {
+		ops = append(ops, payout(key(i), "acct", int64(100+i)))
+	}
+	b.enqueue(t, ops...)
+	b.drain(t)
+	entries, err := bankStatement(b.client).Entries(ctx, from, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Len(t, entries, 50)
+	upper := strings.ToUpper(entries[7].Key)
+	odd := []reconcile.StatementEntry{{Key: upper, Amount: 1, Currency: "EUR"}, {Key: "x", Amount: 2, Currency: "EUR"},
+		{Key: "", Amount: 3, Currency: "EUR"}, {Key: "zzzz-not-hex", Amount: 4, Currency: "EUR"}}
+	stmt := append(slices.Clone(odd), entries...)
+	slices.Reverse(stmt)
+	totals, err := reconcile.CompareTotals(ctx, b.pool, reconcile.StatementFunc(func(context.Context, time.Time, time.Time) ([]reconcile.StatementEntry, error) {
+		return stmt, nil
+	}), &reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	t.Log("\n" + totals.String())
+	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.OnlyThere: 4}, totals.Counts)
+	for _, d := range totals.Differences {
+		if d.Key == upper {
+			require.Equal(t, outbox.StateSucceeded, d.OurState, "the id it spells is ours")
+		} else {
+			require.Equal(t, outbox.State(""), d.OurState)
+		}
+	}
 }

@@ -184,3 +184,33 @@ func inFlightCap(max int, next http.Handler) http.Handler {
 		}
 	})
 }
+
+// TestTotalsStopBeforeTheWriteTimeout: a statement (or a ledger read) that does not answer is
+// given up after Config.TotalsTimeout with a page that says so, so the answer is not lost to
+// the server's write timeout; the next comparison can run.
+func TestTotalsStopBeforeTheWriteTimeout(t *testing.T) {
+	t.Parallel()
+	var hang atomic.Bool
+	hang.Store(true)
+	stmt := reconcile.StatementFunc(func(ctx context.Context, _, _ time.Time) ([]reconcile.StatementEntry, error) {
+		if hang.Load() {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return nil, nil
+	})
+	f := newFixture(t, func(c *console.Config) {
+		c.Statements = map[string]reconcile.Statement{"payout": stmt}
+		c.TotalsTimeout = 300 * time.Millisecond
+	})
+	start := time.Now()
+	res := f.do(t, request{target: "/console/totals?kind=payout&date=2026-03-01", auth: true})
+	require.Equal(t, http.StatusServiceUnavailable, res.status, res.body)
+	require.Contains(t, res.text, "stopped after 300ms (Config.TotalsTimeout")
+	require.Less(t, time.Since(start), 5*time.Second)
+	hang.Store(false)
+	require.Contains(t, f.get(t, "/console/totals?kind=payout&date=2026-03-01"), `id="totals-match"`, "the slot was released")
+
+	_, err := console.New(f.pool, &console.Config{TotalsTimeout: -time.Second})
+	require.ErrorContains(t, err, "TotalsTimeout -1s")
+}

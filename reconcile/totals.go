@@ -192,6 +192,11 @@ func (t *Totals) String() string {
 // totals read every SUCCEEDED operation of the kind.
 const sentAt = `greatest(last_sent_at, claimed_at)`
 
+// ledgerSQL reads a kind's SUCCEEDED operations sent in [$2, $3): key, amount and currency,
+// in the order of the index range, from the index alone on a settled day.
+const ledgerSQL = `SELECT operation_id, coalesce(amount, 0), coalesce(currency, '') FROM stepwise_operation
+	WHERE kind = $1 AND state = 'SUCCEEDED' AND ` + sentAt + ` >= $2 AND ` + sentAt + ` < $3`
+
 // CompareTotals compares the ledger's SUCCEEDED operations of a kind over a period with the
 // external system's statement for it, effect by effect (matched by idempotency key), and
 // returns the totals per currency and the differences. It reads only; what to do about a
@@ -355,9 +360,7 @@ const hexDigits = "0123456789abcdef"
 // recording every difference in diffs. One row at a time: memory does not grow with the
 // period.
 func streamLedger(ctx context.Context, q stepwise.DBTX, params *TotalsParams, idx *keyIndex, t *Totals, diffs *differences) error {
-	rows, err := q.Query(ctx, `SELECT operation_id, coalesce(amount, 0), coalesce(currency, '') FROM stepwise_operation
-		WHERE kind = $1 AND state = 'SUCCEEDED' AND `+sentAt+` >= $2 AND `+sentAt+` < $3`,
-		params.Kind, params.From, params.To)
+	rows, err := q.Query(ctx, ledgerSQL, params.Kind, params.From, params.To)
 	if err != nil {
 		return fmt.Errorf("reading the ledger's operations: %w", err)
 	}

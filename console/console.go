@@ -60,6 +60,11 @@ type Config struct {
 	Statements map[string]reconcile.Statement
 	// Location is the time zone of the Totals page's dates. Default: UTC.
 	Location *time.Location
+	// TotalsTimeout bounds one Totals comparison (the statement and the ledger): keep it below
+	// the server's WriteTimeout, or an answer that took longer is lost to it and the operator
+	// sees a closed connection instead of the reason. Default 20 s (the sample's serve writes
+	// for 30 s).
+	TotalsTimeout time.Duration
 
 	// Resume, when set, offers Resume on failed and cancelled runs: it continues a run from
 	// its cursor, only if the run is still at seenVersion (the Run.Version the operator's
@@ -99,15 +104,16 @@ type Request struct {
 
 // Handler is the console. It is safe for concurrent use.
 type Handler struct {
-	db     outbox.DB
-	cfg    Config
-	pages  *pages
-	logger *slog.Logger
-	errSeq atomic.Int64
-	now    func() time.Time // the CSRF token's clock; nil is time.Now (tests set it)
-	slots  chan struct{}
-	busy   sampledLog // 503s
-	unauth sampledLog // 401s without credentials
+	db         outbox.DB
+	cfg        Config
+	pages      *pages
+	logger     *slog.Logger
+	errSeq     atomic.Int64
+	now        func() time.Time // the CSRF token's clock; nil is time.Now (tests set it)
+	slots      chan struct{}
+	totalsGate *totalsGate
+	busy       sampledLog // 503s
+	unauth     sampledLog // 401s without credentials
 
 	misdirected sampledLog // 421s
 }
@@ -148,6 +154,12 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 	if c.Location == nil {
 		c.Location = time.UTC
 	}
+	switch {
+	case c.TotalsTimeout == 0:
+		c.TotalsTimeout = defaultTotalsTimeout
+	case c.TotalsTimeout < 0:
+		return nil, fmt.Errorf("console.New: TotalsTimeout %s: want a positive duration below the server's WriteTimeout, or 0 for the default %s", c.TotalsTimeout, defaultTotalsTimeout)
+	}
 	for kind, s := range c.Statements {
 		if s == nil {
 			return nil, fmt.Errorf("console.New: Statements[%q] is nil", kind)
@@ -180,7 +192,7 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger, slots: make(chan struct{}, c.MaxInFlight)}, nil
+	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger, slots: make(chan struct{}, c.MaxInFlight), totalsGate: newTotalsGate()}, nil
 }
 
 // ServeHTTP checks who is asking and whether they may, then serves the page or action.

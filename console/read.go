@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -570,15 +571,115 @@ func (h *Handler) operation(w http.ResponseWriter, r *http.Request, v *viewer) {
 
 // --- totals ---
 
+const (
+	// defaultTotalsTimeout is Config.TotalsTimeout's default: below the 30 s WriteTimeout of
+	// the sample's serve, with room to render the answer.
+	defaultTotalsTimeout = 20 * time.Second
+	// totalsTTL is how long a comparison is served again for the same kind and date without
+	// asking the external system for its statement again: reloads and several operators
+	// opening the page together cost one statement read.
+	totalsTTL = 15 * time.Second
+	// maxCachedTotals bounds the comparisons kept; each holds at most totalsDifferences
+	// differences of each kind, never a day's operations or statement.
+	maxCachedTotals = 32
+	// totalsDifferences is the differences of each kind listed on the page; the rest are
+	// counted.
+	totalsDifferences = 200
+	// firstTotalsDay is the earliest date the page accepts: an earlier one is a typo (0001,
+	// 1899), not a day anyone settled on.
+	firstTotalsDay = "2000-01-01"
+)
+
+// totalsGate lets one Totals comparison run at a time and keeps each for totalsTTL. A
+// comparison reads the external statement and a whole day of the ledger: several at once
+// would take the database connections and the CPU every other page needs, and behind the
+// sample's in-flight cap of 4 four of them would hold every slot. A request that finds one
+// running is answered 503 at once (it does not wait holding a slot); its retry finds the
+// result kept when it asked for the same kind and date.
+type totalsGate struct {
+	slot chan struct{}
+
+	mu      sync.Mutex
+	running string // kind and date of the comparison running
+	since   time.Time
+	kept    map[string]keptTotals
+}
+
+type keptTotals struct {
+	t  *reconcile.Totals
+	at time.Time
+}
+
+func newTotalsGate() *totalsGate {
+	return &totalsGate{slot: make(chan struct{}, 1), kept: map[string]keptTotals{}}
+}
+
+// get returns the comparison kept for key, if it is younger than totalsTTL.
+func (g *totalsGate) get(key string, now time.Time) (keptTotals, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k, ok := g.kept[key]
+	if !ok || now.Sub(k.at) >= totalsTTL {
+		return keptTotals{}, false
+	}
+	return k, true
+}
+
+// keep stores a comparison, dropping expired ones and, past maxCachedTotals, the oldest.
+func (g *totalsGate) keep(key string, k keptTotals) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for kk, v := range g.kept {
+		if k.at.Sub(v.at) >= totalsTTL {
+			delete(g.kept, kk)
+		}
+	}
+	for len(g.kept) >= maxCachedTotals {
+		oldest := ""
+		for kk, v := range g.kept {
+			if oldest == "" || v.at.Before(g.kept[oldest].at) {
+				oldest = kk
+			}
+		}
+		delete(g.kept, oldest)
+	}
+	g.kept[key] = k
+}
+
+// acquire takes the slot without waiting; on false, it names the comparison holding it.
+func (g *totalsGate) acquire(what string, now time.Time) (ok bool, running string, since time.Duration) {
+	select {
+	case g.slot <- struct{}{}:
+		g.mu.Lock()
+		g.running, g.since = what, now
+		g.mu.Unlock()
+		return true, "", 0
+	default:
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return false, g.running, now.Sub(g.since)
+	}
+}
+
+func (g *totalsGate) release() {
+	g.mu.Lock()
+	g.running = ""
+	g.mu.Unlock()
+	<-g.slot
+}
+
 type totalsData struct {
-	Kinds  []string
-	Kind   string
-	Date   string
-	Zone   string
-	Totals *reconcile.Totals
-	Rows   []totalsRow
-	Shown  []reconcile.Difference
-	More   int
+	Kinds      []string
+	Kind       string
+	Date       string
+	Zone       string
+	Totals     *reconcile.Totals
+	ComputedAt time.Time
+	KeptFor    time.Duration
+	Rows       []totalsRow
+	Counts     []differenceCount
+	Shown      []reconcile.Difference
+	More       int
 }
 
 type totalsRow struct {
@@ -587,13 +688,18 @@ type totalsRow struct {
 	Differs     bool
 }
 
+type differenceCount struct {
+	Kind  reconcile.DifferenceKind
+	Count int
+}
+
 func (h *Handler) totals(w http.ResponseWriter, r *http.Request, v *viewer) {
 	q := r.URL.Query()
 	if err := onlyParams(q, "kind", "date"); err != nil {
 		h.badRequest(w, r, err)
 		return
 	}
-	d := &totalsData{Kind: q.Get("kind"), Date: q.Get("date"), Zone: h.cfg.Location.String()}
+	d := &totalsData{Kind: q.Get("kind"), Date: q.Get("date"), Zone: h.cfg.Location.String(), KeptFor: totalsTTL}
 	for k := range h.cfg.Statements {
 		d.Kinds = append(d.Kinds, k)
 	}
@@ -617,15 +723,63 @@ func (h *Handler) totals(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.fail(w, r, http.StatusBadRequest, "date=%.40q: want a day as YYYY-MM-DD, such as 2026-03-01", d.Date)
 		return
 	}
-	t, err := reconcile.CompareTotals(r.Context(), h.db, stmt, &reconcile.TotalsParams{Kind: d.Kind, From: day, To: day.AddDate(0, 0, 1)})
+	// A day nothing can have been sent on is a typo: asking the bank for the statement of
+	// year 1 or 9999 costs a statement read for nothing (and year 1 is outside what the
+	// database's timestamps take).
+	first, _ := time.ParseInLocation("2006-01-02", firstTotalsDay, h.cfg.Location)
+	now := time.Now()
+	tomorrow := time.Date(now.In(h.cfg.Location).Year(), now.In(h.cfg.Location).Month(), now.In(h.cfg.Location).Day()+1, 0, 0, 0, 0, h.cfg.Location)
+	if day.Before(first) || day.After(tomorrow) {
+		h.fail(w, r, http.StatusBadRequest, "date=%.40q: want a day from %s to tomorrow (%s, %s): nothing can have been sent on another",
+			d.Date, firstTotalsDay, tomorrow.Format("2006-01-02"), h.cfg.Location)
+		return
+	}
+	key := d.Kind + "\x00" + d.Date
+	if k, ok := h.totalsGate.get(key, now); ok {
+		h.renderTotals(w, r, v, d, k)
+		return
+	}
+	// One comparison at a time, never waited for: see totalsGate.
+	acquired, running, since := h.totalsGate.acquire(d.Kind+" on "+d.Date, now)
+	if !acquired {
+		w.Header().Set("Retry-After", "3")
+		h.fail(w, r, http.StatusServiceUnavailable, "another Totals comparison is running (%s, for %s): one runs at a time so that the other pages stay responsive; reload in a few seconds (a comparison is kept for %s, so the reload after it is instant)",
+			running, since.Round(100*time.Millisecond), totalsTTL)
+		return
+	}
+	defer h.totalsGate.release()
+	// The comparison that held the slot may have been this one.
+	if k, ok := h.totalsGate.get(key, time.Now()); ok {
+		h.renderTotals(w, r, v, d, k)
+		return
+	}
+	// Bounded below the server's write timeout: past it the answer would be lost, and the
+	// operator would see a dropped connection instead of the reason.
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.TotalsTimeout)
+	defer cancel()
+	start := time.Now()
+	t, err := reconcile.CompareTotals(ctx, h.db, stmt, &reconcile.TotalsParams{Kind: d.Kind, From: day, To: day.AddDate(0, 0, 1),
+		MaxDifferences: totalsDifferences})
 	if err != nil {
-		// The statement comes from another system: its failure is not ours to detail.
 		ref := h.errSeq.Add(1)
-		h.logger.Error("console: comparing totals", "ref", ref, "kind", d.Kind, "date", d.Date, "error", err)
+		h.logger.Error("console: comparing totals", "ref", ref, "kind", d.Kind, "date", d.Date, "took", time.Since(start), "error", err)
+		if errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
+			h.fail(w, r, http.StatusServiceUnavailable, "comparing totals was stopped after %s (Config.TotalsTimeout; reference %d): the statement or the ledger took too long to read; the details are in the server's log",
+				h.cfg.TotalsTimeout, ref)
+			return
+		}
+		// The statement comes from another system: its failure is not ours to detail.
 		h.fail(w, r, http.StatusBadGateway, "comparing totals failed (reference %d): the statement or the ledger could not be read; the details are in the server's log", ref)
 		return
 	}
-	d.Totals = t
+	k := keptTotals{t: t, at: time.Now()}
+	h.totalsGate.keep(key, k)
+	h.renderTotals(w, r, v, d, k)
+}
+
+func (h *Handler) renderTotals(w http.ResponseWriter, r *http.Request, v *viewer, d *totalsData, k keptTotals) {
+	t := k.t
+	d.Totals, d.ComputedAt = t, k.at
 	cur := map[string]bool{}
 	for c := range t.Here {
 		cur[c] = true
@@ -637,11 +791,12 @@ func (h *Handler) totals(w http.ResponseWriter, r *http.Request, v *viewer) {
 		d.Rows = append(d.Rows, totalsRow{Currency: c, Here: t.Here[c], There: t.There[c], Differs: t.Here[c] != t.There[c]})
 	}
 	sort.Slice(d.Rows, func(i, j int) bool { return d.Rows[i].Currency < d.Rows[j].Currency })
-	d.Shown = t.Differences
-	if len(d.Shown) > 500 {
-		d.More = len(d.Shown) - 500
-		d.Shown = d.Shown[:500]
+	for _, kind := range []reconcile.DifferenceKind{reconcile.AmountDiffers, reconcile.OnlyHere, reconcile.Duplicate, reconcile.OnlyThere} {
+		if n := t.Counts[kind]; n > 0 {
+			d.Counts = append(d.Counts, differenceCount{Kind: kind, Count: n})
+		}
 	}
+	d.Shown, d.More = t.Differences, t.Omitted()
 	h.render(w, r, v, "totals", "Totals", d)
 }
 

@@ -70,8 +70,12 @@ ErrStateChanged if the operation left the state the person saw:
 
 CompareTotals compares the ledger's SUCCEEDED operations of a kind over a period with the
 external system's Statement, effect by effect: count and sum per currency on each side, and
-every difference — only here, only there, amount differs — as a value to print (Totals.String)
-or assert on.
+the differences — only here, only there, amount differs, duplicate (applied twice) — as a value
+to print (Totals.String) or assert on. An operation belongs to the period it was sent in: its
+last request's start or, when its dispatcher died holding the claim and the reconciler proved
+the outcome, that claim's — what a statement dated by the time of applying counts. The period
+is one range of an index; its operations are streamed, never held, and at most
+TotalsParams.MaxDifferences differences of each kind are listed (all are counted).
 
 # Wiring
 

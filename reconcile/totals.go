@@ -2,17 +2,19 @@ package reconcile
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise"
-	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -31,7 +33,8 @@ type StatementEntry struct {
 
 // Statement is an external system's list of applied effects (a bank statement).
 type Statement interface {
-	// Entries returns the effects applied at or after from and before to.
+	// Entries returns the effects applied at or after from and before to. The slice is
+	// CompareTotals's to keep for the call: it sorts it by Key in place.
 	Entries(ctx context.Context, from, to time.Time) ([]StatementEntry, error)
 }
 
@@ -43,16 +46,24 @@ func (f StatementFunc) Entries(ctx context.Context, from, to time.Time) ([]State
 	return f(ctx, from, to)
 }
 
+// DefaultMaxDifferences is TotalsParams.MaxDifferences when it is zero.
+const DefaultMaxDifferences = 1000
+
 // TotalsParams selects what CompareTotals compares.
 type TotalsParams struct {
 	// Kind is the kind of operation compared. Required.
 	Kind string
-	// From (inclusive) and To (exclusive) bound the period: on the statement, by the time the
-	// external system applied an effect; in the ledger, by the time the operation was last
-	// sent (an effect is applied while it is being sent). An operation sent just before To
-	// and applied just after it shows up as a difference on each side of the boundary.
-	// Required.
+	// From (inclusive) and To (exclusive) bound the period. On the statement an effect is
+	// dated by when the external system applied it; in the ledger by when it was sent, the
+	// nearest moment the ledger records: the start of the operation's last request, or, when
+	// its dispatcher died holding the claim (no request recorded, the reconciler proved the
+	// outcome later), when that claim was taken. An operation sent just before To and applied
+	// just after it shows up as a difference on each side of the boundary. Required.
 	From, To time.Time
+	// MaxDifferences bounds the differences listed of each DifferenceKind; beyond it they are
+	// only counted (Totals.Counts), so that a statement missing a whole day cannot make the
+	// result as large as the day. Default DefaultMaxDifferences.
+	MaxDifferences int
 }
 
 // Sum is a count and a sum of amounts.
@@ -72,7 +83,14 @@ const (
 	OnlyThere DifferenceKind = "only_there"
 	// AmountDiffers: on both, with different amounts or currencies.
 	AmountDiffers DifferenceKind = "amount_differs"
+	// Duplicate: on the statement again under a key it already lists: the external system
+	// applied the effect more than once (OurState is the ledger's, "" when it has no such
+	// operation).
+	Duplicate DifferenceKind = "duplicate"
 )
+
+// differenceKinds is the order Totals lists differences in.
+var differenceKinds = []DifferenceKind{AmountDiffers, OnlyHere, Duplicate, OnlyThere}
 
 // Difference is one effect the ledger and the statement disagree on.
 type Difference struct {
@@ -88,17 +106,33 @@ type Difference struct {
 }
 
 // Totals is the comparison of the ledger's SUCCEEDED operations of a kind with an external
-// statement over a period: count and sum per currency on each side, and every difference.
+// statement over a period: count and sum per currency on each side, and the differences.
 type Totals struct {
-	Kind        string
-	From, To    time.Time
-	Here        map[string]Sum // per currency, the ledger's SUCCEEDED operations
-	There       map[string]Sum // per currency, the statement's entries
+	Kind     string
+	From, To time.Time
+	Here     map[string]Sum // per currency, the ledger's SUCCEEDED operations
+	There    map[string]Sum // per currency, the statement's entries
+	// Differences lists the differences, at most TotalsParams.MaxDifferences of each kind, by
+	// kind (amount differs, only here, duplicate, only there) and key.
 	Differences []Difference
+	// Counts is the number of differences of each kind found, listed or not.
+	Counts map[DifferenceKind]int
 }
 
 // Match reports whether the two sides agree on every effect.
-func (t *Totals) Match() bool { return len(t.Differences) == 0 }
+func (t *Totals) Match() bool { return t.DifferenceCount() == 0 }
+
+// DifferenceCount is the number of differences found, listed or not.
+func (t *Totals) DifferenceCount() int {
+	n := 0
+	for _, c := range t.Counts {
+		n += c
+	}
+	return max(n, len(t.Differences))
+}
+
+// Omitted is the number of differences found but not listed (beyond MaxDifferences).
+func (t *Totals) Omitted() int { return t.DifferenceCount() - len(t.Differences) }
 
 // String renders the comparison for people: totals per currency, then each difference.
 func (t *Totals) String() string {
@@ -129,7 +163,7 @@ func (t *Totals) String() string {
 		b.WriteString("  every effect matches\n")
 		return b.String()
 	}
-	fmt.Fprintf(&b, "  %d differences:\n", len(t.Differences))
+	fmt.Fprintf(&b, "  %d differences:\n", t.DifferenceCount())
 	for _, d := range t.Differences {
 		switch d.Kind {
 		case OnlyHere:
@@ -142,122 +176,348 @@ func (t *Totals) String() string {
 			fmt.Fprintf(&b, "  only there:     %s ref %q %d %s (%s)\n", d.Key, d.ExternalRef, d.Amount, d.Currency, state)
 		case AmountDiffers:
 			fmt.Fprintf(&b, "  amount differs: %s %q here %d %s, there %d %s\n", d.Key, d.BusinessKey, d.OurAmount, d.OurCurrency, d.Amount, d.Currency)
+		case Duplicate:
+			fmt.Fprintf(&b, "  duplicate:      %s ref %q %d %s applied again\n", d.Key, d.ExternalRef, d.Amount, d.Currency)
 		}
+	}
+	if n := t.Omitted(); n > 0 {
+		fmt.Fprintf(&b, "  ... and %d more not listed\n", n)
 	}
 	return b.String()
 }
 
+// sentAt is the moment an operation is dated by in totals (TotalsParams.From): its last
+// request's start, or the claim its dispatcher died holding. The expression is the one
+// migration 012's stepwise_operation_totals_idx is built on; keep them identical, or a day's
+// totals read every SUCCEEDED operation of the kind.
+const sentAt = `greatest(last_sent_at, claimed_at)`
+
+// ledgerSQL reads a kind's SUCCEEDED operations sent in [$2, $3): key, amount and currency,
+// in the order of the index range, from the index alone on a settled day.
+const ledgerSQL = `SELECT operation_id, coalesce(amount, 0), coalesce(currency, '') FROM stepwise_operation
+	WHERE kind = $1 AND state = 'SUCCEEDED' AND ` + sentAt + ` >= $2 AND ` + sentAt + ` < $3`
+
 // CompareTotals compares the ledger's SUCCEEDED operations of a kind over a period with the
 // external system's statement for it, effect by effect (matched by idempotency key), and
-// returns the totals per currency and every difference. It reads only; what to do about a
+// returns the totals per currency and the differences. It reads only; what to do about a
 // difference is a person's decision (Resolve).
+//
+// Its cost is bounded by the period, not by the ledger, and its memory by neither: the
+// database selects the period with one range of an index (migration 012) and streams key,
+// amount and currency of each operation once, never a payload; the totals are summed and each
+// operation is looked up in the statement (sorted by key in place, with a fixed-size index of
+// key prefixes) as it streams, so memory holds the statement the caller returned, one bit per
+// entry, and at most MaxDifferences differences of each kind.
 func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
 	if params == nil || params.Kind == "" || params.From.IsZero() || params.To.IsZero() || !params.From.Before(params.To) {
 		return nil, errors.New("reconcile.CompareTotals: TotalsParams needs a Kind and a period with From before To")
 	}
+	if params.MaxDifferences < 0 {
+		return nil, fmt.Errorf("reconcile.CompareTotals: MaxDifferences %d: want 0 (the default, %d) or more", params.MaxDifferences, DefaultMaxDifferences)
+	}
 	if stmt == nil {
 		return nil, errors.New("reconcile.CompareTotals: statement is nil")
+	}
+	limit := params.MaxDifferences
+	if limit == 0 {
+		limit = DefaultMaxDifferences
 	}
 	entries, err := stmt.Entries(ctx, params.From, params.To)
 	if err != nil {
 		return nil, fmt.Errorf("reading the statement: %w", err)
 	}
-	t := &Totals{Kind: params.Kind, From: params.From, To: params.To, Here: map[string]Sum{}, There: map[string]Sum{}}
-
-	type ours struct {
-		op      *outbox.Operation
-		matched bool
-	}
-	here := map[string]*ours{}
-	var order []string
-	ops, err := ledgerOperations(ctx, q, `WHERE kind = $1 AND state = 'SUCCEEDED' AND last_sent_at >= $2 AND last_sent_at < $3
-		ORDER BY last_sent_at, operation_id`, params.Kind, params.From, params.To)
-	if err != nil {
-		return nil, err
-	}
-	for _, op := range ops {
-		key := op.IdempotencyKey()
-		here[key] = &ours{op: op}
-		order = append(order, key)
-		s := t.Here[op.Currency]
-		s.Count++
-		s.Amount += op.Amount
-		t.Here[op.Currency] = s
-	}
-
-	var unmatched []StatementEntry
+	t := &Totals{Kind: params.Kind, From: params.From, To: params.To, Here: map[string]Sum{}, There: map[string]Sum{},
+		Counts: map[DifferenceKind]int{}}
 	for _, e := range entries {
 		s := t.There[e.Currency]
 		s.Count++
 		s.Amount += e.Amount
 		t.There[e.Currency] = s
-		o, ok := here[e.Key]
-		if !ok {
-			unmatched = append(unmatched, e)
-			continue
-		}
-		o.matched = true
-		if o.op.Amount != e.Amount || o.op.Currency != e.Currency {
-			t.Differences = append(t.Differences, Difference{Kind: AmountDiffers, Key: e.Key, BusinessKey: o.op.BusinessKey,
-				OurState: o.op.State, ExternalRef: e.ExternalRef, OurAmount: o.op.Amount, OurCurrency: o.op.Currency,
-				Amount: e.Amount, Currency: e.Currency})
+	}
+	idx := newKeyIndex(entries)
+	diffs := &differences{limit: limit, counts: t.Counts, byKind: map[DifferenceKind][]Difference{}}
+	if err := streamLedger(ctx, q, params, idx, t, diffs); err != nil {
+		return nil, err
+	}
+	// What the ledger's operations had no match for, in key order; a key listed again right
+	// after itself was applied more than once.
+	for i, e := range idx.entries {
+		switch {
+		case i > 0 && e.Key == idx.entries[i-1].Key:
+			diffs.add(Difference{Kind: Duplicate, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
+		case !idx.isMatched(i):
+			diffs.add(Difference{Kind: OnlyThere, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
 		}
 	}
-	for _, key := range order {
-		if o := here[key]; !o.matched {
-			t.Differences = append(t.Differences, Difference{Kind: OnlyHere, Key: key, BusinessKey: o.op.BusinessKey,
-				OurState: o.op.State, ExternalRef: o.op.ExternalRef, OurAmount: o.op.Amount, OurCurrency: o.op.Currency})
-		}
+	if err := diffs.describe(ctx, q); err != nil {
+		return nil, err
 	}
-	if len(unmatched) > 0 {
-		// Say what the ledger holds for each, if anything: an UNKNOWN_EXTERNAL operation the
-		// reconciler has yet to find is a different story from a payment nobody sent.
-		states, err := statesOf(ctx, q, unmatched)
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range unmatched {
-			d := Difference{Kind: OnlyThere, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency}
-			if op, ok := states[e.Key]; ok {
-				d.OurState, d.BusinessKey, d.OurAmount, d.OurCurrency = op.State, op.BusinessKey, op.Amount, op.Currency
-			}
-			t.Differences = append(t.Differences, d)
-		}
+	for _, k := range differenceKinds {
+		t.Differences = append(t.Differences, diffs.byKind[k]...)
 	}
 	return t, nil
 }
 
-func statesOf(ctx context.Context, q stepwise.DBTX, entries []StatementEntry) (map[string]*outbox.Operation, error) {
-	var ids []uuid.UUID
-	for _, e := range entries {
-		if id, err := uuid.Parse(e.Key); err == nil {
-			ids = append(ids, id)
-		}
-	}
-	out := map[string]*outbox.Operation{}
-	if len(ids) == 0 {
-		return out, nil
-	}
-	ops, err := ledgerOperations(ctx, q, `WHERE operation_id = ANY($1)`, ids)
-	if err != nil {
-		return nil, err
-	}
-	for _, op := range ops {
-		out[op.IdempotencyKey()] = op
-	}
-	return out, nil
+// keyIndex finds a key in a statement sorted by key: starts[p] is the first entry whose key
+// begins with the 18-bit hex prefix p, so a lookup searches the few entries of its prefix
+// (about 4 of a day of a million), close together in memory, instead of touching twenty keys
+// spread over the heap. The same 2 MiB whatever the day.
+type keyIndex struct {
+	entries []StatementEntry
+	starts  []int32 // the 1<<keyBits prefixes, and the end of the last
+	matched []uint64
 }
 
-// ledgerOperations reads the operations (stepwise_operation as o) that where selects: a WHERE
-// clause and anything after it.
-func ledgerOperations(ctx context.Context, q stepwise.DBTX, where string, args ...any) ([]*outbox.Operation, error) {
-	rows, err := q.Query(ctx, `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o `+where, args...)
-	if err != nil {
-		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
+// keyBits is the width of the prefixes indexed (of the 20 bits keyPrefix reads).
+const keyBits = 18
+
+// newKeyIndex sorts entries in place and indexes them. Keys that begin with five lower-case
+// hex digits (every key the ledger can hold: an operation_id's text) come first, in key
+// order, placed in their prefix's bucket in one pass (American flag sort) and each bucket
+// sorted; any other key follows, sorted, to be reported as only there. A key applied twice
+// keeps its entries next to each other, in the order applied.
+func newKeyIndex(entries []StatementEntry) *keyIndex {
+	n := 1 << keyBits
+	// Buckets 0 to n-1 are the prefixes; bucket n holds every other key. Two passes over the
+	// keys: count, then place.
+	bucket := func(key string) int {
+		if p := keyPrefix(key); p >= 0 {
+			return p >> (20 - keyBits)
+		}
+		return n
 	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](r) })
-	if err != nil {
-		return nil, fmt.Errorf("reading the ledger's operations: %w", err)
+	ends := make([]int32, n+2)
+	for _, e := range entries {
+		ends[bucket(e.Key)+1]++
 	}
-	return ops, nil
+	for p := range n + 1 {
+		ends[p+1] += ends[p]
+	}
+	next := slices.Clone(ends[:n+1])
+	for p := range n + 1 {
+		for next[p] < ends[p+1] {
+			i := next[p]
+			q := bucket(entries[i].Key)
+			if q == p {
+				next[p]++
+				continue
+			}
+			entries[i], entries[next[q]] = entries[next[q]], entries[i]
+			next[q]++
+		}
+		if b := entries[ends[p]:ends[p+1]]; len(b) > 1 {
+			slices.SortFunc(b, compareEntries)
+		}
+	}
+	return &keyIndex{entries: entries, starts: ends[:n+1], matched: make([]uint64, (len(entries)+63)/64)}
+}
+
+// keyPrefix is the value of key's first five characters as hex digits (20 bits), or -1 when
+// they are not five lower-case hex digits.
+func keyPrefix(key string) int {
+	if len(key) < 5 {
+		return -1
+	}
+	p := 0
+	for _, c := range []byte(key[:5]) {
+		switch {
+		case '0' <= c && c <= '9':
+			p = p<<4 | int(c-'0')
+		case 'a' <= c && c <= 'f':
+			p = p<<4 | int(c-'a'+10)
+		default:
+			return -1
+		}
+	}
+	return p
+}
+
+func compareEntries(a, b StatementEntry) int {
+	if c := strings.Compare(a.Key, b.Key); c != 0 {
+		return c
+	}
+	return a.At.Compare(b.At)
+}
+
+// find returns the index of the first entry under key (canonical text of a uuid), or -1.
+func (x *keyIndex) find(key string) int {
+	p := keyPrefix(key) >> (20 - keyBits)
+	lo, hi := int(x.starts[p]), int(x.starts[p+1])
+	i := lo + sort.Search(hi-lo, func(j int) bool { return x.entries[lo+j].Key >= key })
+	if i < hi && x.entries[i].Key == key {
+		return i
+	}
+	return -1
+}
+
+func (x *keyIndex) match(i int)          { x.matched[i/64] |= 1 << (i % 64) }
+func (x *keyIndex) isMatched(i int) bool { return x.matched[i/64]&(1<<(i%64)) != 0 }
+
+const hexDigits = "0123456789abcdef"
+
+// streamLedger reads the period's SUCCEEDED operations once, in index order (key, amount
+// and currency only), sums them per currency into t.Here and looks each up in the statement,
+// recording every difference in diffs. One row at a time: memory does not grow with the
+// period.
+func streamLedger(ctx context.Context, q stepwise.DBTX, params *TotalsParams, idx *keyIndex, t *Totals, diffs *differences) error {
+	rows, err := q.Query(ctx, ledgerSQL, params.Kind, params.From, params.To)
+	if err != nil {
+		return fmt.Errorf("reading the ledger's operations: %w", err)
+	}
+	defer rows.Close()
+	// Per-currency sums, found by the currency's bytes: no string per row.
+	type sum struct {
+		currency string
+		Sum
+	}
+	var sums []sum
+	var (
+		id     uuid.UUID
+		amount int64
+		cur    []byte
+		text   [36]byte
+	)
+	raw := false
+	if fd := rows.FieldDescriptions(); len(fd) == 3 && fd[0].Format == pgx.BinaryFormatCode && fd[1].Format == pgx.BinaryFormatCode {
+		// The usual extended protocol: uuid and bigint in binary, read without a scan per row.
+		raw = true
+	}
+	for rows.Next() {
+		if raw {
+			v := rows.RawValues()
+			if len(v[0]) != 16 || len(v[1]) != 8 {
+				return fmt.Errorf("reading the ledger's operations: unexpected row encoding (%d, %d bytes)", len(v[0]), len(v[1]))
+			}
+			copy(id[:], v[0])
+			amount = int64(binary.BigEndian.Uint64(v[1]))
+			cur = v[2]
+		} else {
+			var c string
+			if err := rows.Scan(&id, &amount, &c); err != nil {
+				return fmt.Errorf("reading the ledger's operations: %w", err)
+			}
+			cur = []byte(c)
+		}
+		k := -1
+		for j := range sums {
+			if sums[j].currency == string(cur) {
+				k = j
+				break
+			}
+		}
+		if k < 0 {
+			sums = append(sums, sum{currency: string(cur)})
+			k = len(sums) - 1
+		}
+		sums[k].Count++
+		sums[k].Amount += amount
+
+		key := keyText(&text, id)
+		i := idx.find(key)
+		if i < 0 {
+			diffs.add(Difference{Kind: OnlyHere, Key: strings.Clone(key), OurState: outbox.StateSucceeded, OurAmount: amount, OurCurrency: sums[k].currency})
+			continue
+		}
+		idx.match(i)
+		if e := idx.entries[i]; e.Amount != amount || e.Currency != sums[k].currency {
+			diffs.add(Difference{Kind: AmountDiffers, Key: e.Key, OurState: outbox.StateSucceeded, ExternalRef: e.ExternalRef,
+				OurAmount: amount, OurCurrency: sums[k].currency, Amount: e.Amount, Currency: e.Currency})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reading the ledger's operations: %w", err)
+	}
+	for _, s := range sums {
+		t.Here[s.currency] = s.Sum
+	}
+	return nil
+}
+
+// keyText writes id's canonical text (the idempotency key) into buf and returns it as a
+// string sharing buf's memory: valid until the next call; clone it to keep it.
+func keyText(buf *[36]byte, id uuid.UUID) string {
+	j := 0
+	for k, b := range id {
+		if k == 4 || k == 6 || k == 8 || k == 10 {
+			buf[j] = '-'
+			j++
+		}
+		buf[j], buf[j+1] = hexDigits[b>>4], hexDigits[b&0x0f]
+		j += 2
+	}
+	return unsafe.String(&buf[0], len(buf))
+}
+
+// differences collects what CompareTotals lists: at most limit of each kind, every one
+// counted.
+type differences struct {
+	limit  int
+	counts map[DifferenceKind]int
+	byKind map[DifferenceKind][]Difference
+}
+
+func (ds *differences) add(d Difference) {
+	ds.counts[d.Kind]++
+	if len(ds.byKind[d.Kind]) < ds.limit {
+		ds.byKind[d.Kind] = append(ds.byKind[d.Kind], d)
+	}
+}
+
+// describe reads what the ledger holds for the listed differences, in one query of at most
+// 4 × limit keys: business keys and references of ours and, for a key on the statement
+// only, the ledger's operation if any (an UNKNOWN_EXTERNAL operation the reconciler has yet
+// to find is a different story from a payment nobody sent; a SUCCEEDED one sent on another
+// day is a boundary, not a loss).
+func (ds *differences) describe(ctx context.Context, q stepwise.DBTX) error {
+	var ids []uuid.UUID
+	for _, list := range ds.byKind {
+		for _, d := range list {
+			if id, err := uuid.Parse(d.Key); err == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := q.Query(ctx, `SELECT operation_id, business_key, state, coalesce(external_ref, ''), coalesce(amount, 0), coalesce(currency, '')
+		FROM stepwise_operation WHERE operation_id = ANY($1)`, ids)
+	if err != nil {
+		return fmt.Errorf("reading the ledger's side of the differences: %w", err)
+	}
+	type ours struct {
+		businessKey, ref, currency string
+		state                      outbox.State
+		amount                     int64
+	}
+	found := map[uuid.UUID]ours{}
+	var id uuid.UUID
+	var o ours
+	if _, err := pgx.ForEachRow(rows, []any{&id, &o.businessKey, &o.state, &o.ref, &o.amount, &o.currency}, func() error {
+		found[id] = o
+		return nil
+	}); err != nil {
+		return fmt.Errorf("reading the ledger's side of the differences: %w", err)
+	}
+	for k, list := range ds.byKind {
+		for i := range list {
+			d := &list[i]
+			id, err := uuid.Parse(d.Key) // a key of another spelling (upper case) still names our operation
+			if err != nil {
+				continue
+			}
+			o, ok := found[id]
+			if !ok {
+				continue
+			}
+			d.BusinessKey = o.businessKey
+			switch k {
+			case OnlyHere:
+				d.ExternalRef = o.ref
+			case OnlyThere, Duplicate:
+				d.OurState, d.OurAmount, d.OurCurrency = o.state, o.amount, o.currency
+			}
+		}
+	}
+	return nil
 }

@@ -53,7 +53,9 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 }
 
 // Bank is your adapter to the external system: it pays under the operation_id and looks a
-// payment up by it (workflowtest/fakebank's Sender and Checker show the pattern).
+// payment up by it (workflowtest/fakebank's Sender and Checker show the pattern). Over HTTP,
+// send through outbox/httpsend: net/http alone resends a POST carrying an Idempotency-Key by
+// itself, and its "connection refused" can follow a payment the bank made.
 type Bank interface {
 	outbox.Sender
 	reconcile.Checker

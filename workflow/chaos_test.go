@@ -49,14 +49,19 @@ func chaosRun(t *testing.T, seed uint64, brokenFence bool) (*workflowtest.ChaosR
 	// when each of them has been claimed by another worker (token moved), so that it wakes
 	// as a zombie however slowly the chaos workers start on a loaded machine (a fixed 2.5s
 	// once thawed it before anyone had claimed its runs, and the broken-fence twin missed).
-	held := map[string]int64{}
-	rows, err := e.pool.Query(ctx, `SELECT key, fencing_token FROM stepwise_checkpoint WHERE owner IS NOT NULL`)
+	// Each run is watched until another worker has claimed it (token moved) and committed a
+	// step of its own (steps moved): only then is the zombie's commit a second effect the
+	// oracle must see. Token alone was not enough: a new owner killed before its first commit
+	// leaves the zombie's step the only one, and a broken fence then did no visible harm.
+	type seen struct{ token, steps int64 }
+	held := map[string]seen{}
+	rows, err := e.pool.Query(ctx, `SELECT key, fencing_token, steps FROM stepwise_checkpoint WHERE owner IS NOT NULL`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var key string
-		var token int64
-		require.NoError(t, rows.Scan(&key, &token))
-		held[key] = token
+		var s seen
+		require.NoError(t, rows.Scan(&key, &s.token, &s.steps))
+		held[key] = s
 	}
 	require.NoError(t, rows.Err())
 	require.NotEmpty(t, held, "the frozen worker holds no run")
@@ -66,9 +71,10 @@ func chaosRun(t *testing.T, seed uint64, brokenFence bool) (*workflowtest.ChaosR
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
 			moved := 0
-			for key, token := range held {
-				var now int64
-				if e.pool.QueryRow(ctx, `SELECT fencing_token FROM stepwise_checkpoint WHERE key = $1`, key).Scan(&now) == nil && now > token {
+			for key, was := range held {
+				var now seen
+				if e.pool.QueryRow(ctx, `SELECT fencing_token, steps FROM stepwise_checkpoint WHERE key = $1`, key).Scan(&now.token, &now.steps) == nil &&
+					now.token > was.token && now.steps > was.steps {
 					moved++
 				}
 			}

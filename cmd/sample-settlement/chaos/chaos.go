@@ -125,6 +125,11 @@ type Config struct {
 	SleepFor        time.Duration
 	SleeperWork     time.Duration // how long a sleeper's first step works before it sleeps
 
+	// Fault, when set, replaces the killer (workflowtest.ChaosConfig.Fault): no worker is
+	// hit, and Fault breaks something else beside them, such as the database server
+	// (TestDrillPostgresRestart), returning the spans the workers were cut off.
+	Fault func(ctx context.Context) (cutOff []workflowtest.Interval, err error)
+
 	// QuietTimeout bounds the wait for rest after the chaos without progress (no step
 	// committed, no run finished, no operation settled); the whole wait is bounded at ten
 	// times it. Defaults to 3 minutes.
@@ -442,6 +447,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		Logf:         cfg.Logf,
 		WorkerID:     func(w workflowtest.Worker) string { return workerID(w.Pid()) },
 		Target:       target,
+		Fault:        cfg.Fault,
 	})
 	res.Chaos = report
 	if err != nil {

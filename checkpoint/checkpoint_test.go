@@ -321,3 +321,22 @@ func TestHeartbeatRenewsWhilePoolIsBusy(t *testing.T) {
 	_, err = s.Claim(ctx, "k", "b", 1)
 	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
 }
+
+// The renewals' own connection is replaced when it dies while idle (a server restart, a
+// failover, an idle-session timeout): the next renewal reconnects instead of failing, so
+// one dead connection never costs a live owner its lease.
+func TestRenewReconnectsAfterItsConnectionDied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, b := setup(t, &checkpoint.Config{Lease: 10 * time.Second})
+	l, err := s.Claim(ctx, "k", "a", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.Renew(ctx, l))
+	var killed int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'stepwise lease renewal'`).Scan(&killed))
+	require.Equal(t, 1, killed, "the renewal ran on a connection of its own, outside the pool")
+	require.NoError(t, s.Renew(ctx, l), "the renewal after its connection died must reconnect")
+	_, err = s.Claim(ctx, "k", "b", 1)
+	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
+}

@@ -678,6 +678,10 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("CHAOS_BATCH: %w", err)
 	}
+	// The pool keeps pgx's default size on purpose (4 connections on a small machine, for 8
+	// settle runs and the payout sends): a busy pool must not make a live worker look dead,
+	// and this is where the needless-takeover check would catch it (lease renewals once
+	// queued behind the steps on this pool). serve sizes its pool for throughput instead.
 	pool, err := pgxpool.New(ctx, env["DATABASE_URL"])
 	if err != nil {
 		return err

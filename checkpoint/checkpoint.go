@@ -78,6 +78,8 @@ type Store struct {
 	cfg  *Config
 	// beginQuery opens a step transaction and arms the stall timeout in the same round trip.
 	beginQuery string
+	// renewals is the connection leases are renewed on, outside the pool (see renewer).
+	renewals *renewer
 }
 
 // New returns a Store on pool.
@@ -93,6 +95,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		pool:       pool,
 		cfg:        cfg,
 		beginQuery: fmt.Sprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d", cfg.StallTimeout.Milliseconds()),
+		renewals:   newRenewer(pool, cfg.Lease),
 	}, nil
 }
 
@@ -300,8 +303,12 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 // Renew extends l's lease (protocol step 3), fenced by its token and owner. Like Advance it
 // counts from clock_timestamp and never shortens the lease. ErrFenced means
 // the lease was lost: the caller must stop the step.
+//
+// It runs on the store's own connection, not the pool's (see renewer): a busy pool must not
+// make a live owner look dead. That connection is one more per process while leases are
+// held, beyond the pool's MaxConns.
 func (s *Store) Renew(ctx context.Context, l *Lease) error {
-	tag, err := s.pool.Exec(ctx, `
+	tag, err := s.renewals.exec(ctx, `
 		UPDATE stepwise_checkpoint
 		   SET lease_until = greatest(lease_until, clock_timestamp() + $4 * interval '1 millisecond')
 		 WHERE key = $1 AND fencing_token = $2 AND owner = $3`,

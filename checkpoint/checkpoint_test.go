@@ -260,3 +260,83 @@ func TestLongStatementNeverLeavesLeaseInPast(t *testing.T) {
 		require.False(t, committed.Before(renewed), "the commit shortened the lease the heartbeat had just renewed")
 	}
 }
+
+// A worker whose pool is busy (every connection held by step transactions, sends, River's own
+// work) is alive and connected: its heartbeat must still renew its leases. On the old code the
+// heartbeat took its connection from that pool, waited behind the busy connections past the
+// lease, and the healthy worker's runs were taken over (the classic chaos profile, where eight
+// settle runs and the payout sends shared pgx's default of four connections).
+func TestHeartbeatRenewsWhilePoolIsBusy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const lease = 600 * time.Millisecond
+	url := testkit.DBURL(t)
+	pcfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	observer, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(observer.Close)
+	require.NoError(t, checkpoint.Ensure(ctx, pool, "k"))
+	s, err := checkpoint.New(pool, &checkpoint.Config{Lease: lease})
+	require.NoError(t, err)
+
+	l, err := s.Claim(ctx, "k", "a", 1)
+	require.NoError(t, err)
+	lost := make(chan error, 1)
+	stop := s.Heartbeat(ctx, l, 0, func(err error) { lost <- err })
+	defer stop()
+
+	// Every connection of the pool is busy for four leases, as in a process whose other
+	// steps and sends hold them.
+	var held []*pgxpool.Conn
+	release := func() {
+		for _, c := range held {
+			c.Release()
+		}
+		held = nil
+	}
+	defer release() // pool.Close at cleanup waits for every acquired connection
+	for range pcfg.MaxConns {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	busyUntil := time.Now().Add(4 * lease)
+	for time.Now().Before(busyUntil) {
+		var left time.Duration
+		require.NoError(t, observer.QueryRow(ctx, `SELECT (extract(epoch FROM lease_until - clock_timestamp()) * 1e9)::bigint
+			FROM stepwise_checkpoint WHERE key = 'k'`).Scan(&left))
+		require.Greater(t, left, time.Duration(0), "the lease of a live, connected owner lapsed while its pool was busy")
+		select {
+		case err := <-lost:
+			t.Fatalf("the heartbeat gave the lease up while its pool was busy: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	release()
+	_, err = s.Claim(ctx, "k", "b", 1)
+	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
+}
+
+// The renewals' own connection is replaced when it dies while idle (a server restart, a
+// failover, an idle-session timeout): the next renewal reconnects instead of failing, so
+// one dead connection never costs a live owner its lease.
+func TestRenewReconnectsAfterItsConnectionDied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, b := setup(t, &checkpoint.Config{Lease: 10 * time.Second})
+	l, err := s.Claim(ctx, "k", "a", 1)
+	require.NoError(t, err)
+	require.NoError(t, s.Renew(ctx, l))
+	var killed int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'stepwise lease renewal'`).Scan(&killed))
+	require.Equal(t, 1, killed, "the renewal ran on a connection of its own, outside the pool")
+	require.NoError(t, s.Renew(ctx, l), "the renewal after its connection died must reconnect")
+	_, err = s.Claim(ctx, "k", "b", 1)
+	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
+}

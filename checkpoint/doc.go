@@ -11,7 +11,9 @@
 //     same round trip, and checks (without locking) that the token is still current.
 //  3. The caller writes its business rows in that transaction; Advance then stores the new
 //     cursor WHERE fencing_token = ours. Zero rows means ErrFenced: roll back, stop.
-//  4. Heartbeat renews the lease while a step runs; Release gives it up.
+//  4. Heartbeat renews the lease from the claim until the attempt ends, on a connection of
+//     the store's own outside the pool, so a busy pool never makes a live owner look dead
+//     (one more connection per process while leases are held); Release gives it up.
 //
 // # Failures it guards against
 //
@@ -20,6 +22,8 @@
 //   - A worker frozen inside its transaction, holding locks on uncommitted rows: the server
 //     kills that transaction after StallTimeout, so the next owner is not blocked.
 //   - Clock skew between workers: every lease time is the database's now().
+//   - A live, connected owner taken over because its pool was busy: renewals do not queue
+//     behind the pool's step transactions.
 //
 // The row is deliberately not locked at the start of a step: measured here, a SIGSTOPped
 // worker holding that lock blocks every claim until it wakes, and then finishes as if

@@ -121,6 +121,24 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		}
 		return err
 	}
+	// The heartbeat runs from the claim on, not from the first step. Guards against: an
+	// attempt slow between its claim and its first step (markRunning waiting for a busy pool's
+	// connection, a large cursor decoding on a loaded machine) outliving the lease its claim
+	// took, and a live worker taken over. The run key travels with the step, so that
+	// outbox.Enqueue ties operations to this run.
+	stepCtx, cancel := context.WithCancelCause(runctx.With(ctx, key))
+	defer cancel(nil)
+	stopHeartbeat := e.store.Heartbeat(stepCtx, lease, e.cfg.Heartbeat, func(err error) {
+		if !e.fence.Enforced() {
+			return // test-only broken build: a lost lease goes unnoticed
+		}
+		if errors.Is(err, checkpoint.ErrFenced) {
+			cancel(err)
+			return
+		}
+		cancel(fmt.Errorf("%w: %w", errLeaseLost, err))
+	})
+	defer stopHeartbeat()
 	if err := faultpoint.Hit(faultpoint.AfterClaim); err != nil {
 		_ = e.store.Release(ctx, lease)
 		return err
@@ -147,22 +165,8 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		return a.finishCancelled(ctx)
 	}
 
-	// The run key travels with the step, so that outbox.Enqueue ties operations to this run.
-	stepCtx, cancel := context.WithCancelCause(runctx.With(ctx, key))
-	defer cancel(nil)
 	stopWatch := a.watchCancel(stepCtx, cancel)
 	defer stopWatch()
-	stopHeartbeat := e.store.Heartbeat(stepCtx, lease, e.cfg.Heartbeat, func(err error) {
-		if !e.fence.Enforced() {
-			return // test-only broken build: a lost lease goes unnoticed
-		}
-		if errors.Is(err, checkpoint.ErrFenced) {
-			cancel(err)
-			return
-		}
-		cancel(fmt.Errorf("%w: %w", errLeaseLost, err))
-	})
-	defer stopHeartbeat()
 
 	deadline := time.Now().Add(sw.slice)
 	for {

@@ -78,6 +78,14 @@ type ChaosConfig struct {
 	// frozen or dead one, which cannot be hit), or returns -1 to let the seeded source pick. Defaults to always -1. The paused-dispatcher profile uses it to
 	// freeze the process that holds claimed operations.
 	Target func(ctx context.Context, ids []string) int
+
+	// Fault, when set, replaces the killer: no worker is hit, and Fault runs once beside the
+	// workers, breaking something else (the database server, the network), until it returns;
+	// then RunChaos waits for quiet as usual. It returns the spans during which every worker
+	// was cut off from the database (a server down), which are added to each worker's
+	// CutOff, so that the takeovers they explain are not counted as needless. An error from
+	// it ends RunChaos with that error.
+	Fault func(ctx context.Context) (cutOff []Interval, err error)
 }
 
 // ChaosReport says what RunChaos did.
@@ -191,6 +199,18 @@ func RunChaos(ctx context.Context, cfg *ChaosConfig) (*ChaosReport, error) {
 	}
 
 	deadline := time.Now().Add(c.Duration)
+	if c.Fault != nil {
+		cutOff, err := c.Fault(ctx)
+		mu.Lock()
+		for i := range report.Workers {
+			report.Workers[i].CutOff = append(report.Workers[i].CutOff, cutOff...)
+		}
+		mu.Unlock()
+		if err != nil {
+			return report, fmt.Errorf("workflowtest.RunChaos: the fault failed: %w", err)
+		}
+		deadline = time.Now() // no killer
+	}
 	hits := 0
 	for time.Now().Before(deadline) {
 		pause := c.KillMin + time.Duration(rng.Int64N(int64(c.KillMax-c.KillMin)+1))

@@ -67,7 +67,10 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) pipe(c net.Conn) {
 	defer p.wg.Done()
-	up, err := net.Dial("tcp", p.target)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	up, err := net.Dial("tcp", target)
 	if err != nil {
 		c.Close()
 		return
@@ -92,6 +95,14 @@ func (p *Proxy) pipe(c net.Conn) {
 	delete(p.conns, c)
 	delete(p.conns, up)
 	p.mu.Unlock()
+}
+
+// Retarget sends new connections to hostPort from now on, as a failover moves the primary to
+// another address behind a stable name; connections already open stay where they are.
+func (p *Proxy) Retarget(hostPort string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = hostPort
 }
 
 // Cut closes every proxied connection and refuses new ones, as a network partition between

@@ -49,6 +49,8 @@ type Options struct {
 
 	// tempDir overrides the directory that throwaway clusters are created in (tests).
 	tempDir string
+	// durableCommits keeps synchronous_commit on in a throwaway cluster (Throwaway).
+	durableCommits bool
 }
 
 // WithDefaults returns a copy of o with unset fields filled in.

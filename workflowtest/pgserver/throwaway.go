@@ -56,6 +56,8 @@ type cluster struct {
 	as   string // user name the cluster runs as
 	port int
 	logf func(string, ...any)
+	// durableCommits keeps synchronous_commit on (see Throwaway).
+	durableCommits bool
 }
 
 func (c *cluster) dataDir() string { return filepath.Join(c.dir, "data") }
@@ -89,7 +91,7 @@ func startThrowaway(ctx context.Context, opts *Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating throwaway cluster directory: %w", err)
 	}
-	c := &cluster{dir: dir, bin: bin, cred: cred, as: as, logf: opts.Logf}
+	c := &cluster{dir: dir, bin: bin, cred: cred, as: as, logf: opts.Logf, durableCommits: opts.durableCommits}
 	// The owner pid goes in before anything slow, so a sweeper in another process never
 	// mistakes a cluster being set up for one left behind.
 	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
@@ -131,12 +133,12 @@ func (c *cluster) start(ctx context.Context) error {
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '%s'
 fsync = off
-synchronous_commit = off
+synchronous_commit = %s
 full_page_writes = off
 max_connections = 200
 shared_buffers = 64MB
 max_wal_size = 256MB
-`, strings.ReplaceAll(c.dir, "'", "''"))
+`, strings.ReplaceAll(c.dir, "'", "''"), map[bool]string{false: "off", true: "on"}[c.durableCommits])
 	f, err := os.OpenFile(filepath.Join(c.dataDir(), "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("opening postgresql.conf: %w", err)
@@ -149,23 +151,32 @@ max_wal_size = 256MB
 		return fmt.Errorf("writing postgresql.conf: %w", err)
 	}
 
+	return c.serve(ctx, 0)
+}
+
+// serve starts the server on the cluster's data directory, on port, or on a free port when
+// port is 0.
+func (c *cluster) serve(ctx context.Context, port int) error {
 	// A free port found by listening and closing can be taken by someone else before the
 	// server binds it; try a few.
 	var lastErr error
 	for range 5 {
-		port, err := freePort()
-		if err != nil {
-			return err
+		p := port
+		if p == 0 {
+			var err error
+			if p, err = freePort(); err != nil {
+				return err
+			}
 		}
 		out, err := c.run(ctx, "pg_ctl", "start", "-D", c.dataDir(), "-l", c.logFile(), "-w", "-t", "60",
-			"-o", "-p "+strconv.Itoa(port))
+			"-o", "-p "+strconv.Itoa(p))
 		if err == nil {
-			c.port = port
+			c.port = p
 			return nil
 		}
 		logTail := tail(c.logFile(), 20)
 		lastErr = fmt.Errorf("pg_ctl start as %s: %w\n%s\n%s", c.as, err, out, logTail)
-		if !strings.Contains(logTail, "could not bind") && !strings.Contains(logTail, "already in use") {
+		if port != 0 || !strings.Contains(logTail, "could not bind") && !strings.Contains(logTail, "already in use") {
 			return lastErr
 		}
 	}

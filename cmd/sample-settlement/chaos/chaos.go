@@ -130,6 +130,11 @@ type Config struct {
 	// Retention).
 	Retention *Retention
 
+	// Fault, when set, replaces the killer (workflowtest.ChaosConfig.Fault): no worker is
+	// hit, and Fault breaks something else beside them, such as the database server
+	// (TestDrillPostgresRestart), returning the spans the workers were cut off.
+	Fault func(ctx context.Context) (cutOff []workflowtest.Interval, err error)
+
 	// QuietTimeout bounds the wait for rest after the chaos without progress (no step
 	// committed, no run finished, no operation settled); the whole wait is bounded at ten
 	// times it. Defaults to 3 minutes.
@@ -462,6 +467,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		Logf:         cfg.Logf,
 		WorkerID:     func(w workflowtest.Worker) string { return workerID(w.Pid()) },
 		Target:       target,
+		Fault:        cfg.Fault,
 	})
 	res.Chaos = report
 	if err != nil {
@@ -704,6 +710,10 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("CHAOS_BATCH: %w", err)
 	}
+	// The pool keeps pgx's default size on purpose (4 connections on a small machine, for 8
+	// settle runs and the payout sends): a busy pool must not make a live worker look dead,
+	// and this is where the needless-takeover check would catch it (lease renewals once
+	// queued behind the steps on this pool). serve sizes its pool for throughput instead.
 	pool, err := pgxpool.New(ctx, env["DATABASE_URL"])
 	if err != nil {
 		return err

@@ -150,5 +150,4 @@ func column(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) string {
 	return s
 }
 
-
 func pgxNew(ctx context.Context, url string) (*pgxpool.Pool, error) { return pgxpool.New(ctx, url) }

@@ -46,7 +46,9 @@ func TestConsoleServesReadOnlyOnLoopback(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errOut := newLineWriter(), newLineWriter()
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"console", "--addr", "127.0.0.1:0", "--database-url", db}, out, errOut) }()
+	go func() {
+		done <- run(ctx, []string{"console", "--addr", "127.0.0.1:0", "--database-url", db}, out, errOut)
+	}()
 	var first string
 	select {
 	case first = <-out.lines:

@@ -17,6 +17,7 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	db, pool, bank := quickStartDB(t)
 
 	// migrate status and migrate: the quick start migrated; migrate again is a no-op.
+	// README: stepwise migrate status
 	r := stepwise(t, db, "migrate", "status").ok(t)
 	require.Contains(t, r.stdout, "stepwise")
 	require.Contains(t, r.stdout, "current")
@@ -25,13 +26,15 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	}
 	stepwise(t, db, "migrate", "status", "--json").ok(t).json(t, &st)
 	require.True(t, st.Schema.Current)
+	// README: stepwise migrate
 	require.Contains(t, stepwise(t, db, "migrate").ok(t).stdout, "up to date")
 
 	// runs: the quick start's run, its filters.
 	r = stepwise(t, db, "runs").ok(t)
 	require.Contains(t, r.stdout, "settle/2026-11-29")
 	require.Contains(t, r.stdout, "succeeded")
-	require.Contains(t, stepwise(t, db, "runs", "list", "--status", "failed").ok(t).stdout, "no runs match")
+	// README: stepwise runs --status failed
+	require.Contains(t, stepwise(t, db, "runs", "--status", "failed").ok(t).stdout, "no runs match")
 	var runs []runRow
 	stepwise(t, db, "runs", "--json", "--workflow", "settle", "--key-prefix", "settle/2026-11").ok(t).json(t, &runs)
 	require.Len(t, runs, 1)
@@ -39,6 +42,7 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	stepwise(t, db, "runs", "--json", "--key-prefix", "settle/2026-12").ok(t).json(t, &runs)
 	require.Empty(t, runs)
 
+	// README: stepwise runs show settle/2026-11-29
 	r = stepwise(t, db, "runs", "show", "settle/2026-11-29").ok(t)
 	for _, want := range []string{"status     succeeded (version", "cursor     {\"after_merchant\": 20}", "lease      none", "failures   0 in a row", "run.finish"} {
 		require.Contains(t, r.stdout, want)
@@ -56,8 +60,11 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	stepwise(t, db, "ops", "list", "--state", "unknown_external", "--json", "--run", "settle/2026-11-29").ok(t).json(t, &ops)
 	require.Len(t, ops, 2)
 	unknown := ops[0]
+	// README: stepwise ops --state UNKNOWN_EXTERNAL
+	require.Contains(t, stepwise(t, db, "ops", "--state", "UNKNOWN_EXTERNAL").ok(t).stdout, unknown.ID.String())
 	r = stepwise(t, db, "ops", "--business-key", unknown.BusinessKey).ok(t)
 	require.Contains(t, r.stdout, unknown.ID.String())
+	// README: stepwise ops show <OPERATION_ID>
 	r = stepwise(t, db, "ops", "show", unknown.ID.String()).ok(t)
 	for _, want := range []string{"state        UNKNOWN_EXTERNAL (version", "requests (one per send begun", "audit trail", "op.transition", "stepwise ops resolve " + unknown.ID.String()} {
 		require.Contains(t, r.stdout, want)
@@ -75,18 +82,21 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "nothing was changed")
 	require.Equal(t, before, snapshot(t, pool), "a refused resolve changes nothing")
-	r = stepwise(t, db, "ops", "resolve", unknown.ID.String(), "--to", "SUCCEEDED", "--no-callback", "--seen-version", itoa(unknown.Version), "--reason", "bank support confirmed, ticket 4711", "--actor", "ana").ok(t)
+	// README: stepwise ops resolve <OPERATION_ID> --to SUCCEEDED --seen-version 3 --no-callback --actor ana --reason "bank confirmed, ticket 4711"
+	require.EqualValues(t, 3, unknown.Version, "PENDING, PROCESSING, UNKNOWN_EXTERNAL")
+	r = stepwise(t, db, "ops", "resolve", unknown.ID.String(), "--to", "SUCCEEDED", "--seen-version", itoa(unknown.Version), "--no-callback", "--actor", "ana", "--reason", "bank confirmed, ticket 4711").ok(t)
 	require.Contains(t, r.stdout, "is now SUCCEEDED")
 	require.Equal(t, "SUCCEEDED", column(t, pool, `SELECT state FROM stepwise_operation WHERE operation_id = $1`, unknown.ID))
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'op:' || $1::text AND actor = 'ana'
-		AND to_state = 'SUCCEEDED' AND detail->>'resolution' = 'manual' AND detail->>'reason' = 'bank support confirmed, ticket 4711'`, unknown.ID))
+		AND to_state = 'SUCCEEDED' AND detail->>'resolution' = 'manual' AND detail->>'reason' = 'bank confirmed, ticket 4711'`, unknown.ID))
 	r = stepwise(t, db, "ops", "resolve", unknown.ID.String(), "--to", "FAILED_PERMANENT", "--no-callback", "--reason", "again", "--actor", "bob")
 	require.Equal(t, 1, r.code, "a settled operation is not resolved again")
 	require.Contains(t, r.stderr, "is SUCCEEDED: only MANUAL and UNKNOWN_EXTERNAL")
 
 	// runs cancel, then the service's worker ends the run cancelled; runs resume continues it.
 	startRun(t, pool, "settle/2026-11-30", "2026-11-30")
-	r = stepwise(t, db, "runs", "cancel", "settle/2026-11-30", "--reason", "wrong date, INC-12", "--actor", "ana").ok(t)
+	// README: stepwise runs cancel settle/2026-11-30 --actor ana --reason "wrong date, INC-12"
+	r = stepwise(t, db, "runs", "cancel", "settle/2026-11-30", "--actor", "ana", "--reason", "wrong date, INC-12").ok(t)
 	require.Contains(t, r.stdout, "asked to stop")
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'settle/2026-11-30' AND kind = 'console.action'
 		AND actor = 'ana' AND detail->>'action' = 'run.cancel' AND detail->>'via' = 'stepwise command'`))
@@ -102,7 +112,9 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "nothing was done")
 	require.Equal(t, before, snapshot(t, pool))
-	r = stepwise(t, db, "runs", "resume", "settle/2026-11-30", "--reason", "date fixed, INC-12", "--actor", "ana", "--seen-version", itoa(shown.RunJSON.Version)).ok(t)
+	// README: stepwise runs resume settle/2026-11-30 --seen-version 3 --actor ana --reason "date fixed, INC-12"
+	require.EqualValues(t, 3, shown.RunJSON.Version, "pending, running, cancelled")
+	r = stepwise(t, db, "runs", "resume", "settle/2026-11-30", "--seen-version", itoa(shown.RunJSON.Version), "--actor", "ana", "--reason", "date fixed, INC-12").ok(t)
 	require.Contains(t, r.stdout, "resumed from its last checkpoint")
 	require.Equal(t, "pending", column(t, pool, `SELECT status FROM stepwise_run WHERE key = 'settle/2026-11-30'`))
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'settle/2026-11-30' AND kind = 'run.resume' AND actor = 'ana'`))
@@ -118,6 +130,7 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 		('nightly', '2026-11-28T01:00:00Z', 'skipped', 'misfire_deadline', 'later than the starting deadline', 1, 1, NULL),
 		('nightly', '2026-11-29T01:00:00Z', 'materialized', NULL, NULL, 1, 1, now())`)
 	require.NoError(t, err)
+	// README: stepwise schedules
 	r = stepwise(t, db, "schedules").ok(t)
 	require.Contains(t, r.stdout, "nightly")
 	require.Contains(t, r.stdout, "active")
@@ -138,6 +151,8 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE stepwise_run SET finished_at = finished_at - interval '10 days' WHERE key = 'settle/2026-11-29';
 		UPDATE stepwise_event SET at = at - interval '10 days'`)
 	require.NoError(t, err)
+	// README: stepwise prune --older-than 720h
+	require.Contains(t, stepwise(t, db, "prune", "--older-than", "720h").ok(t).stdout, "would delete: the event history of 0 runs", "nothing is 30 days old")
 	before = snapshot(t, pool)
 	events := count(t, pool, `SELECT count(*) FROM stepwise_event`)
 	r = stepwise(t, db, "prune", "--older-than", "168h").ok(t)

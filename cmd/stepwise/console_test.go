@@ -46,6 +46,8 @@ func TestConsoleServesReadOnlyOnLoopback(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out, errOut := newLineWriter(), newLineWriter()
 	done := make(chan int, 1)
+	// README: stepwise console
+	// (on a free port: the default 127.0.0.1:8080 may be taken on a test machine)
 	go func() {
 		done <- run(ctx, []string{"console", "--addr", "127.0.0.1:0", "--database-url", db}, out, errOut)
 	}()

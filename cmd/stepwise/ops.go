@@ -338,7 +338,7 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 	var changed *outbox.StateChangedError
 	switch {
 	case errors.As(err, &changed):
-		now := fmt.Sprintf("%s", changed.Actual)
+		now := string(changed.Actual)
 		if changed.ActualVersion != 0 {
 			now += fmt.Sprintf(" at version %d", changed.ActualVersion)
 		}

@@ -9,7 +9,7 @@ import (
 )
 
 // commandPrefixes start what the README shows as a command to paste.
-var commandPrefixes = []string{"go run ./", "go test ./", "sample-settlement "}
+var commandPrefixes = []string{"go run ./", "go test ./", "sample-settlement ", "stepwise "}
 
 // readmeCommands returns the commands the README shows: the lines of its sh blocks and its
 // inline code spans that start like a command.

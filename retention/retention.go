@@ -91,6 +91,13 @@ type Config struct {
 
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+
+	// DryRun makes Prune delete nothing: it counts what a real pass would delete now (the
+	// Result's Runs, RunEvents and OperationEvents) and what it keeps (Result.Kept), in one
+	// read-only snapshot, with the very predicates the deleting batches use. Guards against
+	// an operator learning what "prune" meant only after the history is gone. The counts
+	// read every matching row (no batches, no pauses): run it off-peak on a large ledger.
+	DryRun bool
 }
 
 // Result counts what Prune did.
@@ -100,6 +107,30 @@ type Result struct {
 	Runs, RunEvents, OperationEvents int64
 	// Batches is how many transactions ran; Skipped how many gave up on a lock.
 	Batches, Skipped int
+
+	// DryRun is true when nothing was deleted (Config.DryRun): Runs, RunEvents and
+	// OperationEvents are what a pass would delete, Kept what it keeps.
+	DryRun bool
+	// Kept is filled by a dry run only.
+	Kept *Kept
+}
+
+// Kept counts what a dry run found Prune keeps (see the package doc for why).
+type Kept struct {
+	// Runs and Operations count every run and operation row: all of them stay.
+	Runs, Operations int64
+	// Decisions counts the events kept forever as people's decisions (console actions,
+	// resolutions, moves into MANUAL, resumes, cancel requests).
+	Decisions int64
+	// FailedRuns counts failed or cancelled runs whose history stays because they can
+	// still be resumed (not named in Config.FailedRuns).
+	FailedRuns int64
+	// UnsettledRuns counts succeeded runs past the age whose history stays because an
+	// operation they wrote is not settled yet.
+	UnsettledRuns int64
+	// YoungerRuns counts succeeded runs whose history stays because they finished within
+	// OlderThan.
+	YoungerRuns int64
 }
 
 // Total is every row deleted or marked.
@@ -151,6 +182,9 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error
 		return nil, err
 	}
 	cutoff := cfg.Now().Add(-cfg.OlderThan)
+	if cfg.DryRun {
+		return dryRun(ctx, pool, cutoff, cfg.FailedRuns)
+	}
 	res := &Result{}
 	var pending func() // adds the last batch's counts to res, once it committed
 	runPhase := func(sel runSelector) func(context.Context, pgx.Tx) (int64, error) {
@@ -259,22 +293,39 @@ type runSelector struct {
 func succeededBefore(cutoff time.Time, limit int) runSelector {
 	return runSelector{sql: `
 		SELECT r.key FROM stepwise_run r
-		 WHERE r.status = 'succeeded' AND r.finished_at < $1
-		   AND (r.history_pruned_at IS NULL OR r.history_pruned_at < r.finished_at)
-		   AND NOT ` + unsettled + `
+		 WHERE ` + succeededBeforeWhere + `
 		 ORDER BY r.finished_at
 		 LIMIT $2
 		 FOR UPDATE OF r SKIP LOCKED`, args: []any{cutoff, limit}}
 }
+
+// succeededBeforeWhere selects (alias r, cutoff $1) the runs succeededBefore prunes; shared
+// with the dry run so that it counts exactly what a pass deletes.
+const succeededBeforeWhere = `r.status = 'succeeded' AND r.finished_at < $1
+		   AND (r.history_pruned_at IS NULL OR r.history_pruned_at < r.finished_at)
+		   AND NOT ` + unsettled
+
+// namedFailedWhere selects (alias r, keys $1) the runs namedFailed prunes.
+const namedFailedWhere = `r.key = ANY($1) AND r.status IN ('failed', 'cancelled')
+		   AND (r.history_pruned_at IS NULL OR r.history_pruned_at < r.finished_at)
+		   AND NOT ` + unsettled
+
+// runEventsWhere selects (alias e, run keys $1) the events pruneRuns deletes. Only the run's
+// own kinds: a run key may look like another subject ('op:…', 'schedule:…'), whose events
+// are not the run's to delete.
+const runEventsWhere = `e.subject = ANY($1) AND (e.kind LIKE 'run.%' OR e.kind LIKE 'lease.%') AND NOT ` + keptForever
+
+// opEventsWhere selects (aliases e and o, cutoff $1) the events pruneOperationEvents deletes.
+const opEventsWhere = `e.at < $1 AND e.subject LIKE 'op:%' AND e.kind = 'op.transition'
+			   AND NOT ` + keptForever + `
+			   AND o.state IN ('SUCCEEDED', 'FAILED_PERMANENT')`
 
 // namedFailed picks the failed or cancelled runs the operator named whose history is still
 // there. A run resumed since checkFailedRuns is no longer failed, and is left alone.
 func namedFailed(keys []string, limit int) runSelector {
 	return runSelector{sql: `
 		SELECT r.key FROM stepwise_run r
-		 WHERE r.key = ANY($1) AND r.status IN ('failed', 'cancelled')
-		   AND (r.history_pruned_at IS NULL OR r.history_pruned_at < r.finished_at)
-		   AND NOT ` + unsettled + `
+		 WHERE ` + namedFailedWhere + `
 		 ORDER BY r.key
 		 LIMIT $2
 		 FOR UPDATE OF r SKIP LOCKED`, args: []any{keys, limit}}
@@ -326,10 +377,7 @@ func pruneRuns(ctx context.Context, tx pgx.Tx, sel runSelector, res *Result) (in
 	if len(keys) == 0 {
 		return 0, nil
 	}
-	// Only the run's own kinds: a run key may look like another subject ('op:…',
-	// 'schedule:…'), whose events are not the run's to delete.
-	tag, err := tx.Exec(ctx, `DELETE FROM stepwise_event e WHERE e.subject = ANY($1)
-		AND (e.kind LIKE 'run.%' OR e.kind LIKE 'lease.%') AND NOT `+keptForever, keys)
+	tag, err := tx.Exec(ctx, `DELETE FROM stepwise_event e WHERE `+runEventsWhere, keys)
 	if err != nil {
 		return 0, fmt.Errorf("deleting events of finished runs: %w", err)
 	}
@@ -350,9 +398,7 @@ func pruneOperationEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, limi
 		DELETE FROM stepwise_event WHERE id IN (
 			SELECT e.id FROM stepwise_event e
 			  JOIN stepwise_operation o ON e.subject = 'op:' || o.operation_id::text
-			 WHERE e.at < $1 AND e.subject LIKE 'op:%' AND e.kind = 'op.transition'
-			   AND NOT `+keptForever+`
-			   AND o.state IN ('SUCCEEDED', 'FAILED_PERMANENT')
+			 WHERE `+opEventsWhere+`
 			 ORDER BY e.at
 			 LIMIT $2
 			 FOR UPDATE OF e SKIP LOCKED)`, cutoff, limit)
@@ -360,4 +406,59 @@ func pruneOperationEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, limi
 		return 0, fmt.Errorf("deleting events of settled operations: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// dryRun counts what Prune would delete and keep, in one read-only REPEATABLE READ
+// transaction (one snapshot: the counts add up), with the predicates the batches use.
+func dryRun(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, failedRuns []string) (*Result, error) {
+	res := &Result{DryRun: true, Kept: &Kept{}}
+	if failedRuns == nil {
+		failedRuns = []string{}
+	}
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		k := res.Kept
+		counts := []struct {
+			what string
+			into *int64
+			sql  string
+			args []any
+		}{
+			{"run events to prune", &res.RunEvents, `SELECT count(*) FROM stepwise_event e WHERE ` + runEventsWhere,
+				[]any{nil}}, // keys filled below
+			{"operation events to prune", &res.OperationEvents, `SELECT count(*) FROM stepwise_event e
+				JOIN stepwise_operation o ON e.subject = 'op:' || o.operation_id::text WHERE ` + opEventsWhere, []any{cutoff}},
+			{"runs", &k.Runs, `SELECT count(*) FROM stepwise_run`, nil},
+			{"operations", &k.Operations, `SELECT count(*) FROM stepwise_operation`, nil},
+			{"decisions", &k.Decisions, `SELECT count(*) FROM stepwise_event e WHERE ` + keptForever, nil},
+			{"failed runs kept", &k.FailedRuns, `SELECT count(*) FROM stepwise_run r WHERE r.status IN ('failed', 'cancelled') AND NOT r.key = ANY($1)`,
+				[]any{failedRuns}},
+			{"unsettled runs kept", &k.UnsettledRuns, `SELECT count(*) FROM stepwise_run r
+				WHERE r.status = 'succeeded' AND r.finished_at < $1 AND ` + unsettled, []any{cutoff}},
+			{"younger runs kept", &k.YoungerRuns, `SELECT count(*) FROM stepwise_run r
+				WHERE r.status = 'succeeded' AND r.finished_at >= $1`, []any{cutoff}},
+		}
+		// The run events counted are those of the runs a pass would prune: their keys.
+		rows, err := tx.Query(ctx, `SELECT r.key FROM stepwise_run r WHERE (`+succeededBeforeWhere+`)
+			OR (r.key = ANY($2) AND r.status IN ('failed', 'cancelled')
+			    AND (r.history_pruned_at IS NULL OR r.history_pruned_at < r.finished_at) AND NOT `+unsettled+`)`, cutoff, failedRuns)
+		if err != nil {
+			return fmt.Errorf("retention dry run: selecting runs: %w", err)
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("retention dry run: selecting runs: %w", err)
+		}
+		res.Runs = int64(len(keys))
+		counts[0].args = []any{keys}
+		for _, c := range counts {
+			if err := tx.QueryRow(ctx, c.sql, c.args...).Scan(c.into); err != nil {
+				return fmt.Errorf("retention dry run: counting %s: %w", c.what, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
 }

@@ -1,20 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/subtle"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +19,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/console/surface"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -130,7 +125,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		// Basic-auth credentials over plain HTTP beyond this host can be read by anyone on
 		// the path; every browser request repeats them.
-		if auth.configured() && !f.behindTLS {
+		if auth.Configured() && !f.behindTLS {
 			return usageError("--addr %s is beyond loopback and credentials are configured: they would cross the network in clear text with every request; terminate TLS in front of serve (a proxy) and pass --behind-tls, or bind 127.0.0.1 and reach it through ssh -L", f.addr)
 		}
 		// The address serve is bound to is a name this surface answers to (an address is
@@ -141,7 +136,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// Guards against publishing River UI (payment jobs' arguments and errors) and the
 		// metrics to a network by a mistyped --addr: without credentials that takes an
 		// explicit flag.
-		if auth.riverUser == "" && !f.publicWithoutAuth {
+		if auth.RiverUser == "" && !f.publicWithoutAuth {
 			return usageError("--addr %s is beyond loopback and RIVERUI_USER/RIVERUI_PASSWORD are not set: River UI and /metrics would be open to the network; set both, bind 127.0.0.1, or pass --public-without-auth if a proxy in front authenticates", f.addr)
 		}
 		logger.Warn("serving beyond loopback: /metrics, /healthz and /readyz are open to anyone who can reach " + f.addr)
@@ -214,11 +209,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/ /console/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
 		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
 	consoleFrom := "none (read-only, loopback)"
-	if auth.console != nil {
-		consoleFrom = auth.consoleFrom
+	if auth.Console != nil {
+		consoleFrom = auth.ConsoleFrom
 	}
 	fmt.Fprintf(stdout, "operators: console %s; River UI %s; hosts answered besides loopback: %s\n",
-		consoleFrom, map[bool]string{true: "RIVERUI_USER", false: "none (read-only, loopback)"}[auth.riverUser != ""], orNone(hosts))
+		consoleFrom, map[bool]string{true: "RIVERUI_USER", false: "none (read-only, loopback)"}[auth.RiverUser != ""], orNone(hosts))
 
 	select {
 	case <-ctx.Done():
@@ -341,10 +336,10 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		}
 		o.auth = auth
 	}
-	if o.auth.guard == nil {
+	if o.auth.Guard == nil {
 		// One guard for every surface: an attacker gets one budget of failures, not one each.
-		o.auth.guard = console.NewGuard(logger)
-		if err := o.auth.guard.TrustProxies(o.auth.trustedProxies); err != nil {
+		o.auth.Guard = console.NewGuard(logger)
+		if err := o.auth.Guard.TrustProxies(o.auth.TrustedProxies); err != nil {
 			return nil, err
 		}
 	}
@@ -359,7 +354,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	go gatherer.run(ctx)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(svc.Client, nil),
-		Logger:    slog.New(raiseInternalErrors{logger.Handler()}),
+		Logger:    slog.New(raiseInternalErrors{Handler: logger.Handler()}),
 		Prefix:    "/riverui",
 	})
 	if err != nil {
@@ -396,7 +391,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	// then again).
 	mux.Handle("/riverui/", requireAuthForWrites(
 		limitInFlightLogged(o.maxUIRequests, "River UI", logger, readWriteBody(genericServerErrors(ui, "River UI", logger), logger)),
-		o.auth.riverUser, o.auth.riverPassword, o.auth.guard))
+		o.auth.RiverUser, o.auth.RiverPassword, o.auth.Guard))
 	// The operator's console checks host, credentials, its own slots, origin and CSRF itself,
 	// in that order (package console), with the same failure guard as River UI.
 	cons, err := newConsole(svc.Pool, svc, logger, &consoleSecurity{auth: o.auth, hosts: o.hosts, maxInFlight: o.maxUIRequests})
@@ -460,201 +455,24 @@ func isUnder(path, prefix string) bool {
 	return len(path) >= len(prefix) && path[:len(prefix)] == prefix
 }
 
-// requireAuthForWrites guards River UI.
-//
-//   - With credentials configured (RIVERUI_USER and RIVERUI_PASSWORD), every request needs
-//     them, reads too: the job list shows arguments and errors of payment jobs.
-//   - Without credentials, reads are open (bind to loopback) and writes are refused.
-//   - A write (anything but GET, HEAD, OPTIONS) must also come from River UI's own page.
-//     Guards against CSRF: a browser holding the basic-auth credentials sends them with a
-//     form or text/plain POST that a foreign page makes it submit (measured on 616d8b1: a
-//     cross-origin text/plain POST re-ran a job). So a write must be JSON (a cross-origin
-//     JSON request needs a CORS preflight, which this server never grants), and a browser's
-//     Sec-Fetch-Site, when sent, must be same-origin, and its Origin, when sent, must be this
-//     host. Clients that are not browsers (curl, scripts) send neither header and pass.
-//
-// It runs before the in-flight cap and reads no body: a request without valid credentials
-// never holds a slot. Failed sign-ins are limited and logged by guard (429 with Retry-After
-// while the peer, or everyone, is locked out; see console.Guard).
+// The operator surface's hardening lives in package console/surface, shared with the
+// stepwise command; these names keep serve's wiring and tests readable.
 func requireAuthForWrites(next http.Handler, user, password string, guard *console.Guard) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		write := true
-		switch r.Method {
-		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			write = false
-		}
-		if user == "" || password == "" {
-			if write {
-				closeUnreadBody(w, r)
-				http.Error(w, "River UI is read-only here: set RIVERUI_USER and RIVERUI_PASSWORD on the serve process to allow changes", http.StatusForbidden)
-				return
-			}
-			next.ServeHTTP(w, r)
-			return
-		}
-		// Every refusal here is made without reading the body: hang up after it.
-		if wait := guard.Wait(r); wait > 0 {
-			closeUnreadBody(w, r)
-			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
-			http.Error(w, "too many failed sign-ins: credentials are not checked for a while; the attempts are in the server's log", http.StatusTooManyRequests)
-			return
-		}
-		u, p, ok := r.BasicAuth()
-		// Both compared whatever the first gives: no timing signal for "user exists".
-		okU := subtle.ConstantTimeCompare([]byte(u), []byte(user))
-		okP := subtle.ConstantTimeCompare([]byte(p), []byte(password))
-		if !ok || okU&okP != 1 {
-			if ok || r.Header.Get("Authorization") != "" {
-				guard.Failed(r, u)
-			}
-			closeUnreadBody(w, r)
-			w.Header().Set("WWW-Authenticate", `Basic realm="stepwise river ui", charset="UTF-8"`)
-			http.Error(w, "credentials required", http.StatusUnauthorized)
-			return
-		}
-		guard.Succeeded(r)
-		if write {
-			if why := crossSiteWrite(r); why != "" {
-				closeUnreadBody(w, r)
-				http.Error(w, "refused: "+why, http.StatusForbidden)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
+	return surface.RequireAuthForWrites(next, user, password, guard)
 }
 
-// crossSiteWrite returns why a write request may come from a foreign page, or "".
-func crossSiteWrite(r *http.Request) string {
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-		return "a write must come from River UI's own page (Sec-Fetch-Site: " + site + ")"
-	}
-	if origin := r.Header.Get("Origin"); origin != "" {
-		u, err := url.Parse(origin)
-		if err != nil || u.Host != r.Host {
-			return "a write must come from River UI's own page (Origin is another site)"
-		}
-	}
-	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if mt != "application/json" {
-		return "a write must be a JSON request (Content-Type: application/json)"
-	}
-	return ""
-}
+func limitBodies(next http.Handler) http.Handler { return surface.LimitBodies(next) }
 
-// maxRequestBody bounds every request body: River UI's largest write is a list of job ids.
-const maxRequestBody = 1 << 20
-
-// limitBodies caps request bodies (a larger one fails to read, and River UI answers 4xx),
-// so that a client cannot make the process buffer without bound.
-func limitBodies(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > maxRequestBody {
-			closeUnreadBody(w, r)
-			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
-			return
-		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
-		next.ServeHTTP(w, r)
-	})
-}
-
-// bodyReadTimeout bounds reading an authenticated write's body: River UI's writes are a few
-// hundred bytes, sent at once.
-const bodyReadTimeout = 5 * time.Second
-
-// readWriteBody reads a write's body (already capped by limitBodies) before next sees it,
-// within bodyReadTimeout, and answers 413 when it is over the cap. Reads (GET, HEAD,
-// OPTIONS) pass without their body being read.
-//
-// Guards against: a body sent without a length (chunked) passing limitBodies' Content-Length
-// check, being cut at the cap while River UI decodes it, and answered as a malformed request
-// (400) instead of a refused size; and a client that announces a body and dribbles it holding
-// a slot for the server's whole read timeout. It runs after authentication and under the
-// in-flight cap, so only an operator's request is read, at most that many at once.
 func readWriteBody(next http.Handler, logger *slog.Logger) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.Method {
-		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			next.ServeHTTP(w, r)
-			return
-		}
-		if r.Body == nil || r.Body == http.NoBody {
-			next.ServeHTTP(w, r)
-			return
-		}
-		// ErrNotSupported (a test recorder) leaves the server's own read timeout.
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyReadTimeout))
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
-				return
-			}
-			logger.Warn("operator surface: request body not received in time or unreadable", "peer", r.RemoteAddr, "path", r.URL.Path, "timeout", bodyReadTimeout, "err", err)
-			http.Error(w, "reading the request body failed (send it at once, within "+bodyReadTimeout.String()+")", http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r)
-	})
+	return surface.ReadWriteBody(next, logger)
 }
 
-// allowedHostsOnly answers 421 to a request whose Host is neither loopback nor in hosts,
-// except for /healthz and /readyz (an orchestrator's probe sends the pod's address; they
-// show nothing). Guards against DNS rebinding: a page the operator opens re-points its own
-// name at 127.0.0.1 (or at the address an ssh -L listens on) and then reads River UI's API
-// (payment jobs' arguments), /metrics and the console as its own origin. See
-// console.AllowedHost.
 func allowedHostsOnly(hosts []string, logger *slog.Logger, next http.Handler) http.Handler {
-	var refused sampledWarn
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || console.AllowedHost(r.Host, hosts) {
-			next.ServeHTTP(w, r)
-			return
-		}
-		closeUnreadBody(w, r)
-		refused.warn(logger, "operator surface: request for a host that is not ours refused (421): a DNS-rebinding page, or a name to list with --allowed-host",
-			"host", fmt.Sprintf("%.100q", r.Host), "peer", r.RemoteAddr, "path", r.URL.Path)
-		http.Error(w, fmt.Sprintf("this server does not answer to the host %.100q: it answers localhost, 127.0.0.1 and [::1], and the names given to serve with --allowed-host; open it by one of those, or list this name if it is yours", r.Host),
-			http.StatusMisdirectedRequest)
-	})
+	return surface.AllowedHostsOnly(hosts, logger, next)
 }
 
-// closeUnreadBody makes the server hang up after answering a request whose body it refuses
-// unread. Guards against: the server reading up to 256 KB of that body before it answers (so
-// that the connection can be reused), which a client that announced a body and sends none
-// turns into a wait, holding its connection, for the whole read timeout.
-func closeUnreadBody(w http.ResponseWriter, r *http.Request) {
-	if r.ContentLength != 0 {
-		w.Header().Set("Connection", "close")
-	}
-}
+func closeUnreadBody(w http.ResponseWriter, r *http.Request) { surface.CloseUnreadBody(w, r) }
 
-// operatorHeaders: no page of the operator surface may be framed by another site (River UI's
-// buttons clickjacked: an invisible frame over a decoy), nor sniffed into another type. The
-// console sets a stricter policy of its own.
-func operatorHeaders(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("X-Frame-Options", "DENY")
-		h.Set("Content-Security-Policy", "frame-ancestors 'none'")
-		h.Set("X-Content-Type-Options", "nosniff")
-		next.ServeHTTP(w, r)
-	})
-}
+func operatorHeaders(next http.Handler) http.Handler { return surface.Headers(next) }
 
-// newHTTPServer is the operator surface's server, with every timeout set. Guards against
-// slow clients (slowloris: headers or bodies dribbled a byte at a time) holding connections
-// and goroutines without bound.
-func newHTTPServer(h http.Handler) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       60 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-	}
-}
+func newHTTPServer(h http.Handler) *http.Server { return surface.NewServer(h) }

@@ -36,8 +36,8 @@ func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger
 		Prefix:       "/console",
 		Reconciler:   svc.Reconciler,
 		Logger:       logger,
-		Authenticate: sec.auth.console,
-		Guard:        sec.auth.guard,
+		Authenticate: sec.auth.Console,
+		Guard:        sec.auth.Guard,
 		Hosts:        sec.hosts,
 		MaxInFlight:  sec.maxInFlight,
 	}

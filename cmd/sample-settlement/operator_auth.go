@@ -1,122 +1,20 @@
 package main
 
 import (
-	"net/http"
-	"os"
-	"strings"
-
-	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/console/surface"
 )
 
-// minPasswordLen is the shortest CONSOLE_PASSWORD / RIVERUI_PASSWORD serve accepts. Guards
-// against a one-character shared password guarded by nothing but the failure limit.
-const minPasswordLen = 12
+// operatorAuth is who may sign in to the operator surface: see surface.Auth.
+type operatorAuth = surface.Auth
 
-// operatorAuth is who may sign in to the operator surface (console and River UI), as the
-// environment configures it, and the limits every surface of the process shares.
-type operatorAuth struct {
-	// console authenticates the console's operators; nil: the console is read-only and
-	// answers loopback only.
-	console func(*http.Request) (string, bool)
-	// consoleFrom says where the console's operators come from, for the start-up line.
-	consoleFrom string
-	// riverUser, riverPassword: River UI's one account; empty: read-only, loopback.
-	riverUser, riverPassword string
-	// guard limits and logs failed sign-ins on every surface together (made by serveHandler,
-	// with its logger).
-	guard *console.Guard
-	// trustedProxies are CONSOLE_TRUSTED_PROXIES: their X-Forwarded-For names the peer.
-	trustedProxies []string
-}
-
-// configured reports whether any surface takes credentials.
-func (a *operatorAuth) configured() bool { return a.console != nil || a.riverUser != "" }
-
-// operatorAuthFromEnv reads the operators' credentials:
-//
-//   - CONSOLE_USERS: the path of a file of "name:bcrypt-hash" lines, one per operator (what
-//     "htpasswd -nBC 12 NAME" prints); every console action is audited under the name;
-//   - or CONSOLE_USER and CONSOLE_PASSWORD: one shared console account (the audit names
-//     only that account);
-//   - or CONSOLE_PROXY_USER_HEADER: an authenticating reverse proxy names the operator in
-//     that header, believed only from CONSOLE_TRUSTED_PROXIES (see console.ProxyUser);
-//   - CONSOLE_TRUSTED_PROXIES: the addresses of the proxies in front (addresses or CIDR
-//     prefixes, comma-separated); failed sign-ins relayed by them count against the client
-//     they name in X-Forwarded-For (console.Guard.TrustProxies), not against the proxy;
-//   - RIVERUI_USER and RIVERUI_PASSWORD: River UI's account.
-//
-// A pair set by half is refused (it used to leave that surface anonymous without a word),
-// as are both console forms at once and a password shorter than minPasswordLen.
+// operatorAuthFromEnv reads the operators' credentials (surface.LoadAuth); a mistake in them
+// is a usage error: serve exits 2 before it touches the database.
 func operatorAuthFromEnv() (*operatorAuth, error) {
-	a := &operatorAuth{}
-	usersFile := os.Getenv("CONSOLE_USERS")
-	user, password := os.Getenv("CONSOLE_USER"), os.Getenv("CONSOLE_PASSWORD")
-	proxyHeader, proxies := os.Getenv("CONSOLE_PROXY_USER_HEADER"), os.Getenv("CONSOLE_TRUSTED_PROXIES")
-	var list []string // CONSOLE_TRUSTED_PROXIES
-	for _, p := range strings.Split(proxies, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			list = append(list, p)
-		}
-	}
-	// The proxies' X-Forwarded-For is believed for the sign-in limits: behind a proxy every
-	// visitor shares its address, and one guesser would lock every operator out.
-	if err := console.NewGuard(nil).TrustProxies(list); err != nil {
-		return nil, usageError("CONSOLE_TRUSTED_PROXIES: %v", err)
-	}
-	a.trustedProxies = list
-	forms := 0
-	for _, set := range []bool{usersFile != "", user != "" || password != "", proxyHeader != ""} {
-		if set {
-			forms++
-		}
-	}
-	switch {
-	case forms > 1:
-		return nil, usageError("more than one of CONSOLE_USERS, CONSOLE_USER/CONSOLE_PASSWORD and CONSOLE_PROXY_USER_HEADER are set: use one (CONSOLE_USERS names each operator in the audit trail)")
-	case proxyHeader != "":
-		if len(list) == 0 {
-			return nil, usageError("CONSOLE_PROXY_USER_HEADER needs CONSOLE_TRUSTED_PROXIES: the header names the operator, and is believed only from the proxy's addresses")
-		}
-		auth, err := console.ProxyUser(proxyHeader, list)
-		if err != nil {
-			return nil, usageError("CONSOLE_PROXY_USER_HEADER/CONSOLE_TRUSTED_PROXIES: %v", err)
-		}
-		a.console = auth
-		a.consoleFrom = proxyHeader + " from " + strings.Join(list, ", ")
-	case usersFile != "":
-		users, err := console.LoadUsers(usersFile)
-		if err != nil {
-			return nil, usageError("CONSOLE_USERS: %v", err)
-		}
-		a.console = users.Authenticate
-		a.consoleFrom = "CONSOLE_USERS (" + strings.Join(users.Names(), ", ") + ")"
-	case user != "" || password != "":
-		if err := checkPair("CONSOLE_USER", user, "CONSOLE_PASSWORD", password, "the console"); err != nil {
-			return nil, err
-		}
-		a.console = console.BasicAuth(user, password)
-		a.consoleFrom = "CONSOLE_USER (one shared account)"
-	}
-	a.riverUser, a.riverPassword = os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")
-	if a.riverUser != "" || a.riverPassword != "" {
-		if err := checkPair("RIVERUI_USER", a.riverUser, "RIVERUI_PASSWORD", a.riverPassword, "River UI"); err != nil {
-			return nil, err
-		}
+	a, err := surface.LoadAuth()
+	if err != nil {
+		return nil, usageError("%v", err)
 	}
 	return a, nil
-}
-
-// checkPair refuses a user and password set by half, or a short password.
-func checkPair(userVar, user, passwordVar, password, surface string) error {
-	switch {
-	case user == "":
-		return usageError("%s is set but %s is empty: %s would be anonymous (read-only) without a word; set both or neither", passwordVar, userVar, surface)
-	case password == "":
-		return usageError("%s is set but %s is empty: %s would be anonymous (read-only) without a word; set both or neither", userVar, passwordVar, surface)
-	case len(password) < minPasswordLen:
-		return usageError("%s has %d characters: want at least %d (a random one: openssl rand -base64 18)", passwordVar, len(password), minPasswordLen)
-	}
-	return nil
 }
 
 // consoleSecurity is how serve mounts the console: its operators, the Host names it answers

@@ -4,18 +4,18 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/stepwise-go/stepwise/console/surface"
 )
 
 // cachedGatherer gathers the registry in the background, one gather at a time, every
@@ -135,12 +135,6 @@ func acceptsGzip(r *http.Request) bool {
 	return false
 }
 
-// unavailable answers 503 with a generic body and a hint to retry.
-func unavailable(w http.ResponseWriter, why string) {
-	w.Header().Set("Retry-After", "1")
-	http.Error(w, why, http.StatusServiceUnavailable)
-}
-
 // limiter answers 503 at once to requests beyond its cap in flight, so that a flood of an
 // endpoint cannot queue without bound on the service's pool or its CPU.
 type limiter chan struct{}
@@ -157,47 +151,6 @@ func (l limiter) wrap(next http.Handler) http.Handler {
 			unavailable(w, "busy: too many concurrent requests, retry later")
 		}
 	})
-}
-
-// limitInFlightLogged caps next at max requests in flight (River UI's, which query the
-// database), like limiter, and logs the refusals (sampled): an operator told "busy" should
-// find why in the log.
-func limitInFlightLogged(max int, what string, logger *slog.Logger, next http.Handler) http.Handler {
-	l := newLimiter(max)
-	var busy sampledWarn
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case l <- struct{}{}:
-			defer func() { <-l }()
-			next.ServeHTTP(w, r)
-		default:
-			busy.warn(logger, what+": request refused: every slot is busy (503)", "max_in_flight", max, "peer", r.RemoteAddr, "path", r.URL.Path)
-			closeUnreadBody(w, r)
-			unavailable(w, "busy: too many concurrent requests, retry later")
-		}
-	})
-}
-
-// sampledWarn logs a repeated refusal at most once every 10 s, with how many it did not
-// log. Guards against a flood of refusals flooding the log as well.
-type sampledWarn struct {
-	mu      sync.Mutex
-	last    time.Time
-	dropped int
-}
-
-func (s *sampledWarn) warn(logger *slog.Logger, msg string, args ...any) {
-	s.mu.Lock()
-	now := time.Now()
-	if now.Sub(s.last) < 10*time.Second {
-		s.dropped++
-		s.mu.Unlock()
-		return
-	}
-	dropped := s.dropped
-	s.last, s.dropped = now, 0
-	s.mu.Unlock()
-	logger.Warn(msg, append(args, "not_logged_since_last", dropped)...)
 }
 
 // readiness tracks whether this process is ready to take work: the schema is known to be
@@ -247,102 +200,19 @@ func (rd *readiness) ready() (bool, string) {
 	return true, "ok"
 }
 
-// raiseInternalErrors passes River UI's log records on, raising those that carry a failure's
-// detail (an "internal_error" attribute, such as the database's connection error behind the
-// generic "problem connecting to the configured database" answer) from INFO to WARN. Guards
-// against: the detail an anonymous caller is not told being lost too, since serve logs WARN
-// and above unless -v.
-type raiseInternalErrors struct{ slog.Handler }
-
-func (h raiseInternalErrors) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelInfo || h.Handler.Enabled(ctx, l)
+// unavailable answers 503 with a generic body and a hint to retry.
+func unavailable(w http.ResponseWriter, why string) {
+	w.Header().Set("Retry-After", "1")
+	http.Error(w, why, http.StatusServiceUnavailable)
 }
 
-func (h raiseInternalErrors) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level < slog.LevelWarn {
-		internal := false
-		r.Attrs(func(a slog.Attr) bool {
-			internal = a.Key == "internal_error"
-			return !internal
-		})
-		if !internal {
-			if !h.Handler.Enabled(ctx, r.Level) {
-				return nil
-			}
-			return h.Handler.Handle(ctx, r)
-		}
-		r.Level = slog.LevelWarn
-	}
-	return h.Handler.Handle(ctx, r)
+func limitInFlightLogged(max int, what string, logger *slog.Logger, next http.Handler) http.Handler {
+	return surface.LimitInFlight(max, what, logger, next)
 }
 
-func (h raiseInternalErrors) WithAttrs(as []slog.Attr) slog.Handler {
-	return raiseInternalErrors{h.Handler.WithAttrs(as)}
-}
-
-func (h raiseInternalErrors) WithGroup(name string) slog.Handler {
-	return raiseInternalErrors{h.Handler.WithGroup(name)}
-}
-
-// genericServerErrors answers every 5xx of next with a generic body and logs the body next
-// wrote instead. Guards against: a handler this service does not own (River UI) telling an
-// anonymous caller what failed inside (a host, a user, SQL, a server's FATAL text), in this
-// version or the next.
 func genericServerErrors(next http.Handler, what string, logger *slog.Logger) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		gw := &genericWriter{ResponseWriter: w}
-		next.ServeHTTP(gw, r)
-		if gw.status >= 500 {
-			logger.Warn(what+": server error answered with a generic body", "method", r.Method, "path", r.URL.Path,
-				"status", gw.status, "body", strings.TrimSpace(gw.held.String()))
-		}
-	})
+	return surface.GenericServerErrors(next, what, logger)
 }
 
-// genericWriter is genericServerErrors' ResponseWriter: below 500 it passes everything on;
-// from 500 it writes a generic body itself and holds what the handler writes (up to 4 KiB)
-// for the log.
-type genericWriter struct {
-	http.ResponseWriter
-	status int
-	held   bytes.Buffer
-}
-
-// maxHeldBody bounds the failure body genericWriter keeps for the log.
-const maxHeldBody = 4 << 10
-
-func (g *genericWriter) WriteHeader(code int) {
-	if g.status != 0 {
-		return
-	}
-	g.status = code
-	if code < 500 {
-		g.ResponseWriter.WriteHeader(code)
-		return
-	}
-	h := g.ResponseWriter.Header()
-	for _, k := range []string{"Content-Length", "Content-Encoding", "Content-Disposition", "Etag", "Last-Modified"} {
-		h.Del(k)
-	}
-	h.Set("Content-Type", "text/plain; charset=utf-8")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	g.ResponseWriter.WriteHeader(code)
-	_, _ = io.WriteString(g.ResponseWriter, http.StatusText(code)+": the details are in the server's log\n")
-}
-
-func (g *genericWriter) Write(p []byte) (int, error) {
-	if g.status == 0 {
-		g.WriteHeader(http.StatusOK)
-	}
-	if g.status < 500 {
-		return g.ResponseWriter.Write(p)
-	}
-	if room := maxHeldBody - g.held.Len(); room > 0 {
-		g.held.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-// Unwrap lets http.ResponseController reach the connection (deadlines, flushes).
-func (g *genericWriter) Unwrap() http.ResponseWriter { return g.ResponseWriter }
+// raiseInternalErrors is surface.RaiseInternalErrors.
+type raiseInternalErrors = surface.RaiseInternalErrors

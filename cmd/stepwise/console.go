@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"riverqueue.com/riverui"
+
+	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/console/surface"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// consoleMaxInFlight caps the console's and River UI's requests in flight, each: they query
+// the service's database, and an operator surface must not take its connections.
+const consoleMaxInFlight = 4
+
+func runConsole(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("[--addr 127.0.0.1:8080] [--allowed-host NAME ...] [--behind-tls] [--no-callback-kind KIND ...]", true, false)
+	addr := f.String("addr", "127.0.0.1:8080", "HTTP address; loopback unless credentials are set and TLS is terminated in front (--behind-tls)")
+	var hosts, noCallback stringList
+	f.Var(&hosts, "allowed-host", "a Host name (with or without :port) answered besides localhost, 127.0.0.1 and [::1], e.g. the proxy's name (repeatable); any other Host gets 421 (DNS rebinding)")
+	behindTLS := f.Bool("behind-tls", false, "TLS is terminated in front of this process: allows credentials with an --addr beyond loopback (otherwise they would cross the network in clear text)")
+	f.Var(&noCallback, "no-callback-kind", "an operation kind your service registers no outcome callback for: the console may resolve MANUAL operations of it (repeatable). Without it the console does not resolve: resolve through your service's own console, which runs the callback")
+	verbose := f.Bool("v", false, "log the console's and River UI's info messages")
+	if _, err := f.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	host, _, err := net.SplitHostPort(*addr)
+	if err != nil {
+		return usageError("%s: --addr %q: want host:port, e.g. 127.0.0.1:8080", c.path, *addr)
+	}
+	for _, h := range hosts {
+		if strings.ContainsAny(h, "/*@ \t") {
+			return usageError("%s: --allowed-host %q: want a host name or address as browsers send it in Host, e.g. ops.example.com or ops.example.com:8443", c.path, h)
+		}
+	}
+	// Credentials are checked before the database is touched: a half-set pair exits 2.
+	auth, err := surface.LoadAuth()
+	if err != nil {
+		return usageError("%s: %v", c.path, err)
+	}
+	allowed := append([]string(nil), hosts...)
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		switch {
+		case auth.Console == nil || auth.RiverUser == "":
+			// Guards against publishing the console and River UI (payment jobs' arguments,
+			// operations' errors) to a network by a mistyped --addr.
+			return usageError("%s: --addr %s is beyond loopback: set the console's operators (CONSOLE_USERS, or CONSOLE_USER and CONSOLE_PASSWORD, or CONSOLE_PROXY_USER_HEADER) and RIVERUI_USER/RIVERUI_PASSWORD, or bind 127.0.0.1 and reach it through ssh -L", c.path, *addr)
+		case !*behindTLS:
+			return usageError("%s: --addr %s is beyond loopback and credentials are configured: they would cross the network in clear text with every request; terminate TLS in front (a proxy) and pass --behind-tls, or bind 127.0.0.1 and reach it through ssh -L", c.path, *addr)
+		}
+		if host != "" && (ip == nil || !ip.IsUnspecified()) {
+			allowed = append(allowed, host)
+		}
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// Insert-only: resuming a run inserts its job, the service's workers run it; River UI
+	// reads and, with credentials, retries or cancels jobs.
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	// One guard for every surface: an attacker gets one budget of failed sign-ins, not one each.
+	auth.Guard = console.NewGuard(logger)
+	if err := auth.Guard.TrustProxies(auth.TrustedProxies); err != nil {
+		return usageError("%s: CONSOLE_TRUSTED_PROXIES: %v", c.path, err)
+	}
+	cfg := &console.Config{
+		Prefix: "/console", Logger: logger, Authenticate: auth.Console, Guard: auth.Guard, Hosts: allowed, MaxInFlight: consoleMaxInFlight,
+		Resume: func(ctx context.Context, key string, seenVersion int64, actor, reason string) error {
+			return workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor, reason)
+		},
+		Requests: func(ctx context.Context, id uuid.UUID) ([]console.Request, error) {
+			rs, err := outbox.Requests(ctx, pool, id)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]console.Request, 0, len(rs))
+			for _, r := range rs {
+				cr := console.Request{Attempt: r.Claim, EndedAt: r.EndedAt, Outcome: string(r.Outcome), Detail: r.Error}
+				if r.StartedAt != nil {
+					cr.StartedAt = *r.StartedAt
+				} else {
+					cr.Detail = "claimed by " + r.Actor + "; its dispatcher died holding the claim: the request may or may not have begun"
+				}
+				out = append(out, cr)
+			}
+			return out, nil
+		},
+	}
+	if len(noCallback) > 0 {
+		if cfg.Reconciler, err = resolverFor(pool, noCallback...); err != nil {
+			return usageError("%s: --no-callback-kind: %v", c.path, err)
+		}
+	}
+	cons, err := console.New(pool, cfg)
+	if err != nil {
+		return err
+	}
+	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
+		Endpoints: riverui.NewEndpoints(client, nil),
+		Logger:    slog.New(surface.RaiseInternalErrors{Handler: logger.Handler()}),
+		Prefix:    "/riverui",
+	})
+	if err != nil {
+		return fmt.Errorf("creating the River UI: %w", err)
+	}
+	if err := ui.Start(runCtx); err != nil {
+		return fmt.Errorf("starting the River UI: %w", err)
+	}
+	mux := http.NewServeMux()
+	// The console checks host, credentials, its own slots, origin and CSRF itself.
+	mux.Handle("/console/", cons)
+	// River UI: credentials first, then a slot, then the body (writes only).
+	mux.Handle("/riverui/", surface.RequireAuthForWrites(
+		surface.LimitInFlight(consoleMaxInFlight, "River UI", logger, surface.ReadWriteBody(surface.GenericServerErrors(ui, "River UI", logger), logger)),
+		auth.RiverUser, auth.RiverPassword, auth.Guard))
+	mux.Handle("/{$}", http.RedirectHandler("/console/", http.StatusFound))
+	handler := surface.Headers(surface.LimitBodies(surface.AllowedHostsOnly(allowed, logger, mux)))
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listening on --addr %s: %w (another process there? pick another port)", *addr, err)
+	}
+	srv := surface.NewServer(handler)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	consoleFrom, riverFrom := "none: read-only, loopback only", "none: read-only, loopback only"
+	if auth.Console != nil {
+		consoleFrom = auth.ConsoleFrom
+	}
+	if auth.RiverUser != "" {
+		riverFrom = "RIVERUI_USER"
+	}
+	resolves := "no (resolve through your service's console, or pass --no-callback-kind for kinds without an outcome callback)"
+	if len(noCallback) > 0 {
+		resolves = "MANUAL operations of " + strings.Join(noCallback, ", ")
+	}
+	fmt.Fprintf(c.stdout, "console: http://%s/console/  River UI: http://%s/riverui/  (database %s)\n", ln.Addr(), ln.Addr(), where(pool))
+	fmt.Fprintf(c.stdout, "operators: console %s; River UI %s; resolves: %s; hosts answered besides loopback: %s\n",
+		consoleFrom, riverFrom, resolves, orNone(allowed))
+	fmt.Fprintln(c.stdout, "Ctrl-C stops it.")
+	select {
+	case <-ctx.Done():
+	case err := <-done:
+		return fmt.Errorf("HTTP server: %w", err)
+	}
+	shutCtx, stop := context.WithTimeout(context.Background(), 5*time.Second)
+	defer stop()
+	if err := srv.Shutdown(shutCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		_ = srv.Close()
+	}
+	fmt.Fprintln(c.stdout, "console stopped")
+	return nil
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	return strings.Join(list, ", ")
+}

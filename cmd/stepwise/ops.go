@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+)
+
+func runOps(ctx context.Context, c *cli, args []string) error {
+	return group(ctx, c, args, "list", []command{
+		{"list", "list operations, newest first (the default): --kind, --state, --run, --business-key", opsList},
+		{"show", "one operation: state, version, attempts, the requests actually sent, its audit trail", opsShow},
+		{"resolve", "decide a MANUAL or UNKNOWN_EXTERNAL operation by hand, only if it is still as you saw it, audited", opsResolve},
+	})
+}
+
+// opRow is an operation as listed.
+type opRow struct {
+	ID          uuid.UUID    `json:"operation_id"`
+	Kind        string       `json:"kind"`
+	BusinessKey string       `json:"business_key"`
+	State       outbox.State `json:"state"`
+	Amount      *int64       `json:"amount,omitempty"`
+	Currency    *string      `json:"currency,omitempty"`
+	RunKey      *string      `json:"run_key,omitempty"`
+	Attempts    int          `json:"attempts"`
+	Version     int64        `json:"version"`
+	UpdatedAt   time.Time    `json:"updated_at"`
+	Why         string       `json:"why,omitempty"`
+}
+
+func checkState(path, flagName, s string) (outbox.State, error) {
+	st := outbox.State(strings.ToUpper(s))
+	for _, known := range outbox.States() {
+		if st == known {
+			return st, nil
+		}
+	}
+	names := make([]string, 0, len(outbox.States()))
+	for _, known := range outbox.States() {
+		names = append(names, string(known))
+	}
+	return "", usageError("%s: --%s %q: want one of %s", path, flagName, s, strings.Join(names, ", "))
+}
+
+func opsList(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("[--kind K] [--state S] [--run KEY] [--business-key BK] [--limit N] [--json]", true, true)
+	kind := f.String("kind", "", "only operations of this kind, e.g. payout")
+	state := f.String("state", "", "only operations in this state, e.g. MANUAL or UNKNOWN_EXTERNAL")
+	runKey := f.String("run", "", "only the operations this run enqueued (its exact key)")
+	bk := f.String("business-key", "", "only the operation with this business key (exact), e.g. 2026-11-29/42")
+	limit := f.Int("limit", 50, "at most this many operations (1 to 1000)")
+	if _, err := f.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	var st outbox.State
+	if *state != "" {
+		var err error
+		if st, err = checkState(c.path, "state", *state); err != nil {
+			return err
+		}
+	}
+	if *limit < 1 || *limit > 1000 {
+		return usageError("%s: --limit %d: want 1 to 1000", c.path, *limit)
+	}
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rows, err := pool.Query(ctx, `
+		SELECT operation_id, kind, business_key, state, amount, currency, run_key, attempts, version, updated_at,
+		       coalesce(nullif(manual_reason, ''), nullif(last_lookup, ''), nullif(last_error, ''), '')
+		  FROM stepwise_operation
+		 WHERE ($1 = '' OR kind = $1) AND ($2 = '' OR state = $2) AND ($3 = '' OR run_key = $3) AND ($4 = '' OR business_key = $4)
+		 ORDER BY created_at DESC, operation_id
+		 LIMIT $5`, *kind, string(st), *runKey, *bk, *limit)
+	if err != nil {
+		return fmt.Errorf("listing operations: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (opRow, error) {
+		var x opRow
+		err := r.Scan(&x.ID, &x.Kind, &x.BusinessKey, &x.State, &x.Amount, &x.Currency, &x.RunKey, &x.Attempts, &x.Version, &x.UpdatedAt, &x.Why)
+		return x, err
+	})
+	if err != nil {
+		return fmt.Errorf("listing operations: %w", err)
+	}
+	if f.json {
+		return c.printJSON(nonNil(list))
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(c.stdout, "no operations match")
+		return nil
+	}
+	out := make([][]string, len(list))
+	for i, o := range list {
+		out[i] = []string{o.ID.String(), o.Kind, o.BusinessKey, string(o.State), money(o.Amount, o.Currency), deref(o.RunKey), fmt.Sprint(o.Attempts), fmt.Sprint(o.Version), ts(o.UpdatedAt), oneLine(o.Why, 60)}
+	}
+	c.table([]string{"OPERATION", "KIND", "BUSINESS KEY", "STATE", "AMOUNT", "RUN", "ATTEMPTS", "VERSION", "UPDATED", "WHY"}, out)
+	if len(list) == *limit {
+		fmt.Fprintf(c.stdout, "(first %d; narrow with --state, --kind, --run or raise --limit)\n", *limit)
+	}
+	return nil
+}
+
+// money shows minor units with the currency, e.g. 1250 EUR as "12.50 EUR" (two decimals:
+// the ledger does not know each currency's exponent, so this is a display, not an amount).
+func money(amount *int64, currency *string) string {
+	if amount == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d %s (minor units)", *amount, deref(currency))
+}
+
+func parseOpID(path, s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, usageError("%s: ID %q: want an operation id (a UUID such as 6b1f0c9e-3d0a-5f43-9b52-7f8e0a7d2c11), as \"stepwise ops\" lists it", path, s)
+	}
+	return id, nil
+}
+
+// opShow is "ops show"'s JSON.
+type opShow struct {
+	*outbox.Operation `json:"-"`
+	Op                opJSON           `json:"operation"`
+	Requests          []outbox.Request `json:"requests"`
+	Events            []event          `json:"events"`
+}
+
+// opJSON is an operation in snake_case for scripts. The payload is not shown: it may hold
+// account numbers, and the ledger never logs it either.
+type opJSON struct {
+	ID            uuid.UUID    `json:"operation_id"`
+	Kind          string       `json:"kind"`
+	BusinessKey   string       `json:"business_key"`
+	State         outbox.State `json:"state"`
+	Version       int64        `json:"version"`
+	Amount        int64        `json:"amount"`
+	Currency      string       `json:"currency,omitempty"`
+	RunKey        string       `json:"run_key,omitempty"`
+	Attempts      int          `json:"attempts"`
+	Claims        int          `json:"claims"`
+	Checks        int          `json:"checks"`
+	LeasedBy      string       `json:"leased_by,omitempty"`
+	LeaseUntil    *time.Time   `json:"lease_until,omitempty"`
+	NextAttemptAt time.Time    `json:"next_attempt_at"`
+	NextCheckAt   *time.Time   `json:"next_check_at,omitempty"`
+	LastSentAt    *time.Time   `json:"last_sent_at,omitempty"`
+	UnknownSince  *time.Time   `json:"unknown_since,omitempty"`
+	ExternalRef   string       `json:"external_ref,omitempty"`
+	LastError     string       `json:"last_error,omitempty"`
+	LastLookup    string       `json:"last_lookup,omitempty"`
+	ManualReason  string       `json:"manual_reason,omitempty"`
+	CreatedAt     time.Time    `json:"created_at"`
+	UpdatedAt     time.Time    `json:"updated_at"`
+	FinishedAt    *time.Time   `json:"finished_at,omitempty"`
+}
+
+func toOpJSON(op *outbox.Operation) opJSON {
+	return opJSON{ID: op.ID, Kind: op.Kind, BusinessKey: op.BusinessKey, State: op.State, Version: op.Version, Amount: op.Amount,
+		Currency: op.Currency, RunKey: op.RunKey, Attempts: op.Attempts, Claims: op.Claims, Checks: op.Checks, LeasedBy: op.LeasedBy,
+		LeaseUntil: op.LeaseUntil, NextAttemptAt: op.NextAttemptAt, NextCheckAt: op.NextCheckAt, LastSentAt: op.LastSentAt,
+		UnknownSince: op.UnknownSince, ExternalRef: op.ExternalRef, LastError: op.LastError, LastLookup: op.LastLookup,
+		ManualReason: op.ManualReason, CreatedAt: op.CreatedAt, UpdatedAt: op.UpdatedAt, FinishedAt: op.FinishedAt}
+}
+
+func opsShow(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("ID [--json]", true, true)
+	pos, err := f.parse(args, 1, 1, "ID (the operation id)")
+	if err != nil {
+		return err
+	}
+	id, err := parseOpID(c.path, pos[0])
+	if err != nil {
+		return err
+	}
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var out opShow
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		op, err := outbox.Get(ctx, tx, id)
+		if errors.Is(err, outbox.ErrNotFound) {
+			return fmt.Errorf("%w: no operation %s; list them with \"stepwise ops\"", errNotFound, id)
+		}
+		if err != nil {
+			return err
+		}
+		out.Operation = op
+		if out.Requests, err = outbox.Requests(ctx, tx, id); err != nil {
+			return err
+		}
+		// An operation has a handful of events (one per move).
+		out.Events, err = readEvents(ctx, tx, "op:"+id.String(), 500, false)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if f.json {
+		out.Requests, out.Events = nonNil(out.Requests), nonNil(out.Events)
+		out.Op = toOpJSON(out.Operation)
+		return c.printJSON(out)
+	}
+	op, w := out.Operation, c.stdout
+	fmt.Fprintf(w, "operation    %s\n", op.ID)
+	fmt.Fprintf(w, "kind         %s\n", op.Kind)
+	fmt.Fprintf(w, "business key %s\n", op.BusinessKey)
+	fmt.Fprintf(w, "state        %s (version %d)\n", op.State, op.Version)
+	if op.Currency != "" || op.Amount != 0 {
+		fmt.Fprintf(w, "amount       %s\n", money(&op.Amount, &op.Currency))
+	}
+	fmt.Fprintf(w, "run          %s\n", op.RunKey)
+	fmt.Fprintf(w, "attempts     %d requests, %d claims, %d checks by the reconciler\n", op.Attempts, op.Claims, op.Checks)
+	for _, kv := range [][2]string{{"external ref", op.ExternalRef}, {"last error", op.LastError}, {"last lookup", op.LastLookup}, {"why MANUAL", op.ManualReason}} {
+		if kv[1] != "" {
+			fmt.Fprintf(w, "%-12s %s\n", kv[0], oneLine(kv[1], 300))
+		}
+	}
+	if op.UnknownSince != nil {
+		fmt.Fprintf(w, "unknown since %s; next check %s\n", ts(*op.UnknownSince), tsp(op.NextCheckAt))
+	}
+	fmt.Fprintf(w, "created      %s; updated %s; finished %s\n", ts(op.CreatedAt), ts(op.UpdatedAt), tsp(op.FinishedAt))
+	if op.State == outbox.StateManual || op.State == outbox.StateUnknownExternal {
+		fmt.Fprintf(w, "next         stepwise ops resolve %s --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --seen-version %d --reason \"...\" (see its --help)\n", op.ID, op.Version)
+	}
+	fmt.Fprintln(w, "\nrequests (one per send begun; a claim lost with its dispatcher may or may not have reached the external system):")
+	if len(out.Requests) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	} else {
+		rows := make([][]string, len(out.Requests))
+		for i, r := range out.Requests {
+			started := "never recorded: the dispatcher died holding the claim"
+			if r.StartedAt != nil {
+				started = ts(*r.StartedAt)
+			}
+			rows[i] = []string{"  " + fmt.Sprint(r.Claim), r.Actor, started, tsp(r.EndedAt), string(r.Outcome), oneLine(r.Error, 80)}
+		}
+		c.table([]string{"  CLAIM", "BY", "STARTED", "ENDED", "OUTCOME", "ERROR"}, rows)
+	}
+	fmt.Fprintln(w, "\naudit trail (oldest first):")
+	printEvents(c, out.Events)
+	return nil
+}
+
+func opsResolve(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT --no-callback [--seen-version N] [--from STATE] [--actor NAME] [--json]", true, true)
+	to := f.String("to", "", "the decision: SUCCEEDED (it happened), FAILED_PERMANENT (it did not and will not) or RETRYABLE (send it again, under the same id) (required)")
+	from := f.String("from", "", "the state you saw (MANUAL or UNKNOWN_EXTERNAL); refused if the operation has moved since. Default: its current state")
+	seen := f.Int64("seen-version", 0, "the operation's version you decided on, as \"stepwise ops show\" prints it; refused if it moved since, even back to the same state. Default: not checked")
+	noCallback := f.Bool("no-callback", false, "your service registers no outcome callback (OnOutcome, OnOutcomeBatch) for this operation's kind, as the README's quick start; required, see above")
+	var a auditFlags
+	a.register(f, "why: a ticket, what the external system's support said")
+	pos, err := f.parse(args, 1, 1, "ID (the operation id)")
+	if err != nil {
+		return err
+	}
+	id, err := parseOpID(c.path, pos[0])
+	if err != nil {
+		return err
+	}
+	toState := outbox.State(strings.ToUpper(*to))
+	switch toState {
+	case outbox.StateSucceeded, outbox.StateFailedPermanent, outbox.StateRetryable:
+	case "":
+		return usageError("%s: --to is required: SUCCEEDED, FAILED_PERMANENT or RETRYABLE", c.path)
+	default:
+		return usageError("%s: --to %q: want SUCCEEDED, FAILED_PERMANENT or RETRYABLE", c.path, *to)
+	}
+	fromState := outbox.State(strings.ToUpper(*from))
+	switch fromState {
+	case "", outbox.StateManual, outbox.StateUnknownExternal:
+	default:
+		return usageError("%s: --from %q: only MANUAL and UNKNOWN_EXTERNAL operations are resolved by hand", c.path, *from)
+	}
+	if err := a.check(c.path); err != nil {
+		return err
+	}
+	if err := seenVersion(c.path, *seen, "stepwise ops"); err != nil {
+		return err
+	}
+	// Guards against a resolution that leaves the service's business state behind the
+	// ledger for good: the ledger runs the kind's outcome callback in the resolution's
+	// transaction (a settlement marked paid with its payout), and that callback is the
+	// service's code, which this command does not have.
+	if !*noCallback {
+		return usageError("%s: this command cannot run your service's outcome callback for the operation's kind (OnOutcome or OnOutcomeBatch: business state that moves with it). "+
+			"If your service registers one, resolve through your service (its console, or its own command), which runs it in the same transaction; "+
+			"if it registers none (as the README's quick start), pass --no-callback", c.path)
+	}
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cur, err := outbox.Get(ctx, pool, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return fmt.Errorf("%w: no operation %s; list the ones waiting for a person with \"stepwise ops --state MANUAL\"", errNotFound, id)
+	}
+	if err != nil {
+		return err
+	}
+	if fromState == "" {
+		// "The state I am looking at": read now, and the move below is still conditional on
+		// it, so a change in between is refused, not overwritten.
+		fromState = cur.State
+		if fromState != outbox.StateManual && fromState != outbox.StateUnknownExternal {
+			return fmt.Errorf("operation %s (%s %s) is %s: only MANUAL and UNKNOWN_EXTERNAL operations are resolved by hand; nothing was changed", id, cur.Kind, cur.BusinessKey, cur.State)
+		}
+	}
+	rec, err := resolverFor(pool, cur.Kind)
+	if err != nil {
+		return err
+	}
+	// With an insert-only client in ctx, a RETRYABLE decision wakes the service's dispatcher
+	// at once instead of at its next poll.
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	op, err := rec.Resolve(outbox.ContextWithClient(ctx, client), &reconcile.ResolveParams{
+		OperationID: id, Outcome: toState, ExpectedState: fromState, ExpectedVersion: *seen, Actor: a.actor, Reason: a.reason,
+	})
+	var changed *outbox.StateChangedError
+	switch {
+	case errors.As(err, &changed):
+		now := string(changed.Actual)
+		if changed.ActualVersion != 0 {
+			now += fmt.Sprintf(" at version %d", changed.ActualVersion)
+		}
+		saw := string(fromState)
+		if changed.ExpectedVersion != 0 {
+			saw += fmt.Sprintf(" at version %d", changed.ExpectedVersion)
+		}
+		return fmt.Errorf("operation %s (%s %s) is %s now, not %s as you saw: nothing was changed; look again (stepwise ops show %s) before deciding",
+			id, cur.Kind, cur.BusinessKey, now, saw, id)
+	case errors.Is(err, reconcile.ErrInvalidResolution):
+		return usageError("%s: %v", c.path, err)
+	case err != nil:
+		return err
+	}
+	if f.json {
+		return c.printJSON(map[string]any{"operation": toOpJSON(op), "was": fromState, "actor": a.actor, "reason": a.reason})
+	}
+	fmt.Fprintf(c.stdout, "operation %s (%s %s) is now %s (version %d), was %s; audited as %q by %s\n",
+		op.ID, op.Kind, op.BusinessKey, op.State, op.Version, fromState, a.reason, a.actor)
+	return nil
+}
+
+// resolverFor is a Reconciler that can record a person's decision on operations of kinds and
+// nothing else: it never sends (the service's dispatchers do) nor looks up (the service's
+// reconciler does), and the kinds have no outcome callback (the operator said so).
+func resolverFor(pool outbox.DB, kinds ...string) (*reconcile.Reconciler, error) {
+	obKinds, recKinds := map[string]*outbox.KindConfig{}, map[string]*reconcile.KindConfig{}
+	for _, kind := range kinds {
+		obKinds[kind] = &outbox.KindConfig{Sender: neverSend{}}
+		recKinds[kind] = &reconcile.KindConfig{Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+			return reconcile.LookupResult{}, errors.New("the stepwise command does not look operations up")
+		})}
+	}
+	ob, err := outbox.New(pool, &outbox.Config{Kinds: obKinds})
+	if err != nil {
+		return nil, err
+	}
+	return reconcile.New(pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-cli", Kinds: recKinds})
+}
+
+// neverSend is the Sender of an Outbox that is never started.
+type neverSend struct{}
+
+func (neverSend) Send(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+	return outbox.Receipt{}, outbox.NotSent(errors.New("the stepwise command does not send operations"))
+}

@@ -1,0 +1,462 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+func runRuns(ctx context.Context, c *cli, args []string) error {
+	return group(ctx, c, args, "list", []command{
+		{"list", "list runs, newest first (the default): --status, --workflow, --schedule, --key-prefix", runsList},
+		{"show", "one run: status, cursor, lease and holder, failures in a row and retry state, version, event trail", runsShow},
+		{"cancel", "ask a pending or running run to stop (cooperatively; committed steps stay), audited", runsCancel},
+		{"resume", "continue a failed or cancelled run from its last checkpoint, audited", runsResume},
+	})
+}
+
+var runStatuses = []string{"pending", "running", "succeeded", "failed", "cancelled"}
+
+// runRow is a run as listed.
+type runRow struct {
+	Key       string     `json:"key"`
+	Workflow  string     `json:"workflow"`
+	Status    string     `json:"status"`
+	Schedule  *string    `json:"schedule,omitempty"`
+	Steps     int64      `json:"steps"`
+	Failures  int        `json:"failures"`
+	Version   int64      `json:"version"`
+	CreatedAt time.Time  `json:"created_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	Finished  *time.Time `json:"finished_at,omitempty"`
+	LastError *string    `json:"last_error,omitempty"`
+}
+
+func runsList(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("[--status S] [--workflow W] [--schedule NAME] [--key-prefix P] [--limit N] [--json]", true, true)
+	status := f.String("status", "", "only runs in this status: "+strings.Join(runStatuses, ", "))
+	wf := f.String("workflow", "", "only runs of this workflow (the River job kind of its args, e.g. settle)")
+	sched := f.String("schedule", "", "only the runs a schedule started")
+	prefix := f.String("key-prefix", "", "only runs whose key starts with this, e.g. settle/2026-11")
+	limit := f.Int("limit", 50, "at most this many runs (1 to 1000)")
+	if _, err := f.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	if *status != "" && !contains(runStatuses, *status) {
+		return usageError("%s: --status %q: want one of %s", c.path, *status, strings.Join(runStatuses, ", "))
+	}
+	if *limit < 1 || *limit > 1000 {
+		return usageError("%s: --limit %d: want 1 to 1000", c.path, *limit)
+	}
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// A key prefix is compared as text, not as a LIKE pattern: "_" and "%" in keys are
+	// ordinary characters.
+	rows, err := pool.Query(ctx, `
+		SELECT r.key, r.workflow, r.status, r.schedule, coalesce(c.steps, 0), r.failures, r.version, r.created_at, r.updated_at, r.finished_at, r.last_error
+		  FROM stepwise_run r LEFT JOIN stepwise_checkpoint c ON c.key = r.key
+		 WHERE ($1 = '' OR r.status = $1) AND ($2 = '' OR r.workflow = $2) AND ($3 = '' OR r.schedule = $3)
+		   AND ($4 = '' OR left(r.key, length($4)) = $4)
+		 ORDER BY r.created_at DESC, r.key
+		 LIMIT $5`, *status, *wf, *sched, *prefix, *limit)
+	if err != nil {
+		return fmt.Errorf("listing runs: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (runRow, error) {
+		var x runRow
+		err := r.Scan(&x.Key, &x.Workflow, &x.Status, &x.Schedule, &x.Steps, &x.Failures, &x.Version, &x.CreatedAt, &x.UpdatedAt, &x.Finished, &x.LastError)
+		return x, err
+	})
+	if err != nil {
+		return fmt.Errorf("listing runs: %w", err)
+	}
+	if f.json {
+		return c.printJSON(nonNil(list))
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(c.stdout, "no runs match")
+		return nil
+	}
+	out := make([][]string, len(list))
+	for i, r := range list {
+		out[i] = []string{r.Key, r.Status, r.Workflow, deref(r.Schedule), fmt.Sprint(r.Steps), fmt.Sprint(r.Failures), fmt.Sprint(r.Version), ts(r.UpdatedAt), oneLine(deref(r.LastError), 60)}
+	}
+	c.table([]string{"KEY", "STATUS", "WORKFLOW", "SCHEDULE", "STEPS", "FAILURES", "VERSION", "UPDATED", "LAST ERROR"}, out)
+	if len(list) == *limit {
+		fmt.Fprintf(c.stdout, "(first %d; narrow with --status, --key-prefix or raise --limit)\n", *limit)
+	}
+	return nil
+}
+
+// event is one row of the audit trail.
+type event struct {
+	ID     int64           `json:"id"`
+	At     time.Time       `json:"at"`
+	Kind   string          `json:"kind"`
+	From   string          `json:"from,omitempty"`
+	To     string          `json:"to,omitempty"`
+	Actor  string          `json:"actor,omitempty"`
+	Token  *int64          `json:"token,omitempty"`
+	Detail json.RawMessage `json:"detail,omitempty"`
+}
+
+func readEvents(ctx context.Context, q pgx.Tx, subject string, limit int, newestFirst bool) ([]event, error) {
+	order := "id"
+	if newestFirst {
+		order = "id DESC"
+	}
+	rows, err := q.Query(ctx, `SELECT id, at, kind, coalesce(from_state, ''), coalesce(to_state, ''), coalesce(actor, ''), token, detail
+		FROM stepwise_event WHERE subject = $1 ORDER BY `+order+` LIMIT $2`, subject, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading the events of %s: %w", subject, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (event, error) {
+		var e event
+		err := r.Scan(&e.ID, &e.At, &e.Kind, &e.From, &e.To, &e.Actor, &e.Token, &e.Detail)
+		return e, err
+	})
+}
+
+// runShow is "runs show"'s JSON.
+type runShow struct {
+	*workflow.Run `json:"-"`
+	RunJSON       runJSON         `json:"run"`
+	Cursor        json.RawMessage `json:"cursor"`
+	Steps         int64           `json:"steps"`
+	Holder        string          `json:"lease_holder,omitempty"`
+	LeaseUntil    *time.Time      `json:"lease_until,omitempty"`
+	FencingToken  int64           `json:"fencing_token"`
+	Events        []event         `json:"events"`
+}
+
+func runsShow(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("KEY [--events N] [--json]", true, true)
+	n := f.Int("events", 20, "the newest N events of the run's trail (1 to 1000)")
+	pos, err := f.parse(args, 1, 1, "KEY (the run's key, as \"stepwise runs\" lists it)")
+	if err != nil {
+		return err
+	}
+	if *n < 1 || *n > 1000 {
+		return usageError("%s: --events %d: want 1 to 1000", c.path, *n)
+	}
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var out runShow
+	// One snapshot: the run, its checkpoint and its events agree.
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		run, err := workflow.GetRun(ctx, tx, pos[0])
+		if errors.Is(err, workflow.ErrRunNotFound) {
+			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs --key-prefix ...\"", errNotFound, pos[0])
+		}
+		if err != nil {
+			return err
+		}
+		out.Run = run
+		var holder *string
+		if err := tx.QueryRow(ctx, `SELECT cursor, steps, owner, lease_until, fencing_token FROM stepwise_checkpoint WHERE key = $1`, run.Key).
+			Scan(&out.Cursor, &out.Steps, &holder, &out.LeaseUntil, &out.FencingToken); err != nil {
+			return fmt.Errorf("reading the run's checkpoint: %w", err)
+		}
+		out.Holder = deref(holder)
+		out.Events, err = readEvents(ctx, tx, run.Key, *n, true)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if f.json {
+		out.Events = nonNil(out.Events)
+		out.RunJSON = toRunJSON(out.Run)
+		return c.printJSON(out)
+	}
+	r := out.Run
+	w := c.stdout
+	fmt.Fprintf(w, "run        %s\n", r.Key)
+	fmt.Fprintf(w, "workflow   %s\n", r.Workflow)
+	fmt.Fprintf(w, "status     %s (version %d)\n", r.Status, r.Version)
+	if r.Schedule != nil {
+		fmt.Fprintf(w, "schedule   %s slot %s shard %d\n", *r.Schedule, tsp(r.Slot), derefInt(r.Shard))
+	}
+	fmt.Fprintf(w, "input      %s\n", oneLine(string(r.Input), 200))
+	cursor := oneLine(string(out.Cursor), 200)
+	if cursor == "" || cursor == "null" {
+		cursor = "(none committed)"
+	}
+	fmt.Fprintf(w, "cursor     %s after %d steps\n", cursor, out.Steps)
+	lease := "none"
+	if out.Holder != "" {
+		lease = fmt.Sprintf("held by %s until %s (fencing token %d)", out.Holder, tsp(out.LeaseUntil), out.FencingToken)
+		if out.LeaseUntil != nil && out.LeaseUntil.Before(time.Now()) {
+			lease += ": lapsed, another worker may take it over"
+		}
+	}
+	fmt.Fprintf(w, "lease      %s\n", lease)
+	fmt.Fprintf(w, "failures   %d in a row (%d in all), %d claims\n", r.FailuresInARow, r.Failures, r.Attempts)
+	if r.Retry != nil {
+		next := "when River records the retry"
+		if r.Retry.NextTryAt != nil {
+			next = ts(*r.Retry.NextTryAt)
+		}
+		fmt.Fprintf(w, "retry      waiting: %d of %d failures, next try %s; last error: %s\n", r.Retry.FailuresInARow, r.Retry.MaxFailures, next, oneLine(r.Retry.LastError, 200))
+	}
+	if r.LastError != nil {
+		fmt.Fprintf(w, "last error %s\n", oneLine(*r.LastError, 300))
+	}
+	if r.CancelRequestedAt != nil {
+		fmt.Fprintf(w, "cancel     requested %s\n", ts(*r.CancelRequestedAt))
+	}
+	if r.WakeAt != nil {
+		fmt.Fprintf(w, "wakes at   %s\n", ts(*r.WakeAt))
+	}
+	fmt.Fprintf(w, "created    %s; updated %s; finished %s\n", ts(r.CreatedAt), ts(r.UpdatedAt), tsp(r.FinishedAt))
+	if r.HistoryPrunedAt != nil {
+		fmt.Fprintf(w, "history    pruned %s (people's decisions kept)\n", ts(*r.HistoryPrunedAt))
+	}
+	switch r.Status {
+	case workflow.StatusFailed, workflow.StatusCancelled:
+		fmt.Fprintf(w, "next       stepwise runs resume %s --seen-version %d --reason \"...\"\n", r.Key, r.Version)
+	case workflow.StatusPending, workflow.StatusRunning:
+		fmt.Fprintf(w, "next       stepwise runs cancel %s --seen-version %d --reason \"...\" (if it must stop)\n", r.Key, r.Version)
+	}
+	fmt.Fprintf(w, "\nevents (newest first, at most %d):\n", *n)
+	printEvents(c, out.Events)
+	return nil
+}
+
+func printEvents(c *cli, events []event) {
+	if len(events) == 0 {
+		fmt.Fprintln(c.stdout, "  (none)")
+		return
+	}
+	rows := make([][]string, len(events))
+	for i, e := range events {
+		move := ""
+		if e.From != "" || e.To != "" {
+			move = e.From + " -> " + e.To
+		}
+		tok := ""
+		if e.Token != nil {
+			tok = fmt.Sprint(*e.Token)
+		}
+		rows[i] = []string{"  " + ts(e.At), e.Kind, move, e.Actor, tok, oneLine(string(e.Detail), 120)}
+	}
+	c.table([]string{"  AT", "KIND", "MOVE", "ACTOR", "TOKEN", "DETAIL"}, rows)
+}
+
+func runsCancel(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
+	var a auditFlags
+	a.register(f, "why the run must stop")
+	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed status since. Default: not checked")
+	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	if err != nil {
+		return err
+	}
+	if err := a.check(c.path); err != nil {
+		return err
+	}
+	if err := seenVersion(c.path, *seen, "stepwise runs"); err != nil {
+		return err
+	}
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	key := pos[0]
+	var status string
+	var version int64
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// Lock the run row: a worker finishing the run between the check and the request
+		// would turn "cancel what I saw running" into an audit row about a finished run.
+		err := tx.QueryRow(ctx, `SELECT status, version FROM stepwise_run WHERE key = $1 FOR UPDATE`, key).Scan(&status, &version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs\"", errNotFound, key)
+		}
+		if err != nil {
+			return err
+		}
+		if *seen != 0 && version != *seen {
+			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, status, version, *seen, key)
+		}
+		if status != string(workflow.StatusPending) && status != string(workflow.StatusRunning) {
+			return fmt.Errorf("run %q is %s: only a pending or running run can be cancelled; nothing was changed", key, status)
+		}
+		if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+a.actor+" with the stepwise command: "+a.reason); err != nil {
+			return err
+		}
+		return auditAction(ctx, tx, key, "run.cancel", status, "cancel_requested", a)
+	})
+	if err != nil {
+		return err
+	}
+	if f.json {
+		return c.printJSON(map[string]any{"key": key, "was": status, "cancel_requested": true, "actor": a.actor, "reason": a.reason})
+	}
+	fmt.Fprintf(c.stdout, "run %s (%s) asked to stop by %s (%q): it ends cancelled at its next step boundary or claim; committed steps stay. Follow it with: stepwise runs show %s\n",
+		key, status, a.actor, a.reason, key)
+	return nil
+}
+
+// auditAction records an operator's action in tx as the console does (console.ActionEvent,
+// kept forever by retention), marked as done with this command and from which host.
+func auditAction(ctx context.Context, tx pgx.Tx, subject, action, from, to string, a auditFlags) error {
+	host, _ := os.Hostname()
+	_, err := tx.Exec(ctx, `INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
+		VALUES ($1, $2, nullif($3, ''), nullif($4, ''), $5, jsonb_build_object('action', $6::text, 'reason', $7::text, 'via', 'stepwise command', 'host', $8::text))`,
+		subject, console.ActionEvent, from, to, a.actor, action, a.reason, host)
+	return err
+}
+
+func runsResume(ctx context.Context, c *cli, args []string) error {
+	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
+	var a auditFlags
+	a.register(f, "why the run can go on now, e.g. the incident fixed")
+	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed since (resumed, run and failed again). Default: not checked")
+	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	if err != nil {
+		return err
+	}
+	if err := a.check(c.path); err != nil {
+		return err
+	}
+	if err := seenVersion(c.path, *seen, "stepwise runs"); err != nil {
+		return err
+	}
+	pool, _, err := f.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// An insert-only client (no queues, no workers): Resume inserts the run's job, and the
+	// service's own workers run it.
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	key := pos[0]
+	if *seen > 0 {
+		err = workflow.ResumeIfUnchanged(ctx, client, key, *seen, a.actor, a.reason)
+	} else {
+		err = workflow.Resume(ctx, client, key, a.actor, a.reason)
+	}
+	switch {
+	case errors.Is(err, workflow.ErrRunNotFound):
+		return fmt.Errorf("%w; list runs with \"stepwise runs --status failed\"", err)
+	case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, workflow.ErrRunNotResumable):
+		return fmt.Errorf("%w (see \"stepwise runs show %s\")", err, key)
+	case err != nil:
+		return err
+	}
+	if f.json {
+		return c.printJSON(map[string]any{"key": key, "resumed": true, "actor": a.actor, "reason": a.reason})
+	}
+	fmt.Fprintf(c.stdout, "run %s resumed from its last checkpoint by %s (%q); your service's workers pick it up. Follow it with: stepwise runs show %s\n", key, a.actor, a.reason, key)
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func derefInt(n *int) int {
+	if n == nil {
+		return 0
+	}
+	return *n
+}
+
+// ts formats a time in UTC to the second.
+func ts(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") }
+
+func tsp(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return ts(*t)
+}
+
+// oneLine keeps text on one table line: control characters shown escaped, cut at max runes.
+func oneLine(s string, max int) string {
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
+			fmt.Fprintf(&b, "%U", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	if r := []rune(b.String()); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return b.String()
+}
+
+// nonNil makes an empty list print as [] in JSON.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// runJSON is a run in snake_case for scripts.
+type runJSON struct {
+	Key               string             `json:"key"`
+	Workflow          string             `json:"workflow"`
+	Input             json.RawMessage    `json:"input"`
+	Status            workflow.RunStatus `json:"status"`
+	Version           int64              `json:"version"`
+	Schedule          *string            `json:"schedule,omitempty"`
+	Slot              *time.Time         `json:"slot,omitempty"`
+	Shard             *int               `json:"shard,omitempty"`
+	RiverJobID        *int64             `json:"river_job_id,omitempty"`
+	Claims            int                `json:"claims"`
+	Failures          int                `json:"failures"`
+	FailuresInARow    int                `json:"failures_in_a_row"`
+	Retry             *workflow.Retry    `json:"retry,omitempty"`
+	LastError         *string            `json:"last_error,omitempty"`
+	WakeAt            *time.Time         `json:"wake_at,omitempty"`
+	CancelRequestedAt *time.Time         `json:"cancel_requested_at,omitempty"`
+	CreatedAt         time.Time          `json:"created_at"`
+	UpdatedAt         time.Time          `json:"updated_at"`
+	FinishedAt        *time.Time         `json:"finished_at,omitempty"`
+	HistoryPrunedAt   *time.Time         `json:"history_pruned_at,omitempty"`
+}
+
+func toRunJSON(r *workflow.Run) runJSON {
+	return runJSON{Key: r.Key, Workflow: r.Workflow, Input: r.Input, Status: r.Status, Version: r.Version, Schedule: r.Schedule,
+		Slot: r.Slot, Shard: r.Shard, RiverJobID: r.RiverJobID, Claims: r.Attempts, Failures: r.Failures, FailuresInARow: r.FailuresInARow,
+		Retry: r.Retry, LastError: r.LastError, WakeAt: r.WakeAt, CancelRequestedAt: r.CancelRequestedAt, CreatedAt: r.CreatedAt,
+		UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt, HistoryPrunedAt: r.HistoryPrunedAt}
+}

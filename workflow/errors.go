@@ -47,6 +47,11 @@ func (e *RunChangedError) Error() string {
 	if e.LastError != nil && *e.LastError != "" {
 		last = fmt.Sprintf(", last error %q", *e.LastError)
 	}
+	if e.SeenVersion > e.Version {
+		// A version the run never had (a typo, or a page of another database).
+		return fmt.Sprintf("%s: run %q has never had version %d: it is %s now (version %d%s); nothing was done: read it again and decide again",
+			ErrRunChanged.Error(), e.Key, e.SeenVersion, e.Status, e.Version, last)
+	}
 	return fmt.Sprintf("%s: run %q changed status %d time(s) since version %d: it is %s now (version %d%s); nothing was done: read it again and decide again",
 		ErrRunChanged.Error(), e.Key, e.Version-e.SeenVersion, e.SeenVersion, e.Status, e.Version, last)
 }

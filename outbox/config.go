@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/internal/jitter"
 )
@@ -153,8 +154,15 @@ type Config struct {
 
 	// Logger receives what cannot be returned: a batch whose outcome callback keeps failing.
 	//
-	// Defaults to slog.Default().
+	// Defaults to slog.Default(). Records logged inside a traced send carry its trace_id
+	// and span_id.
 	Logger *slog.Logger
+
+	// TracerProvider gives the tracer of the "stepwise.send" span of each send, linked to
+	// the span that enqueued the operation (docs/design.md, *Tracing*). Nil means
+	// otel.GetTracerProvider(), a no-op until the application installs a provider;
+	// Stepwise never configures an exporter itself.
+	TracerProvider trace.TracerProvider
 
 	// PollInterval is how often the poll (a River periodic job, run on the leader, and by
 	// RunMaintenance in every process that calls it) looks for

@@ -400,6 +400,11 @@ func (e *panicError) Error() string { return fmt.Sprintf("sender panicked: %v", 
 
 func (o *Outbox) sendOne(ctx context.Context, ks *kindState, op *Operation) (r sendResult) {
 	r.started = true
+	// The send's span, in the dispatcher's trace, links to the span that enqueued the
+	// operation (a step's, maybe days ago); the Sender gets it in its context, so an
+	// instrumented HTTP client carries it to the external system.
+	ctx, span := o.tracer.Start(ctx, "stepwise.send")
+	defer func() { endSendSpan(span, ks.name, op, r) }()
 	sctx, cancel := context.WithTimeout(ctx, ks.cfg.Timeout)
 	defer cancel()
 	start := time.Now()

@@ -12,10 +12,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/internal/ledger"
-
 	"github.com/stepwise-go/stepwise/internal/runctx"
+	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 
 // EnqueueResult reports what Enqueue did.
@@ -52,12 +53,16 @@ type EnqueueResult struct {
 // *ConflictError (errors.Is ErrOperationConflict) and the first row stays as it was. On any
 // error no row of this call remains in tx; roll tx back anyway, as with any failed statement.
 //
+// When ctx holds a span (inside a workflow step: the step's), its W3C traceparent is stored
+// with the operations (Operation.TraceParent), and their sends and reconciler checks link to
+// it; under a recording span Enqueue adds a "stepwise.enqueue" span of its own.
+//
 // Inside a River worker (or with ContextWithClient) Enqueue arranges for one dispatch job per
 // kind, unique per kind, to be queued by this process as soon as tx commits (within tens of
 // milliseconds), so delivery starts at once. It locks nothing that a concurrent run's
 // transaction could wait for: the wake is not part of tx. Rows are inserted with one
 // set-based statement whatever their number.
-func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResult, error) {
+func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueResult, err error) {
 	if tx == nil {
 		return nil, errors.New("outbox.Enqueue: tx is nil; pass the transaction of the step that writes the operations")
 	}
@@ -85,7 +90,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResu
 		}
 		prepared = append(prepared, op)
 	}
-	prepared, err := dedupe(prepared)
+	prepared, err = dedupe(prepared)
 	if err != nil {
 		return nil, err
 	}
@@ -101,15 +106,28 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResu
 	}
 	b := newOpArrays(prepared)
 
+	// The caller's span (the step's, inside a workflow step) is the operations' origin: its
+	// traceparent is written with them, and their sends and checks, later and in other
+	// traces, link back to it. The enqueue's own span exists only under a recording one.
+	var traceParent *string
+	if tp := tracing.TraceParent(ctx); tp != "" {
+		traceParent = &tp
+	}
+	if parent := trace.SpanFromContext(ctx); parent.IsRecording() {
+		var span trace.Span
+		ctx, span = parent.TracerProvider().Tracer(tracing.Scope).Start(ctx, "stepwise.enqueue")
+		defer func() { endEnqueueSpan(span, prepared, res, err) }()
+	}
+
 	var rows pgx.Rows
 	rows, err = tx.Query(ctx, `
-		INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key)
-		SELECT id, kind, bk, payload, sha256(convert_to(payload::text, 'UTF8')), amount, currency, run_key
+		INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key, trace_parent)
+		SELECT id, kind, bk, payload, sha256(convert_to(payload::text, 'UTF8')), amount, currency, run_key, $8
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::bigint[], $6::text[], $7::text[])
 			AS n(id, kind, bk, payload, amount, currency, run_key)
 		ON CONFLICT DO NOTHING
 		RETURNING operation_id, pg_current_xact_id()::text`,
-		b.ids, b.kinds, b.keys, b.payloads, b.amounts, b.currencies, b.runKeys)
+		b.ids, b.kinds, b.keys, b.payloads, b.amounts, b.currencies, b.runKeys, traceParent)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d operations: %w", len(prepared), err)
 	}

@@ -169,6 +169,10 @@ type Operation struct {
 	// carries the version it was taken on (reconcile.ResolveParams.ExpectedVersion): an
 	// operation that left MANUAL and came back MANUAL for another reason has another version.
 	Version int64
+	// TraceParent is the W3C traceparent of the span that enqueued the operation (inside a
+	// workflow step, the step's), or "" when Enqueue's context held none. The spans of its
+	// sends and reconciler checks link to it (docs/design.md, *Tracing*).
+	TraceParent string
 }
 
 // IdempotencyKey is the key a Sender passes to the external system: the operation id.
@@ -230,7 +234,7 @@ func scanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 		&op.RunKey, &op.State, &op.Attempts, &op.Checks, &op.LeaseUntil, &op.LeasedBy, &op.NextAttemptAt,
 		&op.NextCheckAt, &op.LastSentAt, &op.UnknownSince, &op.ExternalRef, &op.LastError,
 		&op.LastLookup, &op.ManualReason, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt,
-		&op.Claims, &op.ClaimedAt, &op.InFlightUntil, &op.Version}
+		&op.Claims, &op.ClaimedAt, &op.InFlightUntil, &op.Version, &op.TraceParent}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}

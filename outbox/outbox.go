@@ -16,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 
 // DB is what the Outbox (and the Reconciler and the console) need of a database handle:
@@ -52,6 +54,7 @@ type Outbox struct {
 	kindNames []string
 	actor     string
 	metrics   *metrics
+	tracer    trace.Tracer
 
 	// draining is set by Quiesce: dispatchers claim and send nothing more.
 	draining atomic.Bool
@@ -76,6 +79,7 @@ func New(db DB, config *Config) (*Outbox, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.Logger = tracing.Logger(cfg.Logger) // records logged inside a span carry its ids
 	o := &Outbox{
 		db:     db,
 		config: cfg,
@@ -85,6 +89,7 @@ func New(db DB, config *Config) (*Outbox, error) {
 		// instance must never keep alive the claims of a dead one.
 		actor:   "outbox/" + cfg.ID + "#" + strconv.FormatUint(rand.Uint64()&0xffffff, 16),
 		metrics: newMetrics(),
+		tracer:  tracing.Tracer(cfg.TracerProvider),
 	}
 	for name, kc := range cfg.Kinds {
 		o.kinds[name] = &kindState{name: name, cfg: kc, limiter: newLimiter(kc.RatePerSecond), book: newClaimBook()}

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/outbox"
 )
@@ -142,8 +144,15 @@ type Config struct {
 
 	// Logger receives what cannot be returned: a transition whose outcome callback failed.
 	//
-	// Defaults to slog.Default().
+	// Defaults to slog.Default(). Records logged inside a traced check carry its trace_id
+	// and span_id.
 	Logger *slog.Logger
+
+	// TracerProvider gives the tracer of the "stepwise.check" span of each lookup, linked to
+	// the span that enqueued the operation (docs/design.md, *Tracing*). Nil means
+	// otel.GetTracerProvider(), a no-op until the application installs a provider;
+	// Stepwise never configures an exporter itself.
+	TracerProvider trace.TracerProvider
 }
 
 // Defaults of Config and KindConfig: the value an unset (zero) field takes.

@@ -14,8 +14,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/internal/ledger"
+	"github.com/stepwise-go/stepwise/internal/tracing"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -31,6 +33,7 @@ type Reconciler struct {
 	kinds     map[string]*kindState
 	kindNames []string
 	metrics   *metrics
+	tracer    trace.Tracer
 }
 
 type kindState struct {
@@ -49,7 +52,8 @@ func New(db outbox.DB, config *Config) (*Reconciler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Reconciler{db: db, ob: cfg.Outbox, config: cfg, kinds: map[string]*kindState{}}
+	cfg.Logger = tracing.Logger(cfg.Logger) // records logged inside a span carry its ids
+	r := &Reconciler{db: db, ob: cfg.Outbox, config: cfg, kinds: map[string]*kindState{}, tracer: tracing.Tracer(cfg.TracerProvider)}
 	for name, kc := range cfg.Kinds {
 		r.kinds[name] = &kindState{name: name, cfg: kc, limiter: newLimiter(kc.RatePerSecond),
 			maxAttempts: cfg.Outbox.KindConfig(name).MaxAttempts}
@@ -227,6 +231,9 @@ func (r *Reconciler) lookupAll(ctx context.Context, ks *kindState, ops []*outbox
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// The check's span, in the reconciler's trace, links to the span that enqueued
+			// the operation; it ends with what the answer decides.
+			ctx, span := r.tracer.Start(ctx, "stepwise.check")
 			var res LookupResult
 			err := ks.limiter.Wait(ctx)
 			if err == nil {
@@ -239,6 +246,7 @@ func (r *Reconciler) lookupAll(ctx context.Context, ks *kindState, ops []*outbox
 				}
 			}
 			out[i] = decide(op, res, err, now(), ks.cfg, ks.maxAttempts)
+			endCheckSpan(span, ks.name, op, out[i], err)
 		}()
 	}
 	wg.Wait()

@@ -15,7 +15,10 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 
 // Defaults of Config's fields, which WithDefaults applies to zero fields. Heartbeat defaults
@@ -68,8 +71,15 @@ type Config struct {
 	MaintenanceQueue string
 
 	// Logger receives transitions worth an operator's attention (fenced commits, takeovers,
-	// undecodable cursors). Defaults to slog.Default().
+	// undecodable cursors). Defaults to slog.Default(). Records logged inside a traced
+	// attempt or step carry its trace_id and span_id.
 	Logger *slog.Logger
+
+	// TracerProvider gives the tracer of the Engine's spans: a run's start, each attempt,
+	// its claim, each step and each takeover by maintenance (docs/design.md, *Tracing*).
+	// Nil means otel.GetTracerProvider(), the global provider, a no-op until the
+	// application installs one; Stepwise never configures an exporter itself.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -129,6 +139,7 @@ type Engine struct {
 	cfg    *Config
 	store  *checkpoint.Store
 	logger *slog.Logger
+	tracer trace.Tracer
 
 	mu         sync.Mutex
 	registered map[*river.Workers]bool
@@ -189,7 +200,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{pool: pool, cfg: cfg, store: store, logger: cfg.Logger, registered: map[*river.Workers]bool{}, slices: map[string]time.Duration{},
+	e := &Engine{pool: pool, cfg: cfg, store: store, logger: tracing.Logger(cfg.Logger), tracer: tracing.Tracer(cfg.TracerProvider), registered: map[*river.Workers]bool{}, slices: map[string]time.Duration{},
 		retryPolicies: map[*river.Workers]river.ClientRetryPolicy{}, fence: storeFence{store}}
 	e.metrics = newEngineMetrics(e)
 	return e, nil

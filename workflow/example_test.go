@@ -60,6 +60,7 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 	if err != nil {
 		return workflow.Next{}, err
 	}
+	s.ReportItems(len(ids)) // on the step's trace span, when tracing is on
 	if len(ids) == 0 {
 		return workflow.Done(), nil
 	}

@@ -193,7 +193,12 @@ func scanStuck(row pgx.CollectableRow) (stuckRun, error) {
 }
 
 // rescue takes a stuck run over, or fails it, in tx.
-func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, s stuckRun, res *MaintenanceResult) error {
+func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, s stuckRun, res *MaintenanceResult) (err error) {
+	// The takeover's span: the new job carries its context, so the run's next attempt links
+	// back to the takeover that queued it.
+	ctx, span := e.tracer.Start(ctx, "stepwise.takeover")
+	outcome := "skipped"
+	defer func() { endTakeoverSpan(span, s, outcome, err) }()
 	maxAttempts := river.MaxAttemptsDefault
 	if s.maxAttempts != nil {
 		maxAttempts = *s.maxAttempts
@@ -225,6 +230,7 @@ func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pg
 			return errors.Join(err, errSkip)
 		}
 		res.Failed = append(res.Failed, s.key)
+		outcome = "failed"
 		return nil
 	}
 
@@ -240,7 +246,7 @@ func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pg
 	if s.wakeAt != nil && s.wakeAt.After(time.Now()) {
 		opts.ScheduledAt = *s.wakeAt
 	}
-	if opts.Metadata, err = withRunKey(nil, s.key); err != nil {
+	if opts.Metadata, err = withRunKey(ctx, nil, s.key); err != nil {
 		return err
 	}
 	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: s.kind, raw: s.input}, opts)
@@ -261,6 +267,7 @@ func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pg
 		return errSkip // another pass got there first; roll back our job
 	}
 	res.TakenOver = append(res.TakenOver, s.key)
+	outcome = "taken_over"
 	return nil
 }
 

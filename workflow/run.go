@@ -9,17 +9,26 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/slotrun"
+	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 
 // metadataRunKey is the River job metadata field that names the run a job delivers. Keeping
 // the key in metadata leaves the user's job args exactly as they wrote them.
 const metadataRunKey = "stepwise_run"
+
+// metadataTraceParent is the River job metadata field holding the W3C traceparent of the span
+// that queued the job (a start or a takeover). Its own name, not River's otelriver
+// "traceparent", so that both can be used side by side.
+const metadataTraceParent = "stepwise_traceparent"
 
 // RunKeyer may be implemented by job args to give jobs inserted with plain River Insert
 // (without Start) a run key.
@@ -94,6 +103,11 @@ type Retry struct {
 type StartOpts struct {
 	// InsertOpts are passed to River for the run's job (queue, priority, max attempts...).
 	InsertOpts *river.InsertOpts
+
+	// TracerProvider gives the tracer of the start's span, "stepwise.start", whose context
+	// rides in the job's metadata so the run's attempts link back to it. Nil means
+	// otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 // Start starts the run key of args's workflow in its own transaction. See StartTx.
@@ -125,16 +139,17 @@ func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], k
 // retention too: package retention never deletes a run's row, only its events.
 func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args A, opts *StartOpts) (*Run, error) {
 	var insertOpts *river.InsertOpts
+	var tp trace.TracerProvider
 	if opts != nil {
-		insertOpts = opts.InsertOpts
+		insertOpts, tp = opts.InsertOpts, opts.TracerProvider
 	}
-	return startTx(ctx, client, tx, key, args, insertOpts, nil)
+	return startTx(ctx, client, tx, key, args, insertOpts, nil, tp)
 }
 
 func init() {
 	// Package schedule starts the runs of its slots through this, with the slot recorded.
 	slotrun.StartTx = func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, slot slotrun.Slot) (bool, error) {
-		run, err := startTx(ctx, client, tx, key, args, opts, &slot)
+		run, err := startTx(ctx, client, tx, key, args, opts, &slot, nil)
 		if err != nil {
 			return false, err
 		}
@@ -143,7 +158,9 @@ func init() {
 }
 
 // startTx is StartTx for any args, with the run's slot when a schedule starts it.
-func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, in *slotrun.Slot) (*Run, error) {
+func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, in *slotrun.Slot, tp trace.TracerProvider) (run *Run, err error) {
+	ctx, span := tracing.Tracer(tp).Start(ctx, "stepwise.start")
+	defer func() { endStartSpan(span, key, args, run, err) }()
 	if err := checkpoint.ValidateKey(key); err != nil {
 		return nil, fmt.Errorf("workflow.Start: run %w", err)
 	}
@@ -188,7 +205,7 @@ func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key s
 	if opts != nil {
 		insertOpts = *opts
 	}
-	if insertOpts.Metadata, err = withRunKey(insertOpts.Metadata, key); err != nil {
+	if insertOpts.Metadata, err = withRunKey(ctx, insertOpts.Metadata, key); err != nil {
 		return nil, fmt.Errorf("workflow.Start: run %q: InsertOpts.Metadata: %w", key, err)
 	}
 	res, err := client.InsertTx(ctx, tx, args, &insertOpts)
@@ -198,15 +215,32 @@ func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key s
 	if err := linkStartedRun(ctx, tx, key, res.Job.ID); err != nil {
 		return nil, fmt.Errorf("workflow.Start: linking run %q to its job: %w", key, err)
 	}
-	run, err := GetRun(ctx, tx, key)
-	if err != nil {
+	if run, err = GetRun(ctx, tx, key); err != nil {
 		return nil, err
 	}
 	run.Created = true
 	return run, nil
 }
 
-func withRunKey(metadata []byte, key string) ([]byte, error) {
+// endStartSpan records what a start did on its span, when the span records.
+func endStartSpan(span trace.Span, key string, args river.JobArgs, run *Run, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("stepwise.run.key", key), attribute.String("stepwise.workflow", args.Kind()))
+		if run != nil {
+			span.SetAttributes(attribute.Bool("stepwise.run.created", run.Created))
+		}
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	span.End()
+}
+
+// withRunKey returns the job metadata naming the run key, and carrying the traceparent of
+// ctx's span (the start's or the takeover's) when there is one, so that the attempts the job
+// delivers link back to what queued it, hours later and in another process.
+func withRunKey(ctx context.Context, metadata []byte, key string) ([]byte, error) {
 	m := map[string]any{}
 	if len(metadata) > 0 {
 		if err := json.Unmarshal(metadata, &m); err != nil {
@@ -214,28 +248,34 @@ func withRunKey(metadata []byte, key string) ([]byte, error) {
 		}
 	}
 	m[metadataRunKey] = key
+	if tp := tracing.TraceParent(ctx); tp != "" {
+		m[metadataTraceParent] = tp
+	} else {
+		delete(m, metadataTraceParent)
+	}
 	return json.Marshal(m)
 }
 
 // runKeyOf finds the run a job delivers: the key Start put in its metadata, else the args'
-// RunKey method.
-func runKeyOf(metadata []byte, args any) (string, error) {
+// RunKey method; and the traceparent of what queued the job, if its metadata carries one.
+func runKeyOf(metadata []byte, args any) (key, traceParent string, err error) {
 	if len(metadata) > 0 {
 		var m map[string]any
 		if err := json.Unmarshal(metadata, &m); err == nil {
+			traceParent, _ = m[metadataTraceParent].(string)
 			if k, ok := m[metadataRunKey].(string); ok && k != "" {
-				return k, nil
+				return k, traceParent, nil
 			}
 		}
 	}
 	if rk, ok := args.(RunKeyer); ok {
 		key := rk.RunKey()
 		if err := checkpoint.ValidateKey(key); err != nil {
-			return "", fmt.Errorf("RunKey() of %T: %w", args, err)
+			return "", "", fmt.Errorf("RunKey() of %T: %w", args, err)
 		}
-		return key, nil
+		return key, traceParent, nil
 	}
-	return "", fmt.Errorf("job args %T carry no run key: start runs with workflow.Start, or give the args a RunKey() string method", args)
+	return "", "", fmt.Errorf("job args %T carry no run key: start runs with workflow.Start, or give the args a RunKey() string method", args)
 }
 
 // runColumnsSQL are a run's columns with its derived retry state, read from stepwise_run r
@@ -401,7 +441,7 @@ func resume(ctx context.Context, client *river.Client[pgx.Tx], key string, seenV
 			return fmt.Errorf("resuming run %q: reading its last job: %w", key, err)
 		}
 	}
-	if opts.Metadata, err = withRunKey(nil, key); err != nil {
+	if opts.Metadata, err = withRunKey(ctx, nil, key); err != nil {
 		return err
 	}
 	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: run.Workflow, raw: run.Input}, opts)

@@ -36,6 +36,16 @@ type Step[A river.JobArgs, C any] struct {
 
 	// Job is the River job delivering this attempt.
 	Job *river.Job[A]
+
+	items    int
+	itemsSet bool
+}
+
+// ReportItems records how many items (merchants settled, rows moved...) this step handled,
+// as the stepwise.step.items attribute of the step's trace span. Optional; the last call
+// counts. It changes nothing else: the step's outcome is its Next.
+func (s *Step[A, C]) ReportItems(n int) {
+	s.items, s.itemsSet = n, true
 }
 
 // Stepper is a step function: a River worker whose Work is a loop of fenced, checkpointed

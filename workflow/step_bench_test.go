@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
@@ -48,7 +49,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			rows := v.rows
 			pool := ovhDB(b)
-			rig := newOvhRig(b, pool, rows, v.ops, 2)
+			rig := newOvhRig(b, pool, rows, v.ops, 2, nil)
 
 			// Eight chunks, ABBA ABBA: load that drifts during the benchmark (this machine is
 			// shared) lands on both variants alike.
@@ -80,7 +81,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 func BenchmarkStepOverheadConcurrent(b *testing.B) {
 	const runs, rows = 8, 100
 	pool := ovhDB(b)
-	rig := newOvhRig(b, pool, rows, true, runs)
+	rig := newOvhRig(b, pool, rows, true, runs, nil)
 	steps := max(b.N/(4*runs), 1) // per run, per chunk: 4 chunks, ABBA
 	var floor, stepwise time.Duration
 	b.ResetTimer()
@@ -188,16 +189,18 @@ func (m *ovhDone) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 // newOvhRig starts a River client working the benchmark's runs with workers at once. With
 // ops, steps enqueue outbox operations (inside the River worker: with the dispatcher wake;
 // the dispatcher's queue is not worked here, delivery is not what is measured).
-func newOvhRig(b *testing.B, pool *pgxpool.Pool, rows int, ops bool, workers int) *ovhRig {
+// tp is the engine's TracerProvider (nil: otel's global one, a no-op in these benchmarks).
+func newOvhRig(b *testing.B, pool *pgxpool.Pool, rows int, ops bool, workers int, tp trace.TracerProvider) *ovhRig {
 	b.Helper()
 	rig := &ovhRig{pool: pool, rows: rows, ops: ops, done: make(chan time.Time, workers)}
-	engine, err := workflow.New(pool, &workflow.Config{Logger: slog.New(slog.DiscardHandler)})
+	engine, err := workflow.New(pool, &workflow.Config{Logger: slog.New(slog.DiscardHandler), TracerProvider: tp})
 	require.NoError(b, err)
 	ws := river.NewWorkers()
 	workflow.AddWorker(engine, ws, workflow.StepFunc(func(ctx context.Context, s *workflow.Step[ovhArgs, ovhCursor]) (workflow.Next, error) {
 		if err := ovhStep(ctx, s.Tx, s.RunKey, s.Cursor.Step, s.Args.Rows, s.Args.Ops); err != nil {
 			return workflow.Next{}, err
 		}
+		s.ReportItems(s.Args.Rows)
 		s.Cursor.Step++
 		if s.Cursor.Step >= s.Args.Steps {
 			return workflow.Done(), nil

@@ -14,12 +14,14 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
 	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/runctx"
+	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 
 // maxErrorLen bounds last_error on a run: an error message may embed a whole payload.
@@ -80,12 +82,21 @@ func (sw *stepWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) (err er
 
 // work runs the attempt. It sets *failures to the run's failures in a row plus one once it
 // has read the run.
-func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failures *int) error {
+func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failures *int) (err error) {
 	e := sw.e
-	key, err := runKeyOf(job.Metadata, job.Args)
+	key, traceParent, err := runKeyOf(job.Metadata, job.Args)
 	if err != nil {
 		// Without a key there is no checkpoint to resume from; retrying cannot help.
 		return river.JobCancel(err)
+	}
+	// The attempt's span is linked, not parented, to the span that queued the job (the
+	// run's start, or the takeover that re-enqueued it): an attempt may come hours later.
+	ctx, span := e.tracer.Start(ctx, "stepwise.attempt")
+	defer func() { endAttemptSpan(span, err) }()
+	if span.IsRecording() {
+		tracing.LinkTo(span, traceParent)
+		span.SetAttributes(attribute.String("stepwise.run.key", key), attribute.String("stepwise.workflow", job.Kind),
+			attribute.Int64("stepwise.job.id", job.ID), attribute.Int("stepwise.job.attempt", job.Attempt))
 	}
 	run, err := e.runForJob(ctx, key, job.JobRow)
 	if err != nil {
@@ -111,14 +122,17 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 	// Owner ids are per attempt, not per host: two attempts in one process are different
 	// owners, so a stale attempt can never renew the lease of a newer one.
 	owner := fmt.Sprintf("%s/job-%d/attempt-%d", clientID, job.ID, job.Attempt)
-	lease, err := e.store.Claim(ctx, key, owner, job.Attempt)
+	claimCtx, claimSpan := e.tracer.Start(ctx, "stepwise.claim")
+	lease, err := e.store.Claim(claimCtx, key, owner, job.Attempt)
 	if err != nil {
 		var held *checkpoint.HeldError
 		if errors.As(err, &held) {
+			endClaimSpan(claimSpan, key, owner, nil, "held", nil)
 			// Someone holds a live lease: never run beside it. Come back when it lapses,
 			// with jitter so a crowd of waiters does not stampede the row.
 			return river.JobSnooze(held.RetryIn + jitter.UpTo(e.cfg.Lease/10+time.Millisecond))
 		}
+		endClaimSpan(claimSpan, key, owner, nil, "error", err)
 		return err
 	}
 	// The heartbeat runs from the claim on, not from the first step. Guards against: an
@@ -140,26 +154,31 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 	})
 	defer stopHeartbeat()
 	if err := faultpoint.Hit(faultpoint.AfterClaim); err != nil {
+		endClaimSpan(claimSpan, key, owner, lease, "error", err)
 		_ = e.store.Release(ctx, lease)
 		return err
 	}
 
 	a := &attempt[A, C]{sw: sw, job: job, key: key, lease: lease}
 	if err := a.decodeCursor(lease.Cursor); err != nil {
+		endClaimSpan(claimSpan, key, owner, lease, "undecodable_cursor", err)
 		return a.failTerminal(ctx, err)
 	}
 	// Guards: a takeover or a finish between our read of the run and the claim. Only the
 	// run's current job may work it; this one gives the lease straight back.
-	ok, err := markRunning(ctx, e.pool, key, job.ID)
+	ok, err := markRunning(claimCtx, e.pool, key, job.ID)
 	if err != nil {
+		endClaimSpan(claimSpan, key, owner, lease, "error", err)
 		_ = e.store.Release(ctx, lease)
 		return fmt.Errorf("marking run %q running: %w", key, err)
 	}
 	if !ok {
+		endClaimSpan(claimSpan, key, owner, lease, "moved", nil)
 		_ = e.store.Release(ctx, lease)
 		e.logger.InfoContext(ctx, "stepwise: run moved on before this job could work it, exiting", "run", key, "job", job.ID)
 		return nil
 	}
+	endClaimSpan(claimSpan, key, owner, lease, "claimed", nil)
 
 	if run.CancelRequestedAt != nil {
 		return a.finishCancelled(ctx)
@@ -228,8 +247,24 @@ func (t *stepTx) Rollback(context.Context) error {
 
 // step runs one step of the protocol: begin (stall timeout armed, token checked), the user's
 // step in the tx, the fenced write, the run's outcome, commit.
-func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (stepResult, error) {
+func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepResult, err error) {
 	e := a.sw.e
+	// The step's span is in the step's context, so that what the step enqueues (outbox)
+	// records it as the operation's origin. Number and token are taken before the commit
+	// moves the lease on.
+	ctx, span := e.tracer.Start(ctx, "stepwise.step")
+	var s *Step[A, C]
+	number, token := a.lease.Steps+1, a.lease.Token
+	defer func() {
+		if span.IsRecording() {
+			items := -1
+			if s != nil && s.itemsSet {
+				items = s.items
+			}
+			recordStepSpan(span, a.key, number, token, items, res, err)
+		}
+		span.End()
+	}()
 	tx, err := e.fence.Begin(ctx, a.lease)
 	if err != nil {
 		return stepResult{}, err
@@ -243,7 +278,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (stepResul
 		return stepResult{}, err
 	}
 	userTx := &stepTx{Tx: tx}
-	s := &Step[A, C]{
+	s = &Step[A, C]{
 		Tx:     userTx,
 		Args:   a.job.Args,
 		Cursor: cursorIn,
@@ -277,7 +312,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (stepResul
 	if err := e.fence.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release}); err != nil {
 		return stepResult{}, err
 	}
-	res := stepResult{next: next, released: release}
+	res = stepResult{next: next, released: release}
 
 	switch next.kind {
 	case nextContinue, nextSleep:

@@ -147,6 +147,11 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	// 4. Several workers: River clients of their own, each with its own pool, as separate
 	// processes would have.
 	logger := newLogger(stderr, f.verbose)
+	stopTracing, riverMiddleware, err := setupTracing(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	var services []*settlement.Service
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
@@ -165,7 +170,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 		}
 		svc, err := settlement.NewService(wpool, &settlement.ServiceConfig{
 			Bank: newBankClient(bank.URL(), 5*time.Second), Plan: plan, BatchSize: f.batchSize,
-			PayoutConcurrency: f.payoutConcurrency, ID: fmt.Sprintf("demo-worker-%d", i+1), Logger: logger,
+			PayoutConcurrency: f.payoutConcurrency, ID: fmt.Sprintf("demo-worker-%d", i+1), Logger: logger, RiverMiddleware: riverMiddleware,
 			FetchPollInterval: 200 * time.Millisecond,
 		})
 		if err != nil {

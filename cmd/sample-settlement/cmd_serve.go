@@ -121,6 +121,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	logger := newLogger(stderr, f.verbose)
+	stopTracing, riverMiddleware, err := setupTracing(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	hosts := append([]string(nil), f.allowedHosts...)
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		// Basic-auth credentials over plain HTTP beyond this host can be read by anyone on
@@ -172,7 +177,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
 		Bank: bank, Plan: plan, BatchSize: f.batchSize, SettleWorkers: settleWorkers, Schedule: f.schedule,
-		PayoutConcurrency: f.payoutConcurrency, PayoutTimeout: f.payoutTimeout, Workflow: wcfg, ID: f.id, Logger: logger,
+		PayoutConcurrency: f.payoutConcurrency, PayoutTimeout: f.payoutTimeout, Workflow: wcfg, ID: f.id, Logger: logger, RiverMiddleware: riverMiddleware,
 		ReconcileInterval: f.reconcileEvery, ReconcileGrace: f.reconcileGrace,
 	})
 	if err != nil {

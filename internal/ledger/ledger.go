@@ -25,7 +25,7 @@ const columnsTmpl = `{a}.operation_id, {a}.kind, {a}.business_key, {a}.payload, 
 	{a}.checks, {a}.lease_until, coalesce({a}.leased_by, ''), {a}.next_attempt_at, {a}.next_check_at,
 	{a}.last_sent_at, {a}.unknown_since, coalesce({a}.external_ref, ''), coalesce({a}.last_error, ''),
 	coalesce({a}.last_lookup, ''), coalesce({a}.manual_reason, ''), {a}.created_at, {a}.updated_at,
-	{a}.finished_at, {a}.claims, {a}.claimed_at, {a}.in_flight_until, {a}.version`
+	{a}.finished_at, {a}.claims, {a}.claimed_at, {a}.in_flight_until, {a}.version, coalesce({a}.trace_parent, '')`
 
 // Columns returns the select list that Scan reads, with every column qualified by alias (as
 // "o").

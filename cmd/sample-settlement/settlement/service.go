@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
@@ -77,6 +78,10 @@ type ServiceConfig struct {
 
 	// Logger receives what the parts report. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// RiverMiddleware is added to the River client's middleware: serve and demo add River's
+	// otelriver when tracing is on, so River's own insert and work spans frame Stepwise's.
+	RiverMiddleware []rivertype.Middleware
 
 	// FetchPollInterval is River's poll interval (LISTEN/NOTIFY wakes it sooner). Defaults
 	// to River's default.
@@ -221,6 +226,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		},
 		Workers:           river.NewWorkers(),
 		FetchPollInterval: cfg.FetchPollInterval,
+		Middleware:        cfg.RiverMiddleware,
 	}
 	if err := workflow.AddWorkerSafely(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize}); err != nil {
 		return nil, err

@@ -216,6 +216,7 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 		return workflow.Next{}, err
 	}
 	s.Cursor.AfterMerchant = res.LastMerchant
+	s.ReportItems(res.Merchants) // on the step's trace span
 	if res.Done {
 		return workflow.Done(), nil
 	}

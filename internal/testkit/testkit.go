@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"flag"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -84,6 +85,7 @@ func Main(m *testing.M) int {
 	if handled, code := workflowtest.RunRoleIfChild(); handled {
 		return code
 	}
+	raiseDefaultTimeout()
 	// Goroutines that exist before any test ran (started by package init functions) are
 	// not the tests' leaks.
 	preexisting := goleak.IgnoreCurrent()
@@ -104,6 +106,28 @@ func Main(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// packageTimeout replaces go test's default bound on one package's tests (10 minutes).
+const packageTimeout = 40 * time.Minute
+
+// raiseDefaultTimeout lifts go test's default 10-minute bound on a package's tests to
+// packageTimeout; a -timeout other than the default is left as given. Guards against: a
+// package of fault drills failing for time on a loaded machine. Its tests wait on progress
+// (WaitProgress, the chaos harness's quiet wait), so a slow run that still moves finishes and
+// a stuck one still fails on its own stall bound; the package-wide 10 minutes was the one
+// fixed deadline left (the chaos package ran 600 s and was killed mid-test at load 20-29).
+func raiseDefaultTimeout() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	f := flag.Lookup("test.timeout")
+	if f == nil {
+		return
+	}
+	if d, err := time.ParseDuration(f.Value.String()); err == nil && d == 10*time.Minute {
+		_ = f.Value.Set(packageTimeout.String())
+	}
 }
 
 func shutdown() error {

@@ -114,8 +114,8 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 		largest = max(largest, c)
 	}
 	// The knob: a batch of several rounds of Concurrency (a pass looks a batch up, then
-	// records it, so a batch smaller than Concurrency leaves senders idle). This last
-	// measurement reconciles the rest of the day.
+	// records it, so a batch smaller than Concurrency leaves lookups unused), what an unset
+	// BatchSize now is. This last measurement reconciles the rest of the day.
 	configs = append(configs, config{largest, 4 * largest})
 	remaining := unknown
 	for i, cf := range configs {
@@ -192,7 +192,8 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 			fmtDur(x.cpu/time.Duration(x.k)), 100*x.cpu.Seconds()/x.elapsed.Seconds()/float64(runtime.NumCPU()), x.load)
 	}
 	r.printf("a pass claims a batch, looks it up (Concurrency at once), records it, then claims the next: with batch < Concurrency at most\n" +
-		"batch lookups are in flight (limit batch / latency), and each batch also waits for its slowest lookup and its recording\n")
+		"batch lookups are in flight (limit batch / latency), and each batch also waits for its slowest lookup and its recording;\n" +
+		"an unset BatchSize is 4 × Concurrency (at least 100); the rows with batch 100 set it\n")
 	if bigDayTotals != nil {
 		d, err := bigDayTotals(ctx, pool, client, date)
 		if err != nil {

@@ -82,10 +82,12 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 			FROM generate_series(1, $2::bigint) g
 			RETURNING id, merchant_id, amount, status, run_key
 		), p AS (
-			SELECT s.*, 'M' || lpad(s.merchant_id::text, 6, '0') AS code,
-				jsonb_build_object('settlement_id', s.id, 'merchant', 'M' || lpad(s.merchant_id::text, 6, '0'),
+			SELECT s.*, m.code,
+				jsonb_build_object('settlement_id', s.id, 'merchant', m.code,
 					'account', 'EU' || lpad((s.merchant_id % 97)::text, 2, '0') || '-' || lpad(s.merchant_id::text, 10, '0')) AS payload
-			FROM s
+			-- settlement.MerchantCode: "M" and at least six digits (lpad alone would cut a
+			-- seventh and make two merchants one).
+			FROM s CROSS JOIN LATERAL (SELECT 'M' || lpad(s.merchant_id::text, greatest(6, length(s.merchant_id::text)), '0') AS code) m
 		)
 		INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key,
 			state, attempts, claims, last_sent_at, claimed_at, external_ref, finished_at)
@@ -116,6 +118,7 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 type drainResult struct {
 	n       int
 	elapsed time.Duration
+	rtt     time.Duration // mean send, Send called to returned, from the request rows
 	db      dbUse
 	cpu     time.Duration
 	load    string
@@ -169,10 +172,14 @@ func timedDrain(ctx context.Context, pool *pgxpool.Pool, tracer *statementTracer
 		return res, fmt.Errorf("drained %d payouts, want %d", got, n)
 	}
 	var ok int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation o JOIN settlement s ON s.id = (o.payload->>'settlement_id')::bigint
-		WHERE o.run_key = $1 AND o.state = 'SUCCEEDED' AND s.status = 'PAID'`, "bench/"+date.Format(time.DateOnly)).Scan(&ok); err != nil {
+	var rttSec float64
+	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(avg(extract(epoch FROM q.ended_at - q.started_at)), 0)::float8
+		FROM stepwise_operation o JOIN settlement s ON s.id = (o.payload->>'settlement_id')::bigint
+		LEFT JOIN stepwise_operation_request q ON q.operation_id = o.operation_id AND q.claim = o.claims
+		WHERE o.run_key = $1 AND o.state = 'SUCCEEDED' AND s.status = 'PAID'`, "bench/"+date.Format(time.DateOnly)).Scan(&ok, &rttSec); err != nil {
 		return res, fmt.Errorf("counting delivered payouts: %w", err)
 	}
+	res.rtt = time.Duration(rttSec * float64(time.Second))
 	if ok != n {
 		return res, fmt.Errorf("after the drain %d payouts SUCCEEDED with their settlement PAID, want %d", ok, n)
 	}
@@ -250,10 +257,11 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 	r.printf("\n== slowbank: payouts delivered to a fake bank answering in 50-500ms (±10%%), one process, outbox BatchSize %d, pool %d ==\n", batch, slowBankPool)
 	r.printf("limit = Concurrency / latency (no more sends can be in flight), or the zero-latency rate (the row \"0\" above it, run just before)\n" +
 		"where that is lower (*)\n")
-	r.printf("%-8s %5s %7s %10s %9s %6s %8s %9s %7s %6s %6s %8s %5s %5s\n",
-		"latency", "conc", "payouts", "payouts/s", "limit", "ratio", "stmts/op", "ops/claim", "ops/tx", "claim", "record", "cpu/op", "cpu%", "load")
+	r.printf("%-8s %5s %7s %10s %9s %6s %8s %6s %8s %9s %7s %6s %6s %8s %5s %5s\n",
+		"latency", "conc", "payouts", "payouts/s", "limit", "ratio", "rtt", "busy", "stmts/op", "ops/claim", "ops/tx", "claim", "record", "cpu/op", "cpu%", "load")
 	line := func(lat string, c int, d drainResult, limit string, ratio string) {
-		r.printf("%-8s %5d %7d %10s %9s %6s %8.2f %9.0f %7.0f %5.0f%% %5.0f%% %8s %4.0f%% %5s\n", lat, c, d.n, fmtRate(d.rate()), limit, ratio,
+		r.printf("%-8s %5d %7d %10s %9s %6s %8s %5.0f%% %8.2f %9.0f %7.0f %5.0f%% %5.0f%% %8s %4.0f%% %5s\n", lat, c, d.n, fmtRate(d.rate()), limit, ratio,
+			fmtDur(d.rtt), 100*d.rate()*d.rtt.Seconds()/float64(c),
 			float64(d.db.stmts)/float64(d.n), float64(d.n)/float64(max(d.db.claims, 1)), float64(d.n)/float64(max(d.db.txs, 1)),
 			100*d.db.claimWait.Seconds()/d.elapsed.Seconds(), 100*(d.db.wait-d.db.claimWait).Seconds()/d.elapsed.Seconds(),
 			fmtDur(d.cpu/time.Duration(d.n)), 100*d.cpu.Seconds()/d.elapsed.Seconds()/float64(runtime.NumCPU()), d.load)
@@ -270,6 +278,9 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 			r.check(ratio >= 0.90, "slowbank >= 0.90 of the limit at latency %s, concurrency %d: %.2f of %s/s", x.latency, x.c, ratio, fmtRate(limit))
 		}
 	}
+	r.printf("rtt: mean send (Send called to returned, from the request rows): the bank's latency plus HTTP and this machine's scheduling;\n" +
+		"busy: payouts/s × rtt / Concurrency, the share of the time the senders had a payout in flight. ratio falls below busy by\n" +
+		"what the round trip adds to the bank's latency, which a loaded machine inflates and the outbox does not control\n")
 	r.printf("stmts/op: statements sent per payout (BEGIN and COMMIT included); ops/claim: payouts per claim statement; ops/tx: payouts per\n" +
 		"recording transaction; claim, record: share of the wall time a claim, or a recording statement (and lease renewals), was\n" +
 		"waited for (the recorder is one goroutine: near 100%% it is the bottleneck)\n")

@@ -108,10 +108,10 @@ type KindConfig struct {
 	// transaction at a time), past which more Concurrency does not help: see the
 	// performance budget in docs/design.md. Size it as
 	// target rate × the external system's typical latency, within what that system allows
-	// (its rate limit: see RatePerSecond). Senders hold no database connection: the
-	// dispatcher uses at most three of the pool's per kind (a claim, the recorder, the
-	// lease renewer) whatever Concurrency is, so size the pool by River's workers, not by
-	// this. Give the Sender's HTTP client as many idle connections per host
+	// (its rate limit: see RatePerSecond). Senders hold no database connection: a
+	// dispatcher uses a handful of the pool's per kind (the claim, the recorder, the lease
+	// renewer, its heartbeat) whatever Concurrency is, so size the pool by River's workers,
+	// not by this. Give the Sender's HTTP client as many idle connections per host
 	// (http.Transport.MaxIdleConnsPerHost) as Concurrency, or each send beyond them opens
 	// and closes a connection.
 	//

@@ -23,8 +23,9 @@ import (
 // machine cannot reach the limit at all), the ratio says how much of the time the senders
 // are waiting for the ledger instead of the bank.
 
-// slowBankPool is the pool of the slowbank and bigday sections: the dispatcher uses at most
-// three connections at once (a claim, the recorder, the lease renewer), the reconciler two.
+// slowBankPool is the pool of the slowbank and bigday sections: Drain's pump uses at most
+// three connections at once (the claim, the recorder, the lease renewer; no River job, so no
+// heartbeat), a reconcile pass one at a time. Senders hold none.
 const slowBankPool = 8
 
 // slowBank starts a fake bank that answers after latency (payments ±10%, uniform, with

@@ -128,6 +128,8 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		{"maintenance", r.maintenanceSection},
 		{"scale", r.scaleSection},
 		{"size", r.sizeSection},
+		{"slowbank", r.slowbankSection},
+		{"bigday", r.bigdaySection},
 	}
 	var failed []string
 	for _, s := range sections {

@@ -13,7 +13,7 @@ import (
 )
 
 // Sections are the parts of the bench, in the order they run. --only picks some of them.
-var Sections = []string{"floor", "stepwise", "river", "concurrent", "delivery", "reconcile", "takeover", "maintenance", "scale", "size"}
+var Sections = []string{"floor", "stepwise", "river", "concurrent", "delivery", "reconcile", "takeover", "maintenance", "scale", "size", "slowbank", "bigday"}
 
 // options are the bench's flags after defaults (and --quick) were applied.
 type options struct {
@@ -44,6 +44,7 @@ type options struct {
 	poolConns           int32
 	takeoverProcs       int
 	takeoverMaintenance string
+	bank                bankOptions // the slowbank and bigday sections (bankopts.go)
 }
 
 const usageText = `Usage: sample-settlement bench [flags]
@@ -110,6 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.trace, "trace", false, "instead of the timed rounds, run each settle variant once per batch size with every statement traced, and print where a step's time goes")
 	fs.BoolVar(&o.check, "check", false, "exit with an error when this run misses one of issue 8's targets (listed before the last lines)")
 	fs.BoolVar(&o.verbose, "v", false, "log progress to stderr")
+	o.bank.register(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
@@ -138,6 +140,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.quick {
 		o.applyQuick()
+	}
+	if err := o.bank.parse(o.quick, o.setFlags); err != nil {
+		return nil, err
 	}
 	o.poolConns = 20
 	return &o, o.validate()

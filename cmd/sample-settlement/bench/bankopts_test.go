@@ -1,0 +1,69 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseBankFlags(t *testing.T) {
+	t.Parallel()
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{50 * time.Millisecond, 200 * time.Millisecond}, o.bank.latencies)
+	require.Equal(t, []int{16, 256, 1024}, o.bank.concurrency)
+	require.Equal(t, 1_000_000, o.bank.bigdayOps)
+	require.True(t, o.runs("slowbank") && o.runs("bigday"))
+
+	_, err = parseFlags([]string{"--quick", "--bigday-payouts", "5k"}, io.Discard)
+	require.Error(t, err, "--bigday-payouts is a plain number")
+	o, err = parseFlags([]string{"--quick", "--bigday-payouts", "5000", "--only", "bigday"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 5000, o.bank.bigdayOps, "an explicit flag wins over --quick")
+	require.Equal(t, []int{16, 256}, o.bank.concurrency, "--quick shrinks what was not set")
+	require.False(t, o.runs("slowbank"))
+
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--slowbank-latencies", "50"}, "--slowbank-latencies"},
+		{[]string{"--slowbank-latencies", ","}, "--slowbank-latencies is empty"},
+		{[]string{"--slowbank-concurrency", "0"}, "want 1 to 4096"},
+		{[]string{"--bigday-concurrency", "100000"}, "want 1 to 4096"},
+		{[]string{"--bigday-unknown", "0"}, "--bigday-unknown"},
+		{[]string{"--bigday-payouts", "20000000"}, "--bigday-payouts"},
+		{[]string{"--slowbank-window", "1ms"}, "--slowbank-window"},
+	} {
+		_, err := parseFlags(tc.args, io.Discard)
+		require.ErrorContains(t, err, tc.err, "%v", tc.args)
+	}
+}
+
+// TestBankSectionsQuick runs the slowbank and bigday sections tiny against a real PostgreSQL
+// and checks the report's shape: the limit beside each measure, statements per payout and
+// the peak RSS.
+func TestBankSectionsQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two bench sections, small: about 10s")
+	}
+	t.Parallel()
+	var out, errw bytes.Buffer
+	err := Main(context.Background(), []string{"--quick", "--only", "slowbank,bigday", "--merchants", "100",
+		"--slowbank-concurrency", "16", "--slowbank-window", "300ms", "--bigday-payouts", "5000", "--bigday-window", "300ms"}, &out, &errw)
+	require.NoError(t, err, "report:\n%s\nstderr:\n%s", out.String(), errw.String())
+	report := out.String()
+	require.Contains(t, report, "== slowbank:")
+	require.Regexp(t, `(?m)^50ms\s+16\s+\d+\s+\S+\s+320\s+\d\.\d\d`, report, "the slow bank's row shows the limit Concurrency / latency")
+	require.Regexp(t, `slowbank peak RSS: \d+ MiB`, report)
+	require.Contains(t, report, "== bigday: reconciling one date of 5,000 payouts, 100 UNKNOWN_EXTERNAL")
+	require.Regexp(t, `(?m)^\s+8\s+100\s+\d+\s+\S+\s+80\s+\d\.\d\d`, report, "the reconciler's row shows the limit Concurrency / latency")
+	require.Contains(t, report, "CompareTotals of the day")
+	require.Regexp(t, `bigday peak RSS: \d+ MiB`, report)
+	require.Contains(t, errw.String(), "bench: slowbank: latency 50ms, concurrency 16: ")
+	require.Contains(t, errw.String(), "bench: bigday: concurrency 8, batch 100: ")
+}

@@ -259,7 +259,7 @@ func TestTraceOfATakeover(t *testing.T) {
 	require.NotNil(t, takeover, "no stepwise.takeover span")
 	got := map[string]string{}
 	for _, kv := range takeover.Attributes {
-		got[string(kv.Key)] = kv.Value.Emit()
+		got[string(kv.Key)] = kv.Value.String()
 	}
 	require.Equal(t, "stalled", got["stepwise.run.key"])
 	require.Equal(t, "taken_over", got["stepwise.takeover.outcome"])

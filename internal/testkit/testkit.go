@@ -2,11 +2,11 @@ package testkit
 
 import (
 	"context"
-	"flag"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"

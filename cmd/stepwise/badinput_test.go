@@ -50,7 +50,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{[]string{"runs", "resume", "r/failed", "--reason", "fixed\nactor: root", "--actor", "ana"}, 2, "--reason"},
 		{[]string{"runs", "resume", "r/failed", "--reason", "refund \u202e001", "--actor", "ana"}, 2, "U+202E"},
 		{[]string{"runs", "resume", "r/failed", "--reason", "x", "--actor", "ana", "--seen-version", "-1"}, 2, "--seen-version -1"},
-		{[]string{"runs", "resume", "r/failed", "--reason", "x", "--actor", "ana", "--seen-version", "7"}, 1, "changed status"},
+		{[]string{"runs", "resume", "r/failed", "--reason", "x", "--actor", "ana", "--seen-version", "7"}, 1, "has never had version 7"},
 		{[]string{"runs", "resume", "r/ok", "--reason", "x", "--actor", "ana"}, 1, "not resumable"},
 		{[]string{"runs", "resume", "no/such/run", "--reason", "x", "--actor", "ana"}, 3, "not found"},
 		{[]string{"ops", "--state", "LOST"}, 2, `--state "LOST": want one of`},

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,8 +49,13 @@ func newServer(ctx context.Context, adminURL string, keep bool) (*server, error)
 		return nil, fmt.Errorf("connecting to the server: %w", err)
 	}
 	return &server{adminURL: adminURL, admin: admin, keep: keep,
-		prefix: fmt.Sprintf("stepwise_bench_%d_%d", os.Getpid(), time.Now().Unix()%100000)}, nil
+		prefix: fmt.Sprintf("stepwise_bench_%d_%d_%d", os.Getpid(), time.Now().Unix()%100000, benchSeq.Add(1))}, nil
 }
+
+// benchSeq tells apart two benches of one process started in the same second (the tests run
+// the quick bench and the bank sections side by side): pid and time alone gave both the same
+// template name, and one failed on "duplicate key value ... pg_database_datname_index".
+var benchSeq atomic.Int64
 
 // create makes a database named prefix_suffix, from template when it is not empty, and
 // returns its URL.

@@ -22,10 +22,11 @@ import (
 // databases side by side, both cloned from the template: a fresh one, and one seeded with a
 // long finished history (--history-ops operations, --history-runs runs, their audit events,
 // 90% of it older than the retention age). Each round measures the same four things on both,
-// back to back (the order alternating), and the per-round ratios history/fresh are the result:
+// twice each, in the order ABBA (the sides swapping by round), and the per-round ratios
+// history/fresh are the result:
 //
-//   - step: a Stepwise run settling --history-merchants merchants at B=100 (its claim, steps,
-//     payouts enqueued in the steps, run bookkeeping), merchants/s;
+//   - step: the median step of a Stepwise run settling --history-merchants merchants at B=100
+//     (its statements, the payouts' Enqueue, the fenced cursor, the commit), as merchants/s;
 //   - delivery: Outbox.Drain of the run's payouts to the zero-latency fake bank (the ledger's
 //     claims, request rows, outcomes), payouts/s;
 //   - enqueue: outbox.Enqueue of historyEnqueueOps operations in transactions of 100, as steps
@@ -241,25 +242,32 @@ func (r *runner) historySection(ctx context.Context) error {
 	best := map[string]map[string]float64{"fresh": {}, "long": {}}
 	units := map[string]string{}
 	for round := range o.historyRounds {
-		order := []*historyDB{fresh, hist}
+		// ABBA: each side runs its measures twice per round, first and last or in the
+		// middle (alternating by round), and its rate is the mean of the two. Measured on
+		// the shared machine, the side that ran second in an AB round was slower by up to
+		// 2x whichever it was (the first side's writes are flushed and vacuumed meanwhile):
+		// AB/BA alternation left that in every single round.
+		a, b := fresh, hist
 		if round%2 == 1 {
-			order = []*historyDB{hist, fresh}
+			a, b = hist, fresh
 		}
-		line := ""
-		for _, m := range historyMeasures {
-			got := map[string]float64{}
-			for _, h := range order {
-				res, err := r.historyMeasure(ctx, h, m, fmt.Sprintf("r%d", round))
+		sum := map[string]map[string]float64{"fresh": {}, "long": {}}
+		for i, h := range []*historyDB{a, b, b, a} {
+			for _, m := range historyMeasures {
+				res, err := r.historyMeasure(ctx, h, m, fmt.Sprintf("r%d-%d", round, i))
 				if err != nil {
 					return err
 				}
-				got[h.label] = res.rate
+				sum[h.label][m] += res.rate / 2
 				best[h.label][m] = max(best[h.label][m], res.rate)
 				units[m] = res.unit
 			}
-			ratio := got["long"] / got["fresh"]
+		}
+		line := ""
+		for _, m := range historyMeasures {
+			ratio := sum["long"][m] / sum["fresh"][m]
 			ratios[m] = append(ratios[m], ratio)
-			line += fmt.Sprintf(" %s %.2f (%s/%s)", m, ratio, fmtRate(got["long"]), fmtRate(got["fresh"]))
+			line += fmt.Sprintf(" %s %.2f (%s/%s)", m, ratio, fmtRate(sum["long"][m]), fmtRate(sum["fresh"][m]))
 		}
 		r.progress("history: round %d/%d, history/fresh:%s (load %s)", round+1, o.historyRounds, line, loadAvg())
 	}

@@ -554,10 +554,14 @@ windows:
 	r.printf("  %s rows in %s of prune windows (%s runs marked, %s run events and %s operation events deleted; %d batches, %d skipped): %s rows/s\n",
 		groupThousands(total.Total()), fmtDur(pruning), groupThousands(total.Runs), groupThousands(total.RunEvents), groupThousands(total.OperationEvents),
 		total.Batches, total.Skipped, fmtRate(rate))
-	if !done {
+	switch {
+	case !done && total.Batches == 0:
+		r.printf("  stopped after --history-prune-for %s: no batch committed (each outlasted its %s window); %s of %s old events left\n",
+			o.historyPruneFor, o.historyWindow, groupThousands(left), groupThousands(before))
+	case !done:
 		r.printf("  stopped after --history-prune-for %s: %s of %s old events left (at this rate about %s more)\n",
 			o.historyPruneFor, groupThousands(left), groupThousands(before), fmtDur(time.Duration(float64(left)/max(rate, 1)*float64(time.Second))))
-	} else {
+	default:
 		r.printf("  done: %s old events before, %s left (events younger than %s, and none but those are deleted)\n", groupThousands(before), groupThousands(left), historyAge)
 	}
 	if len(slow) == 0 {

@@ -74,7 +74,7 @@ How to read it: items/s are merchants settled per second, the best of --rounds r
 variant, every run on a fresh business date with identical data. b/a is stepwise over floor,
 the median of the rounds' paired ratios (in each round the two run back to back, so they met
 about the same load from the rest of the machine), with their range: 1.00 means Stepwise
-costs nothing over the hand-written loop; the target is >= 0.90 at B=100 and B=1000; a wide
+costs nothing over the hand-written loop; the target is >= 0.95 at every B, over 9 rounds; a wide
 range means a busy machine. b/c compares a Stepwise step of B
 merchants with one River job per merchant (target >= 10 at B=100). The last lines are
 "stepwise/floor B=<n>: <ratio>", one per batch size, and "stepwise/floor concurrent=8:

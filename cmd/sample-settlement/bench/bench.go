@@ -42,19 +42,20 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // runner carries one bench run.
 type runner struct {
-	opts *options
-	out  io.Writer
-	errw io.Writer
-	// progressMu serializes progress lines (see progressTicker).
-	progressMu sync.Mutex
-	log        *slog.Logger
-	srv        *server
-	tpl        string
-	ratios     map[int]float64
+	opts   *options
+	out    io.Writer
+	errw   io.Writer
+	log    *slog.Logger
+	srv    *server
+	tpl    string
+	ratios map[int]float64
 	// concurrent is the median paired ratio of the concurrent part (0: not run).
 	concurrent float64
 	// targets are issue 8's targets as this run measured them, in the order checked.
 	targets []target
+
+	// progressMu serializes progress lines (see progressTicker).
+	progressMu sync.Mutex
 }
 
 // target is one of issue 8's targets and whether this run met it.

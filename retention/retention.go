@@ -277,9 +277,17 @@ const keptForever = `coalesce(e.kind IN ('console.action', 'run.resume', 'run.ca
 	OR (e.kind = 'op.transition' AND (e.to_state = 'MANUAL' OR e.detail->>'resolution' = 'manual')), false)`
 
 // unsettled is true of a run (alias r) that wrote an operation not yet settled: its batch is
-// open, and its history is what an operator reads to settle it.
-const unsettled = `EXISTS (SELECT FROM stepwise_operation o WHERE o.run_key = r.key
-	AND o.state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT'))`
+// open, and its history is what an operator reads to settle it. Never NULL.
+//
+// Guards against a batch of runs reading the whole ledger. It is a scalar subquery, asked per
+// run with index seeks on stepwise_operation_run_key_idx (run_key, state) for the five
+// unsettled states (the other two of the table's CHECK are SUCCEEDED and FAILED_PERMANENT), so
+// it costs the same for a run that wrote ten operations or a million. Written as NOT EXISTS
+// (... state NOT IN settled) it was planned as an anti-join against a sequential scan of every
+// operation, once per batch: at 3M operations a batch outlasted the bench's 2s windows and no
+// run was ever pruned.
+const unsettled = `coalesce((SELECT true FROM stepwise_operation o WHERE o.run_key = r.key
+	AND o.state IN ('PENDING', 'PROCESSING', 'RETRYABLE', 'UNKNOWN_EXTERNAL', 'MANUAL') LIMIT 1), false)`
 
 // runSelector is the query that picks (and locks) one batch of runs to prune, and its args.
 type runSelector struct {
@@ -315,10 +323,13 @@ const namedFailedWhere = `r.key = ANY($1) AND r.status IN ('failed', 'cancelled'
 // are not the run's to delete.
 const runEventsWhere = `e.subject = ANY($1) AND (e.kind LIKE 'run.%' OR e.kind LIKE 'lease.%') AND NOT ` + keptForever
 
-// opEventsWhere selects (aliases e and o, cutoff $1) the events pruneOperationEvents deletes.
+// opEventsWhere selects (alias e, cutoff $1) the events pruneOperationEvents deletes; shared
+// with the dry run. Each event's operation is read by its primary key (see
+// operationEventsBatchSQL).
 const opEventsWhere = `e.at < $1 AND e.subject LIKE 'op:%' AND e.kind = 'op.transition'
-			   AND NOT ` + keptForever + `
-			   AND o.state IN ('SUCCEEDED', 'FAILED_PERMANENT')`
+	   AND NOT ` + keptForever + `
+	   AND (SELECT o.state FROM stepwise_operation o WHERE o.operation_id = ` + subjectOperationID + `)
+	       IN ('SUCCEEDED', 'FAILED_PERMANENT')`
 
 // namedFailed picks the failed or cancelled runs the operator named whose history is still
 // there. A run resumed since checkFailedRuns is no longer failed, and is left alone.
@@ -390,18 +401,34 @@ func pruneRuns(ctx context.Context, tx pgx.Tx, sel runSelector, res *Result) (in
 	return int64(len(keys)), nil
 }
 
+// subjectOperationID is the operation an event (alias e) is about: its subject is 'op:' and
+// the operation_id, as the outbox writes it. Any other subject gives NULL, never a cast error
+// that would stop every later batch.
+const subjectOperationID = `(CASE WHEN e.subject ~ '^op:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+	THEN substr(e.subject, 4)::uuid END)`
+
+// operationEventsBatchSQL selects and locks one batch of the machine transitions older than
+// $1 of settled operations, at most $2, oldest first.
+//
+// Guards against a batch whose cost grows with the ledger. The events are walked oldest first
+// by stepwise_event_at_idx, and each one's operation is read by its primary key (a subplan per
+// event, found from the subject), so a batch reads about $2 events and $2 operations however
+// many the ledger holds. Joined on 'op:' || operation_id::text, which no index serves, each
+// batch hash-joined every operation with every old event and sorted them: 0.5s a batch at
+// 100,000 operations on a busy 2-core machine, minutes at 10M, and 9M old events are 18,000
+// batches.
+const operationEventsBatchSQL = `
+	SELECT e.id FROM stepwise_event e
+	 WHERE ` + opEventsWhere + `
+	 ORDER BY e.at
+	 LIMIT $2
+	 FOR UPDATE OF e SKIP LOCKED`
+
 // pruneOperationEvents deletes a batch of machine transitions older than cutoff of operations
 // that are SUCCEEDED or FAILED_PERMANENT; the operation row and people's decisions are kept
 // (see the package doc).
 func pruneOperationEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, limit int) (int64, error) {
-	tag, err := tx.Exec(ctx, `
-		DELETE FROM stepwise_event WHERE id IN (
-			SELECT e.id FROM stepwise_event e
-			  JOIN stepwise_operation o ON e.subject = 'op:' || o.operation_id::text
-			 WHERE `+opEventsWhere+`
-			 ORDER BY e.at
-			 LIMIT $2
-			 FOR UPDATE OF e SKIP LOCKED)`, cutoff, limit)
+	tag, err := tx.Exec(ctx, `DELETE FROM stepwise_event WHERE id IN (`+operationEventsBatchSQL+`)`, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("deleting events of settled operations: %w", err)
 	}
@@ -425,8 +452,7 @@ func dryRun(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, failedRun
 		}{
 			{"run events to prune", &res.RunEvents, `SELECT count(*) FROM stepwise_event e WHERE ` + runEventsWhere,
 				[]any{nil}}, // keys filled below
-			{"operation events to prune", &res.OperationEvents, `SELECT count(*) FROM stepwise_event e
-				JOIN stepwise_operation o ON e.subject = 'op:' || o.operation_id::text WHERE ` + opEventsWhere, []any{cutoff}},
+			{"operation events to prune", &res.OperationEvents, `SELECT count(*) FROM stepwise_event e WHERE ` + opEventsWhere, []any{cutoff}},
 			{"runs", &k.Runs, `SELECT count(*) FROM stepwise_run`, nil},
 			{"operations", &k.Operations, `SELECT count(*) FROM stepwise_operation`, nil},
 			{"decisions", &k.Decisions, `SELECT count(*) FROM stepwise_event e WHERE ` + keptForever, nil},

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,6 +53,9 @@ type runner struct {
 	concurrent float64
 	// targets are issue 8's targets as this run measured them, in the order checked.
 	targets []target
+
+	// progressMu serializes progress lines (see progressTicker).
+	progressMu sync.Mutex
 }
 
 // target is one of issue 8's targets and whether this run met it.
@@ -65,6 +69,9 @@ func (r *runner) check(met bool, format string, args ...any) {
 }
 
 func (r *runner) progress(format string, args ...any) {
+	// The section's progress ticker writes from its own goroutine.
+	r.progressMu.Lock()
+	defer r.progressMu.Unlock()
 	fmt.Fprintf(r.errw, "bench: "+format+"\n", args...)
 }
 
@@ -130,6 +137,7 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		{"size", r.sizeSection},
 		{"slowbank", r.slowbankSection},
 		{"bigday", r.bigdaySection},
+		{"history", r.historySection},
 	}
 	var failed []string
 	for _, s := range sections {
@@ -140,9 +148,15 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		} else if !opts.runs(s.name) {
 			continue
 		}
-		r.progress("%s section...", s.name)
+		r.progress("%s section... (load %s)", s.name, loadAvg())
 		t := time.Now()
-		if err := s.run(ctx); err != nil {
+		peak := startPeak()
+		stopTicker := r.progressTicker(s.name, t)
+		err := s.run(ctx)
+		stopTicker()
+		// Issue 27: every section says what memory it took.
+		r.printf("%s: peak RSS %s\n", s.name, peak)
+		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -151,7 +165,7 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 			r.progress("%s section failed: %v", s.name, err)
 			continue
 		}
-		r.progress("%s section done in %s", s.name, time.Since(t).Round(100*time.Millisecond))
+		r.progress("%s section done in %s, peak RSS %s (load %s)", s.name, time.Since(t).Round(100*time.Millisecond), peak, loadAvg())
 	}
 	missed := 0
 	if len(r.targets) > 0 {
@@ -182,6 +196,28 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		return fmt.Errorf("%w: %d of %d (see the targets above)", ErrTargetMissed, missed, len(r.targets))
 	}
 	return nil
+}
+
+// progressTicker prints a progress line for section every 15s until the returned func is
+// called, so that a long section (seeding millions of rows, pruning them) shows it is alive
+// and what it holds.
+func (r *runner) progressTicker(section string, began time.Time) func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(15 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				r.progress("%s: still running after %s, RSS %s (load %s)", section, time.Since(began).Round(time.Second), rssNow(), loadAvg())
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 // templateMerchants is how many merchants the template holds: enough for every section but
@@ -433,13 +469,12 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 			fmtDur(medianDur(sw, func(m measurement) time.Duration { return m.pickup })),
 			fmtRatio(swRate/riverSlow, swRate > 0 && riverSlow > 0), fmtRatio(swRate/riverFast, swRate > 0 && riverFast > 0))
 	}
-	// Issue 16's targets (issue 8 asked for 0.90 at B=100 and B=1000).
-	for _, t := range []struct {
-		b    int
-		want float64
-	}{{1, 0.90}, {100, 0.95}, {1000, 0.95}} {
-		if ratio, ok := r.ratios[t.b]; ok {
-			r.check(ratio >= t.want, "stepwise/floor >= %.2f at B=%d: %.2f", t.want, t.b, ratio)
+	// Issue 27's targets (issue 8 asked for 0.90 at B=100 and B=1000, issue 16 for 0.95 there
+	// and 0.90 at B=1): each the median of the paired rounds, at least minPairedRounds of
+	// them, so that one noisy round cannot decide it.
+	for _, b := range []int{1, 100, 1000} {
+		if ratio, ok := r.ratios[b]; ok {
+			r.check(ratio >= 0.95, "stepwise/floor >= 0.95 at B=%d: %.2f (median of %d paired rounds%s)", b, ratio, len(ratios[b]), fewRounds(len(ratios[b])))
 		}
 	}
 	if sw := bestRate(results[key{"stepwise", 100}]); sw > 0 && riverSlow > 0 && riverFast > 0 {
@@ -474,8 +509,21 @@ func (r *runner) reportConcurrent(c *concurrentResult) {
 		concurrentRuns, fmtRate(c.best["floor8"]), concurrentRuns, fmtRate(c.best["stepwise8"]), fmtRate(c.best["stepwise1"]))
 	r.printf("b8/a8 %.2f [%.2f-%.2f] · b8/b1 %.2f [%.2f-%.2f]\n",
 		median(c.vsFloor), slices.Min(c.vsFloor), slices.Max(c.vsFloor), median(c.vsSingle), slices.Min(c.vsSingle), slices.Max(c.vsSingle))
-	r.check(median(c.vsFloor) >= 0.90, "stepwise/floor >= 0.90 with %d runs at once: %.2f", concurrentRuns, median(c.vsFloor))
+	r.check(median(c.vsFloor) >= 0.95, "stepwise/floor >= 0.95 with %d runs at once: %.2f (median of %d paired rounds%s)",
+		concurrentRuns, median(c.vsFloor), len(c.vsFloor), fewRounds(len(c.vsFloor)))
 	r.check(median(c.vsSingle) >= 1, "%d runs at once at least as fast as 1 run: %.2f", concurrentRuns, median(c.vsSingle))
+}
+
+// minPairedRounds is how many paired rounds a headline ratio needs before one noisy round
+// cannot move its median past a target (issue 27).
+const minPairedRounds = 9
+
+// fewRounds warns beside a ratio measured over fewer than minPairedRounds rounds.
+func fewRounds(n int) string {
+	if n >= minPairedRounds {
+		return ""
+	}
+	return fmt.Sprintf("; fewer than %d: one noisy round can decide it", minPairedRounds)
 }
 
 func median(xs []float64) float64 {

@@ -49,12 +49,19 @@ func TestParseFlags(t *testing.T) {
 			require.Equal(t, []int{10000, 100000, 1000000}, o.sizes)
 			require.Equal(t, 20, o.kills)
 			require.True(t, o.runs("takeover"))
+			require.GreaterOrEqual(t, o.rounds, minPairedRounds, "a headline ratio is the median of at least 9 paired rounds")
+			require.Equal(t, 10_000_000, o.historyOps)
+			require.Equal(t, 1_000_000, o.historyRuns)
+			require.True(t, o.runs("history"))
 		}},
 		{name: "quick shrinks what was not set", args: []string{"--quick", "--merchants", "7000"}, check: func(t *testing.T, o *options) {
 			require.Equal(t, 7000, o.merchants, "an explicit flag wins over --quick")
 			require.Equal(t, 3, o.kills)
 			require.Equal(t, []int{2000, 20000}, o.sizes)
+			require.Equal(t, 100_000, o.historyOps)
+			require.Equal(t, 10_000, o.historyRuns)
 		}},
+		{name: "history runs without operations", args: []string{"--history-ops", "10", "--history-runs", "20"}, err: "want at least one operation per run"},
 		{name: "lists with suffixes", args: []string{"--sizes", "10k,1M", "--batches", "1_000"}, check: func(t *testing.T, o *options) {
 			require.Equal(t, []int{10000, 1000000}, o.sizes)
 			require.Equal(t, []int{1000}, o.batches)
@@ -118,12 +125,19 @@ func TestBenchQuick(t *testing.T) {
 	var out, errw bytes.Buffer
 	err := Main(context.Background(), []string{"--quick", "--merchants", "600", "--max-items-b1", "100", "--river-items", "200",
 		"--kills", "2", "--sizes", "500,2000", "--size-batch", "100", "--delivery-ops", "500", "--reconcile-ops", "300",
-		"--scale-procs", "1,2", "--scale-merchants", "1600", "--rounds", "2"}, &out, &errw)
+		"--scale-procs", "1,2", "--scale-merchants", "1600", "--rounds", "2",
+		"--history-ops", "20000", "--history-runs", "2000", "--history-merchants", "300", "--history-rounds", "2"}, &out, &errw)
 	require.NoError(t, err, "report:\n%s\nstderr:\n%s", out.String(), errw.String())
 	report := out.String()
-	for _, section := range []string{"== settle:", "== settle, concurrent:", "== delivery:", "== reconcile:", "== takeover:", "== scale:", "== size:", "== targets (issues 8 and 16)"} {
+	for _, section := range []string{"== settle:", "== settle, concurrent:", "== delivery:", "== reconcile:", "== takeover:", "== scale:", "== size:", "== history:", "== targets (issues 8 and 16)"} {
 		require.Contains(t, report, section)
 	}
+	// Every section says what memory it took (issue 27).
+	for _, section := range []string{"settle", "delivery", "reconcile", "takeover", "maintenance", "scale", "size", "history"} {
+		require.Regexp(t, "(?m)^"+section+`: peak RSS \d+ MiB \(`, report)
+	}
+	require.Contains(t, report, "step slowdown while pruning")
+	require.Contains(t, errw.String(), "bench: history: round 2/2, history/fresh: step ")
 	// The settle section says how far it got while it runs, not only at its end.
 	require.Contains(t, errw.String(), "bench: settle: round 1/2 B=100: floor ")
 	require.Contains(t, errw.String(), "bench: settle: concurrent round 2/2: 8 loops ")

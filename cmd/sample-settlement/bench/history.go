@@ -1,0 +1,576 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/retention"
+)
+
+// The history section: does a ledger that holds years cost the step path anything? Two
+// databases side by side, both cloned from the template: a fresh one, and one seeded with a
+// long finished history (--history-ops operations, --history-runs runs, their audit events,
+// 90% of it older than the retention age). Each round measures the same four things on both,
+// twice each, in the order ABBA (the sides swapping by round), and the per-round ratios
+// history/fresh are the result:
+//
+//   - step: the median step of a Stepwise run settling --history-merchants merchants at B=100
+//     (its statements, the payouts' Enqueue, the fenced cursor, the commit), as merchants/s;
+//   - delivery: Outbox.Drain of the run's payouts to the zero-latency fake bank (the ledger's
+//     claims, request rows, outcomes), payouts/s;
+//   - enqueue: outbox.Enqueue of historyEnqueueOps operations in transactions of 100, as steps
+//     enqueue them, time per operation;
+//   - claim: checkpoint.Ensure + Claim + Release of a new key (what a run's first claim does
+//     to the checkpoint table and the audit trail), time per claim.
+//
+// Then retention.Prune deletes the history's old events beside a settle loop on the history
+// database, in windows: each prune window is paired with a quiet window of the same length
+// right before or after it (the order alternating), both with Stepwise steps running, and
+// the pair's ratio is the mean step time while pruning over the mean step time without.
+const (
+	historyBatch   = 100
+	historyAge     = 30 * 24 * time.Hour
+	historyEnqKind = "bench-history"
+)
+
+// historyEnqueueOps is how many operations the enqueue measurement writes per round and
+// database, and historyClaims how many new keys the claim measurement claims: sized with the
+// run, so that --quick stays small.
+func historyEnqueueOps(o *options) int { return max(100, o.historyMerchants/5) }
+func historyClaims(o *options) int     { return max(20, o.historyMerchants/25) }
+
+// historyDB is one side of the comparison: a database, the settle rig on it, the sample's
+// Service (its outbox delivers to a zero-latency fake bank), a checkpoint store, and an outbox
+// registering the kind the enqueue measurement writes (never delivered, so it does not mix
+// into the delivery measurement).
+type historyDB struct {
+	label string
+	pool  *pgxpool.Pool
+	rig   *settleRig
+	svc   *settlement.Service
+	store *checkpoint.Store
+	close func()
+}
+
+func (r *runner) openHistoryDB(ctx context.Context, label string) (*historyDB, error) {
+	pool, _, err := r.sectionDB(ctx, "history_"+label)
+	if err != nil {
+		return nil, err
+	}
+	h := &historyDB{label: label, pool: pool}
+	var closers []func()
+	h.close = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	closers = append(closers, pool.Close)
+	fail := func(err error) (*historyDB, error) { h.close(); return nil, err }
+	if err := ensureMerchants(ctx, pool, r.opts.historyMerchants); err != nil {
+		return fail(err)
+	}
+	_, client, stopBank, err := startBank()
+	if err != nil {
+		return fail(err)
+	}
+	closers = append(closers, stopBank)
+	if h.svc, err = sampleService(pool, client); err != nil {
+		return fail(err)
+	}
+	if h.rig, err = newSettleRig(ctx, pool, 0, r.log); err != nil {
+		return fail(err)
+	}
+	closers = append(closers, h.rig.close)
+	if h.store, err = checkpoint.New(pool, &checkpoint.Config{}); err != nil {
+		return fail(err)
+	}
+	enq, err := outbox.New(pool, &outbox.Config{Logger: quietLogger(), Kinds: map[string]*outbox.KindConfig{
+		historyEnqKind: {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+			return outbox.Receipt{}, outbox.NotSent(errors.New("the history section's enqueued operations are never sent"))
+		})},
+	}})
+	if err != nil {
+		return fail(err)
+	}
+	if err := enq.Register(ctx); err != nil {
+		return fail(err)
+	}
+	return h, nil
+}
+
+// verify checks that a run settled exactly merchants 1..items of date, as settleRig.verify
+// does, but counts the run's payouts by its run key (an index) rather than by a pattern on the
+// business key: on a ledger of 10M operations that pattern is a scan of the whole ledger,
+// which would dwarf the steps it follows and load the machine during the prune windows.
+func (h *historyDB) verify(ctx context.Context, date time.Time, tag string, items int) error {
+	runKey := fmt.Sprintf("settle/%s/%s", date.Format(time.DateOnly), tag) // as stepwiseRun names it
+	var settlements, entries, payouts int
+	err := h.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM settlement WHERE settle_date = $1),
+		(SELECT count(*) FROM ledger_entry l JOIN settlement s ON s.id = l.settlement_id WHERE s.settle_date = $1),
+		(SELECT count(*) FROM stepwise_operation WHERE run_key = $2 AND kind = $3)`,
+		date, runKey, settlement.PayoutKind).Scan(&settlements, &entries, &payouts)
+	if err != nil {
+		return fmt.Errorf("verifying the run of %s: %w", date.Format(time.DateOnly), err)
+	}
+	if settlements != items || entries != 2*items || payouts != items {
+		return fmt.Errorf("run %s settled %d merchants with %d ledger entries and %d payouts; want %d, %d, %d",
+			runKey, settlements, entries, payouts, items, 2*items, items)
+	}
+	return nil
+}
+
+// seedHistory writes a long finished history set-based (generate_series, as the console's
+// bench does), in chunks so that progress shows: runs (their checkpoints, one run.finish
+// event each), ops operations SUCCEEDED (10 per run, one op.transition event each), and 90%
+// of all of it older than the retention age, spread over the year before.
+func (r *runner) seedHistory(ctx context.Context, pool *pgxpool.Pool, ops, runs int) error {
+	old := runs * 9 / 10
+	// at(j) is when run j finished: the old ones spread over 400 to 31 days ago, the rest
+	// over the last day (younger than the age, kept by Prune).
+	const at = `CASE WHEN j < $2 THEN now() - interval '400 days' + make_interval(secs => j * (369 * 86400.0 / greatest($2, 1)))
+		ELSE now() - interval '23 hours' + make_interval(secs => (j - $2) * (22 * 3600.0 / greatest($3 - $2, 1))) END`
+	began := time.Now()
+	const chunk = 1_000_000
+	for lo := 0; lo < runs; lo += chunk {
+		hi := min(lo+chunk, runs)
+		for _, sql := range []string{
+			`INSERT INTO stepwise_checkpoint (key, cursor, fencing_token, steps, created_at, updated_at)
+				SELECT 'hist/run/' || j, '{"after_merchant": 20000}', 1, 200, t, t
+				  FROM generate_series($1::int, $4::int - 1) j, LATERAL (SELECT ` + at + ` AS t) tt`,
+			`INSERT INTO stepwise_run (key, workflow, input, status, shard, attempts, created_at, updated_at, finished_at)
+				SELECT 'hist/run/' || j, 'settle_merchants', jsonb_build_object('date', to_char(t, 'YYYY-MM-DD'), 'shard', j % 8, 'shards', 8),
+				       'succeeded', j % 8, 1, t - interval '2 minutes', t, t
+				  FROM generate_series($1::int, $4::int - 1) j, LATERAL (SELECT ` + at + ` AS t) tt`,
+			`INSERT INTO stepwise_event (subject, kind, actor, token, attempt, at)
+				SELECT 'hist/run/' || j, 'run.finish', 'worker/job-' || j || '/attempt-1', 1, 1, t
+				  FROM generate_series($1::int, $4::int - 1) j, LATERAL (SELECT ` + at + ` AS t) tt`,
+		} {
+			if _, err := pool.Exec(ctx, sql, lo, old, runs, hi); err != nil {
+				return fmt.Errorf("seeding runs %d to %d: %w", lo, hi, err)
+			}
+		}
+		r.progress("history: seeded %s of %s runs (%s)", groupThousands(int64(hi)), groupThousands(int64(runs)), time.Since(began).Round(time.Second))
+	}
+	for lo := 0; lo < ops; lo += chunk {
+		hi := min(lo+chunk, ops)
+		// Operation i belongs to run i % runs and finished a minute after it; its delivery's
+		// last transition is its one event. Its business key has the sample's shape but not
+		// its separators, so that the settle rig's verify (payouts of a date) does not count it.
+		if _, err := pool.Exec(ctx, `
+			WITH ops AS (
+				INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key,
+					state, attempts, last_sent_at, external_ref, created_at, updated_at, finished_at)
+				SELECT gen_random_uuid(), 'payout', 'M' || lpad((i / $3)::text, 7, '0') || ':' || to_char(t, 'YYYY-MM-DD') || ':' || j, p,
+				       sha256(convert_to(p::text, 'UTF8')), 100 + i % 9900, 'EUR', 'hist/run/' || j,
+				       'SUCCEEDED', 1, t, 'bank-' || i, t - interval '1 minute', t, t
+				  FROM generate_series($1::int, $4::int - 1) i,
+				       LATERAL (SELECT i % $3 AS j) jj,
+				       LATERAL (SELECT `+at+` AS t) tt,
+				       LATERAL (SELECT jsonb_build_object('settlement_id', i, 'merchant', 'M' || lpad((i / $3)::text, 7, '0'),
+				                                          'account', 'EU00-' || lpad(i::text, 10, '0')) AS p) pp
+				RETURNING operation_id, finished_at)
+			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, attempt, at)
+			SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', 1, finished_at FROM ops`,
+			lo, old, runs, hi); err != nil {
+			return fmt.Errorf("seeding operations %d to %d: %w", lo, hi, err)
+		}
+		r.progress("history: seeded %s of %s operations (%s)", groupThousands(int64(hi)), groupThousands(int64(ops)), time.Since(began).Round(time.Second))
+	}
+	for _, t := range []string{"stepwise_checkpoint", "stepwise_run", "stepwise_operation", "stepwise_event"} {
+		if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) "+t); err != nil {
+			return fmt.Errorf("vacuuming %s: %w", t, err)
+		}
+	}
+	r.progress("history: vacuumed and analyzed (%s in all)", time.Since(began).Round(time.Second))
+	return nil
+}
+
+// historyMeasures are the per-round measurements, in the order they run.
+var historyMeasures = []string{"step", "delivery", "enqueue", "claim"}
+
+// historyRound is one measurement on one database: a rate (higher is better) and its unit.
+type historyRound struct {
+	rate float64
+	unit string
+}
+
+func (r *runner) historySection(ctx context.Context) error {
+	o := r.opts
+	fresh, err := r.openHistoryDB(ctx, "fresh")
+	if err != nil {
+		return err
+	}
+	defer fresh.close()
+	hist, err := r.openHistoryDB(ctx, "long")
+	if err != nil {
+		return err
+	}
+	defer hist.close()
+	r.progress("history: seeding %s operations and %s runs into the history database", groupThousands(int64(o.historyOps)), groupThousands(int64(o.historyRuns)))
+	seedStart := time.Now()
+	if err := r.seedHistory(ctx, hist.pool, o.historyOps, o.historyRuns); err != nil {
+		return err
+	}
+	seeded := time.Since(seedStart)
+	var sizes string
+	if err := hist.pool.QueryRow(ctx, `SELECT pg_size_pretty(pg_database_size(current_database()))`).Scan(&sizes); err != nil {
+		return err
+	}
+
+	// Warm-up on each side, not counted: the first run of a rig pays River's start.
+	for _, h := range []*historyDB{fresh, hist} {
+		if _, err := r.historyMeasure(ctx, h, "step", "warmup"); err != nil {
+			return err
+		}
+		if _, err := r.historyMeasure(ctx, h, "delivery", "warmup"); err != nil {
+			return err
+		}
+	}
+	ratios := map[string][]float64{}
+	best := map[string]map[string]float64{"fresh": {}, "long": {}}
+	units := map[string]string{}
+	for round := range o.historyRounds {
+		// ABBA: each side runs its measures twice per round, first and last or in the
+		// middle (alternating by round), and its rate is the mean of the two. Measured on
+		// the shared machine, the side that ran second in an AB round was slower by up to
+		// 2x whichever it was (the first side's writes are flushed and vacuumed meanwhile):
+		// AB/BA alternation left that in every single round.
+		a, b := fresh, hist
+		if round%2 == 1 {
+			a, b = hist, fresh
+		}
+		sum := map[string]map[string]float64{"fresh": {}, "long": {}}
+		for i, h := range []*historyDB{a, b, b, a} {
+			for _, m := range historyMeasures {
+				res, err := r.historyMeasure(ctx, h, m, fmt.Sprintf("r%d-%d", round, i))
+				if err != nil {
+					return err
+				}
+				sum[h.label][m] += res.rate / 2
+				best[h.label][m] = max(best[h.label][m], res.rate)
+				units[m] = res.unit
+			}
+		}
+		line := ""
+		for _, m := range historyMeasures {
+			ratio := sum["long"][m] / sum["fresh"][m]
+			ratios[m] = append(ratios[m], ratio)
+			line += fmt.Sprintf(" %s %.2f (%s/%s)", m, ratio, fmtRate(sum["long"][m]), fmtRate(sum["fresh"][m]))
+		}
+		r.progress("history: round %d/%d, history/fresh:%s (load %s)", round+1, o.historyRounds, line, loadAvg())
+	}
+
+	r.printf("\n== history: a ledger of %s operations and %s runs (seeded in %s, database %s) against a fresh one; ratios = history/fresh, median of %d paired rounds [range] ==\n",
+		groupThousands(int64(o.historyOps)), groupThousands(int64(o.historyRuns)), fmtDur(seeded), sizes, o.historyRounds)
+	r.printf("%-9s %16s %16s %20s  %s\n", "measure", "fresh (best)", "history (best)", "history/fresh", "what")
+	what := map[string]string{
+		"step":     fmt.Sprintf("steps of a Stepwise run settling %d merchants at B=%d (statements, payouts' Enqueue, fenced cursor, commit): B / median step", o.historyMerchants, historyBatch),
+		"delivery": "Outbox.Drain of that run's payouts to the zero-latency fake bank (claims, requests, outcomes)",
+		"enqueue":  fmt.Sprintf("outbox.Enqueue of %d operations in transactions of %d", historyEnqueueOps(o), historyBatch),
+		"claim":    fmt.Sprintf("checkpoint Ensure + Claim + Release of %d new keys", historyClaims(o)),
+	}
+	for _, m := range historyMeasures {
+		ps := ratios[m]
+		r.printf("%-9s %16s %16s %20s  %s\n", m, fmtRate(best["fresh"][m])+" "+units[m], fmtRate(best["long"][m])+" "+units[m],
+			fmt.Sprintf("%.2f [%.2f-%.2f]", median(ps), slices.Min(ps), slices.Max(ps)), what[m])
+		r.check(median(ps) >= 0.90, "history/fresh >= 0.90 for %s with %s operations: %.2f", m, groupThousands(int64(o.historyOps)), median(ps))
+	}
+	return r.historyPrune(ctx, hist)
+}
+
+// historyMeasure runs measure m once on h and returns its rate.
+func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string) (historyRound, error) {
+	o := r.opts
+	switch m {
+	case "step":
+		date, err := h.rig.newDate(ctx, o.historyMerchants)
+		if err != nil {
+			return historyRound{}, err
+		}
+		// The step's cost is the median time from one step's start to the next (its
+		// statements, commit and next BEGIN): River's pickup of the run, which varies by
+		// its poll, is not the ledger's doing.
+		h.rig.worker.record(true)
+		res, err := h.rig.stepwiseRun(ctx, date, historyBatch, o.historyMerchants, "hist-"+tag)
+		starts := h.rig.worker.record(false)
+		if err != nil {
+			return historyRound{}, fmt.Errorf("history (%s database): %w", h.label, err)
+		}
+		if err := h.verify(ctx, date, "hist-"+tag, res.items); err != nil {
+			return historyRound{}, fmt.Errorf("history (%s database): %w", h.label, err)
+		}
+		var steps []float64
+		for i := 1; i < len(starts); i++ {
+			steps = append(steps, starts[i].Sub(starts[i-1]).Seconds())
+		}
+		if len(steps) == 0 {
+			return historyRound{}, fmt.Errorf("history (%s database): a run of %d merchants at B=%d made one step; raise --history-merchants", h.label, o.historyMerchants, historyBatch)
+		}
+		return historyRound{rate: historyBatch / median(steps), unit: "merchants/s"}, nil
+	case "delivery":
+		start := time.Now()
+		n, err := h.svc.Outbox.Drain(ctx, settlement.PayoutKind)
+		elapsed := time.Since(start)
+		if err != nil {
+			return historyRound{}, fmt.Errorf("history (%s database): draining payouts: %w", h.label, err)
+		}
+		if n != o.historyMerchants {
+			return historyRound{}, fmt.Errorf("history (%s database): delivered %d payouts, want the %d of the last run", h.label, n, o.historyMerchants)
+		}
+		return historyRound{rate: float64(n) / elapsed.Seconds(), unit: "payouts/s"}, nil
+	case "enqueue":
+		ops := make([]outbox.EnqueueParams, historyEnqueueOps(o))
+		for i := range ops {
+			ops[i] = outbox.EnqueueParams{Kind: historyEnqKind, BusinessKey: fmt.Sprintf("M%07d/%s/%d", i, tag, time.Now().UnixNano()),
+				Payload: json.RawMessage(fmt.Sprintf(`{"settlement_id": %d, "merchant": "M%07d", "account": "EU00-%010d"}`, i, i, i)),
+				Amount:  int64(100 + i), Currency: "EUR"}
+		}
+		start := time.Now()
+		for lo := 0; lo < len(ops); lo += historyBatch {
+			if err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+				_, err := outbox.Enqueue(ctx, tx, ops[lo:min(lo+historyBatch, len(ops))]...)
+				return err
+			}); err != nil {
+				return historyRound{}, fmt.Errorf("history (%s database): enqueuing: %w", h.label, err)
+			}
+		}
+		return historyRound{rate: float64(len(ops)) / time.Since(start).Seconds(), unit: "ops/s"}, nil
+	case "claim":
+		var spent time.Duration
+		for i := range historyClaims(o) {
+			key := fmt.Sprintf("bench-claim/%s/%d/%d", tag, i, time.Now().UnixNano())
+			start := time.Now()
+			if err := checkpoint.Ensure(ctx, h.pool, key); err != nil {
+				return historyRound{}, err
+			}
+			lease, err := h.store.Claim(ctx, key, "bench", 1)
+			if err != nil {
+				return historyRound{}, fmt.Errorf("history (%s database): %w", h.label, err)
+			}
+			if err := h.store.Release(ctx, lease); err != nil {
+				return historyRound{}, fmt.Errorf("history (%s database): %w", h.label, err)
+			}
+			spent += time.Since(start)
+		}
+		return historyRound{rate: float64(historyClaims(o)) / spent.Seconds(), unit: "claims/s"}, nil
+	}
+	return historyRound{}, fmt.Errorf("history: unknown measure %q", m)
+}
+
+// stepSample is one Stepwise step of the settle loop: when it started and how long it took
+// from its start to the next step's start (its statements, commit and next BEGIN).
+type stepSample struct {
+	at  time.Time
+	dur time.Duration
+}
+
+// settleLoop runs Stepwise settle runs on h back to back until stop is closed, and returns
+// the steps' samples (intervals within one run only: the gap between runs is seeding).
+func (r *runner) settleLoop(ctx context.Context, h *historyDB, stop <-chan struct{}) ([]stepSample, error) {
+	var out []stepSample
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return out, nil
+		default:
+		}
+		date, err := h.rig.newDate(ctx, r.opts.historyMerchants)
+		if err != nil {
+			return out, err
+		}
+		h.rig.worker.record(true)
+		m, err := h.rig.stepwiseRun(ctx, date, historyBatch, r.opts.historyMerchants, fmt.Sprintf("prune-%d", i))
+		starts := h.rig.worker.record(false)
+		if err != nil {
+			return out, err
+		}
+		if err := h.verify(ctx, date, fmt.Sprintf("prune-%d", i), m.items); err != nil {
+			return out, err
+		}
+		for k := 1; k < len(starts); k++ {
+			out = append(out, stepSample{at: starts[k-1], dur: starts[k].Sub(starts[k-1])})
+		}
+	}
+}
+
+// historyPrune runs retention.Prune on the history database in windows beside a settle loop,
+// each prune window paired with a quiet one (order alternating), until Prune has nothing left
+// or --history-prune-for of pruning has passed.
+func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
+	o := r.opts
+	if o.historyPruneFor == 0 {
+		r.printf("retention.Prune beside a settle loop: not run (--history-prune-for 0)\n")
+		return nil
+	}
+	var before int64
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE at < now() - $1::interval`, historyAge).Scan(&before); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	var (
+		samples []stepSample
+		loopErr error
+		ended   = make(chan struct{})
+		once    sync.Once
+	)
+	go func() {
+		defer close(ended)
+		samples, loopErr = r.settleLoop(ctx, h, stop)
+	}()
+	stopLoop := func() error {
+		once.Do(func() { close(stop) })
+		<-ended
+		return loopErr
+	}
+	// The loop's first run pays its date's seeding; let it reach its steps.
+	time.Sleep(o.historyWindow)
+
+	type window struct {
+		from, to time.Time
+		pruning  bool
+	}
+	var (
+		windows []window
+		total   retention.Result
+		pruning time.Duration
+		done    bool
+		cfg     = &retention.Config{OlderThan: historyAge, BatchSize: o.historyPruneBatch}
+	)
+	pruneFor := func(d time.Duration) error {
+		pctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		start := time.Now()
+		res, err := retention.Prune(pctx, h.pool, cfg)
+		end := time.Now()
+		pruning += end.Sub(start)
+		if res != nil {
+			total.Runs += res.Runs
+			total.RunEvents += res.RunEvents
+			total.OperationEvents += res.OperationEvents
+			total.Batches += res.Batches
+			total.Skipped += res.Skipped
+		}
+		if err != nil && pctx.Err() == nil {
+			return fmt.Errorf("pruning: %w", err)
+		}
+		if err == nil {
+			done = true // Prune returned on its own: nothing left
+		}
+		windows = append(windows, window{start, end, true})
+		return nil
+	}
+	quietFor := func(d time.Duration) {
+		start := time.Now()
+		time.Sleep(d)
+		windows = append(windows, window{start, time.Now(), false})
+	}
+	began := time.Now()
+windows:
+	for pair := 0; !done && pruning < o.historyPruneFor; pair++ {
+		select {
+		case <-ended: // the settle loop failed: stopLoop reports why
+			break windows
+		default:
+		}
+		if pair%2 == 0 {
+			quietFor(o.historyWindow)
+			if err := pruneFor(o.historyWindow); err != nil {
+				_ = stopLoop()
+				return err
+			}
+		} else {
+			if err := pruneFor(o.historyWindow); err != nil {
+				_ = stopLoop()
+				return err
+			}
+			quietFor(o.historyWindow)
+		}
+		if pair%10 == 9 || done {
+			r.progress("history: pruning, %d pairs of windows, %s rows pruned at %s rows/s (load %s)",
+				pair+1, groupThousands(total.Total()), fmtRate(float64(total.Total())/pruning.Seconds()), loadAvg())
+		}
+	}
+	if err := stopLoop(); err != nil {
+		return fmt.Errorf("the settle loop beside pruning: %w", err)
+	}
+	// Pair the windows (0,1), (2,3), ...: each pair holds one prune and one quiet window.
+	meanIn := func(w window) (time.Duration, int) {
+		var sum time.Duration
+		n := 0
+		for _, s := range samples {
+			if !s.at.Before(w.from) && s.at.Before(w.to) {
+				sum += s.dur
+				n++
+			}
+		}
+		if n == 0 {
+			return 0, 0
+		}
+		return sum / time.Duration(n), n
+	}
+	var slow []float64
+	var stepsQuiet, stepsPrune int
+	for i := 0; i+1 < len(windows); i += 2 {
+		a, b := windows[i], windows[i+1]
+		if a.pruning {
+			a, b = b, a
+		}
+		q, nq := meanIn(a)
+		p, np := meanIn(b)
+		// A prune window cut short by the end of pruning is too short to compare.
+		if nq < 3 || np < 3 {
+			continue
+		}
+		stepsQuiet += nq
+		stepsPrune += np
+		slow = append(slow, float64(p)/float64(q))
+	}
+	var left int64
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE at < now() - $1::interval`, historyAge).Scan(&left); err != nil {
+		return err
+	}
+	batchSize := "500 (the default)"
+	if o.historyPruneBatch > 0 {
+		batchSize = fmt.Sprint(o.historyPruneBatch)
+	}
+	r.printf("retention.Prune (BatchSize %s, OlderThan %s) beside a settle loop (Stepwise runs of %d merchants, B=%d) on the history database:\n",
+		batchSize, historyAge, o.historyMerchants, historyBatch)
+	rate := 0.0
+	if pruning > 0 {
+		rate = float64(total.Total()) / pruning.Seconds()
+	}
+	r.printf("  %s rows in %s of prune windows (%s runs marked, %s run events and %s operation events deleted; %d batches, %d skipped): %s rows/s\n",
+		groupThousands(total.Total()), fmtDur(pruning), groupThousands(total.Runs), groupThousands(total.RunEvents), groupThousands(total.OperationEvents),
+		total.Batches, total.Skipped, fmtRate(rate))
+	switch {
+	case !done && total.Batches == 0:
+		r.printf("  stopped after --history-prune-for %s: no batch committed (each outlasted its %s window); %s of %s old events left\n",
+			o.historyPruneFor, o.historyWindow, groupThousands(left), groupThousands(before))
+	case !done:
+		r.printf("  stopped after --history-prune-for %s: %s of %s old events left (at this rate about %s more)\n",
+			o.historyPruneFor, groupThousands(left), groupThousands(before), fmtDur(time.Duration(float64(left)/max(rate, 1)*float64(time.Second))))
+	default:
+		r.printf("  done: %s old events before, %s left (events younger than %s, and none but those are deleted)\n", groupThousands(before), groupThousands(left), historyAge)
+	}
+	if len(slow) == 0 {
+		r.printf("  step slowdown: no pair of windows held enough steps (--history-window %s is too short for this machine)\n", o.historyWindow)
+		r.check(false, "step slowdown while pruning <= 1.10: no pair of windows to compare")
+		return nil
+	}
+	r.printf("  step slowdown while pruning (mean step with / without, per pair of %s windows): median %.2f [%.2f-%.2f] over %d pairs, %d steps quiet, %d pruning; %s in all\n",
+		o.historyWindow, median(slow), slices.Min(slow), slices.Max(slow), len(slow), stepsQuiet, stepsPrune, fmtDur(time.Since(began)))
+	r.check(median(slow) <= 1.10, "step slowdown while pruning <= 1.10: %.2f (%s rows/s pruned)", median(slow), fmtRate(rate))
+	return nil
+}

@@ -71,4 +71,3 @@ func procStatusKB(field string) (int64, bool) {
 }
 
 func fmtKB(kb int64) string { return fmt.Sprintf("%.0f MiB", float64(kb)/1024) }
-

@@ -58,10 +58,12 @@ func TestBankSectionsQuick(t *testing.T) {
 	require.NoError(t, err, "report:\n%s\nstderr:\n%s", out.String(), errw.String())
 	report := out.String()
 	require.Contains(t, report, "== slowbank:")
-	require.Regexp(t, `(?m)^50ms\s+16\s+\d+\s+\S+\s+320\s+\d\.\d\d`, report, "the slow bank's row shows the limit Concurrency / latency")
+	// The limit is Concurrency / latency (320/s), or the zero-latency rate measured just before
+	// where a loaded machine made that lower (marked *).
+	require.Regexp(t, `(?m)^50ms\s+16\s+\d+\s+\S+\s+(320|[\d,]+\*)\s+\d\.\d\d`, report, "the slow bank's row shows the limit Concurrency / latency")
 	require.Regexp(t, `slowbank peak RSS: \d+ MiB`, report)
 	require.Contains(t, report, "== bigday: reconciling one date of 5,000 payouts, 100 UNKNOWN_EXTERNAL")
-	require.Regexp(t, `(?m)^\s+8\s+100\s+\d+\s+\S+\s+80\s+\d\.\d\d`, report, "the reconciler's row shows the limit Concurrency / latency")
+	require.Regexp(t, `(?m)^\s+8\s+100\s+\d+\s+\S+\s+(80|[\d,]+\*)\s+\d\.\d\d`, report, "the reconciler's row shows the limit Concurrency / latency")
 	require.Contains(t, report, "CompareTotals of the day")
 	require.Regexp(t, `bigday peak RSS: \d+ MiB`, report)
 	require.Contains(t, errw.String(), "bench: slowbank: latency 50ms, concurrency 16: ")

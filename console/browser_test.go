@@ -143,15 +143,13 @@ func startSettle(t *testing.T, manual int) *settleFixture {
 		cancel()
 	})
 
-	// The date's slot as the daily schedule's tick would have recorded it, so the overview
-	// shows the slot's evidence-based status (the runs below are keyed like the schedule's).
+	// The daily schedule as its first tick would have recorded it, so the overview lists it;
+	// the date's slot is recorded by StartDate (StartSlot records a hand-started slot's
+	// decision with its runs), and the overview shows its evidence-based status.
 	slot, err := svc.Plan.Slot(browserDate)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO stepwise_schedule (name, spec, zone, gap, misfire, overlap, shards, watermark)
 		VALUES ($1, $2, 'UTC', 'run_after', '{}', 'skip', 2, $3)`, settlement.ScheduleName, svc.Plan.Spec, slot)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO stepwise_schedule_slot (schedule, slot, status, shards, version, materialized_at)
-		VALUES ($1, $2, 'materialized', 2, 1, now())`, settlement.ScheduleName, slot)
 	require.NoError(t, err)
 
 	h, err := console.New(pool, &console.Config{

@@ -1,6 +1,5 @@
 /*
-Package stepwise holds what Stepwise's packages share: DBTX, the one database interface their
-functions take. The work is done in the sub-packages:
+Package stepwise is the module's root. The work is done in the sub-packages:
 
   - workflow: step functions on River jobs, each step committed with its cursor and fenced
     by the run's token; runs resumed from their last committed cursor after a crash.
@@ -16,6 +15,8 @@ functions take. The work is done in the sub-packages:
     the binary.
   - retention: pruning of finished runs, events and audit rows in small batches; operations
     are kept as tombstones while a resend could still be seen.
+  - stepwisetype: what the packages share, as River's rivertype does: DBTX, the one database
+    interface their functions take.
   - workflowtest: invariant checks, chaos drills and child processes for users' own tests;
     workflowtest/fakebank, a strict fault-injecting fake payment provider, and
     workflowtest/pgserver, which finds or starts a PostgreSQL for tests.

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // MaxKeyLen is the longest key the stepwise_checkpoint table accepts.
@@ -138,7 +138,7 @@ func ValidateKey(key string) error {
 
 // Ensure creates the checkpoint row for key if it does not exist, in q's transaction when q
 // is one, so a run and its checkpoint appear together or not at all.
-func Ensure(ctx context.Context, q stepwise.DBTX, key string) error {
+func Ensure(ctx context.Context, q stepwisetype.DBTX, key string) error {
 	if err := ValidateKey(key); err != nil {
 		return err
 	}

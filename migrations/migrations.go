@@ -34,7 +34,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 //go:embed sql/*.up.sql
@@ -172,7 +172,7 @@ func migrateStepwise(ctx context.Context, tx pgx.Tx) error {
 }
 
 // Version reports the newest Stepwise migration applied to the database (0 when none).
-func Version(ctx context.Context, q stepwise.DBTX) (int, error) {
+func Version(ctx context.Context, q stepwisetype.DBTX) (int, error) {
 	var v int
 	err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM stepwise_migration`).Scan(&v)
 	if err != nil {

@@ -7,13 +7,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // metrics are the Outbox's Prometheus metrics: counters kept in this process, and gauges read
 // from the ledger when scraped (so every process reports the same, database-wide numbers).
 type metrics struct {
-	db    stepwise.DBTX
+	db    stepwisetype.DBTX
 	kinds []string
 
 	claimed     *prometheus.CounterVec

@@ -18,15 +18,15 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/tracing"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // DB is what the Outbox (and the Reconciler and the console) need of a database handle:
-// stepwise.DBTX plus Begin, because they open transactions of their own (to claim a batch, to
+// stepwisetype.DBTX plus Begin, because they open transactions of their own (to claim a batch, to
 // record its outcomes). *pgxpool.Pool satisfies it; pass the pool your River client uses.
 type DB interface {
-	stepwise.DBTX
+	stepwisetype.DBTX
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 

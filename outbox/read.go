@@ -9,11 +9,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // Get returns the operation with id, or an error matching ErrNotFound.
-func Get(ctx context.Context, q stepwise.DBTX, id uuid.UUID) (*Operation, error) {
+func Get(ctx context.Context, q stepwisetype.DBTX, id uuid.UUID) (*Operation, error) {
 	op, err := scanOperation(q.QueryRow(ctx, `SELECT `+columns+` FROM stepwise_operation WHERE operation_id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
@@ -36,7 +36,7 @@ type ListParams struct {
 
 // List returns operations in a state, oldest update first (for UNKNOWN_EXTERNAL and MANUAL,
 // the ones waiting longest).
-func List(ctx context.Context, q stepwise.DBTX, params *ListParams) ([]*Operation, error) {
+func List(ctx context.Context, q stepwisetype.DBTX, params *ListParams) ([]*Operation, error) {
 	if params == nil || !params.State.valid() {
 		return nil, errors.New("outbox.List: ListParams.State is required; use one of outbox.States()")
 	}
@@ -67,7 +67,7 @@ type KindStateCount struct {
 // Counts returns the number of operations per kind and state (states with none are left
 // out). It reads the whole ledger: use it for reports, not on a hot path; the metrics count
 // only the states that are not terminal.
-func Counts(ctx context.Context, q stepwise.DBTX) ([]KindStateCount, error) {
+func Counts(ctx context.Context, q stepwisetype.DBTX) ([]KindStateCount, error) {
 	rows, err := q.Query(ctx, `SELECT kind, state, count(*) FROM stepwise_operation GROUP BY kind, state ORDER BY kind, state`)
 	if err != nil {
 		return nil, fmt.Errorf("counting operations: %w", err)
@@ -78,7 +78,7 @@ func Counts(ctx context.Context, q stepwise.DBTX) ([]KindStateCount, error) {
 // CountsActive is Counts for the states that are not terminal (PENDING, PROCESSING, RETRYABLE,
 // UNKNOWN_EXTERNAL, MANUAL). Each is read through its partial index, so its cost does not
 // grow with the history of finished operations.
-func CountsActive(ctx context.Context, q stepwise.DBTX) ([]KindStateCount, error) {
+func CountsActive(ctx context.Context, q stepwisetype.DBTX) ([]KindStateCount, error) {
 	rows, err := q.Query(ctx, `
 		SELECT kind, state, count(*) FROM stepwise_operation WHERE state IN ('PENDING', 'RETRYABLE') GROUP BY kind, state
 		UNION ALL
@@ -107,7 +107,7 @@ func collectCounts(rows pgx.Rows) ([]KindStateCount, error) {
 
 // OldestUnknown returns, per kind, how long the longest-waiting UNKNOWN_EXTERNAL operation has
 // been unknown. Kinds with none are left out.
-func OldestUnknown(ctx context.Context, q stepwise.DBTX) (map[string]time.Duration, error) {
+func OldestUnknown(ctx context.Context, q stepwisetype.DBTX) (map[string]time.Duration, error) {
 	rows, err := q.Query(ctx, `
 		SELECT kind, extract(epoch FROM now() - min(unknown_since))::float8
 		FROM stepwise_operation WHERE state = 'UNKNOWN_EXTERNAL' GROUP BY kind`)
@@ -133,7 +133,7 @@ func OldestUnknown(ctx context.Context, q stepwise.DBTX) (map[string]time.Durati
 // UnfinishedForRuns counts the operations enqueued by the given runs (Operation.RunKey) that
 // are not terminal: a batch is complete only when this is zero and its runs succeeded.
 // MANUAL counts as unfinished: a person has yet to decide.
-func UnfinishedForRuns(ctx context.Context, q stepwise.DBTX, runKeys ...string) (int64, error) {
+func UnfinishedForRuns(ctx context.Context, q stepwisetype.DBTX, runKeys ...string) (int64, error) {
 	var n int64
 	err := q.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation
 		WHERE run_key = ANY($1) AND state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT')`, runKeys).Scan(&n)
@@ -158,7 +158,7 @@ type Request struct {
 // Requests returns the requests recorded for the operation id, oldest claim first. With
 // Operation.Claims it tells an operation sent twice (two requests with StartedAt) from one
 // merely claimed twice (one request, two claims).
-func Requests(ctx context.Context, q stepwise.DBTX, id uuid.UUID) ([]Request, error) {
+func Requests(ctx context.Context, q stepwisetype.DBTX, id uuid.UUID) ([]Request, error) {
 	rows, err := q.Query(ctx, `SELECT claim, actor, started_at, ended_at, outcome, coalesce(error, '')
 		FROM stepwise_operation_request WHERE operation_id = $1 ORDER BY claim`, id)
 	if err != nil {

@@ -7,13 +7,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // metrics are the reconciler's Prometheus metrics: lookups counted in this process, and the
 // unknown and manual backlog read from the ledger when scraped.
 type metrics struct {
-	db    stepwise.DBTX
+	db    stepwisetype.DBTX
 	kinds []string
 
 	lookups       *prometheus.CounterVec
@@ -22,7 +22,7 @@ type metrics struct {
 	manual        *prometheus.Desc
 }
 
-func newMetrics(db stepwise.DBTX, kinds []string) *metrics {
+func newMetrics(db stepwisetype.DBTX, kinds []string) *metrics {
 	return &metrics{
 		db:    db,
 		kinds: kinds,

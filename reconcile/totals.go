@@ -14,8 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // StatementEntry is one effect on an external system's statement.
@@ -208,7 +208,7 @@ const ledgerSQL = `SELECT operation_id, coalesce(amount, 0), coalesce(currency, 
 // operation is looked up in the statement (sorted by key in place, with a fixed-size index of
 // key prefixes) as it streams, so memory holds the statement the caller returned, one bit per
 // entry, and at most MaxDifferences differences of each kind.
-func CompareTotals(ctx context.Context, q stepwise.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
+func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
 	if params == nil || params.Kind == "" || params.From.IsZero() || params.To.IsZero() || !params.From.Before(params.To) {
 		return nil, errors.New("reconcile.CompareTotals: TotalsParams needs a Kind and a period with From before To")
 	}
@@ -359,7 +359,7 @@ const hexDigits = "0123456789abcdef"
 // and currency only), sums them per currency into t.Here and looks each up in the statement,
 // recording every difference in diffs. One row at a time: memory does not grow with the
 // period.
-func streamLedger(ctx context.Context, q stepwise.DBTX, params *TotalsParams, idx *keyIndex, t *Totals, diffs *differences) error {
+func streamLedger(ctx context.Context, q stepwisetype.DBTX, params *TotalsParams, idx *keyIndex, t *Totals, diffs *differences) error {
 	rows, err := q.Query(ctx, ledgerSQL, params.Kind, params.From, params.To)
 	if err != nil {
 		return fmt.Errorf("reading the ledger's operations: %w", err)
@@ -468,7 +468,7 @@ func (ds *differences) add(d Difference) {
 // only, the ledger's operation if any (an UNKNOWN_EXTERNAL operation the reconciler has yet
 // to find is a different story from a payment nobody sent; a SUCCEEDED one sent on another
 // day is a boundary, not a loss).
-func (ds *differences) describe(ctx context.Context, q stepwise.DBTX) error {
+func (ds *differences) describe(ctx context.Context, q stepwisetype.DBTX) error {
 	var ids []uuid.UUID
 	for _, list := range ds.byKind {
 		for _, d := range list {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -150,7 +150,7 @@ func DeriveBatchStatus(decision string, shards int, runs map[string]int, operati
 // SlotStatus reports one slot of a schedule: its decision, its runs and operations counted
 // by status, and its derived batch status. A slot neither a tick nor StartSlot has decided is
 // ErrSlotNotFound.
-func SlotStatus(ctx context.Context, q stepwise.DBTX, schedule string, slot time.Time) (*SlotReport, error) {
+func SlotStatus(ctx context.Context, q stepwisetype.DBTX, schedule string, slot time.Time) (*SlotReport, error) {
 	reports, err := slotReports(ctx, q, schedule, `schedule = $1 AND slot = $2`, slot.UTC())
 	if err != nil {
 		return nil, err
@@ -164,14 +164,14 @@ func SlotStatus(ctx context.Context, q stepwise.DBTX, schedule string, slot time
 // ListSlots reports the newest limit slots of a schedule, newest first, as SlotStatus does
 // for one. A limit below 1 means 100. It reads three statements however many slots there
 // are, so a report of a month of daily slots costs the same as one of a day.
-func ListSlots(ctx context.Context, q stepwise.DBTX, schedule string, limit int) ([]*SlotReport, error) {
+func ListSlots(ctx context.Context, q stepwisetype.DBTX, schedule string, limit int) ([]*SlotReport, error) {
 	if limit < 1 {
 		limit = 100
 	}
 	return slotReports(ctx, q, schedule, `schedule = $1 ORDER BY slot DESC LIMIT $2`, limit)
 }
 
-func slotReports(ctx context.Context, q stepwise.DBTX, schedule, where string, arg any) ([]*SlotReport, error) {
+func slotReports(ctx context.Context, q stepwisetype.DBTX, schedule, where string, arg any) ([]*SlotReport, error) {
 	rows, err := q.Query(ctx, `SELECT slot, status, coalesce(reason, ''), coalesce(detail, ''), decided_by, shards,
 			created_at, materialized_at, started_at, runs_done_at
 		FROM stepwise_schedule_slot WHERE `+where, schedule, arg)
@@ -262,7 +262,7 @@ type Info struct {
 
 // Get reads a schedule's row. A schedule registered in code has a row from its first
 // tick on; before that it is ErrNotFound.
-func Get(ctx context.Context, q stepwise.DBTX, name string) (*Info, error) {
+func Get(ctx context.Context, q stepwisetype.DBTX, name string) (*Info, error) {
 	s := &Info{Name: name}
 	err := q.QueryRow(ctx, `SELECT spec, zone, gap, misfire, overlap, shards, watermark, paused, version, created_at, updated_at
 		FROM stepwise_schedule WHERE name = $1`, name).
@@ -283,16 +283,16 @@ func Get(ctx context.Context, q stepwise.DBTX, name string) (*Info, error) {
 // CatchUpAll schedule only if catching up afterwards is what you want). It waits for a tick
 // holding the schedule to finish, and is audited as 'schedule.paused' with actor and reason.
 // Pausing a paused schedule does nothing.
-func Pause(ctx context.Context, q stepwise.DBTX, name, actor, reason string) error {
+func Pause(ctx context.Context, q stepwisetype.DBTX, name, actor, reason string) error {
 	return setPaused(ctx, q, name, true, actor, reason)
 }
 
 // Resume undoes Pause, audited as 'schedule.resumed'.
-func Resume(ctx context.Context, q stepwise.DBTX, name, actor, reason string) error {
+func Resume(ctx context.Context, q stepwisetype.DBTX, name, actor, reason string) error {
 	return setPaused(ctx, q, name, false, actor, reason)
 }
 
-func setPaused(ctx context.Context, q stepwise.DBTX, name string, paused bool, actor, reason string) error {
+func setPaused(ctx context.Context, q stepwisetype.DBTX, name string, paused bool, actor, reason string) error {
 	kind, from, to := "schedule.paused", "active", "paused"
 	if !paused {
 		kind, from, to = "schedule.resumed", "paused", "active"
@@ -322,7 +322,7 @@ func setPaused(ctx context.Context, q stepwise.DBTX, name string, paused bool, a
 // fewer runs than it fanned out to. Guards against StartSlot re-running a date whose runs were
 // deleted: with the runs gone, their keys no longer stop a second start, and the second run
 // would begin from cursor zero and redo what the first committed.
-func refuseSlotWithoutRuns(ctx context.Context, q stepwise.DBTX, schedule string, slot time.Time) error {
+func refuseSlotWithoutRuns(ctx context.Context, q stepwisetype.DBTX, schedule string, slot time.Time) error {
 	var shards, runs int
 	err := q.QueryRow(ctx, `SELECT s.shards,
 			(SELECT count(*) FROM stepwise_run r WHERE r.schedule = s.schedule AND r.slot = s.slot)

@@ -12,8 +12,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
@@ -109,7 +109,7 @@ func chaosRun(t *testing.T, seed uint64, brokenFence bool) (*workflowtest.ChaosR
 	t.Logf("chaos: %s", report)
 	require.True(t, report.Quiet, "runs did not finish: %v", report.QuietErr)
 
-	items := func(ctx context.Context, q stepwise.DBTX) ([]workflowtest.Violation, error) {
+	items := func(ctx context.Context, q stepwisetype.DBTX) ([]workflowtest.Violation, error) {
 		rows, err := q.Query(ctx, `
 			SELECT format('run %s item %s written %s times (tokens %s, pids %s)', k.run_key, k.n, count(c.n),
 			              string_agg(c.token::text, ','), string_agg(c.pid::text, ','))

@@ -13,12 +13,12 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/slotrun"
 	"github.com/stepwise-go/stepwise/internal/tracing"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // metadataRunKey is the River job metadata field that names the run a job delivers. Keeping
@@ -311,7 +311,7 @@ func scanRun(row pgx.Row, extra ...any) (*Run, error) {
 }
 
 // GetRun reads one run, with its derived retry state (Run.Retry, Run.FailuresInARow).
-func GetRun(ctx context.Context, q stepwise.DBTX, key string) (*Run, error) {
+func GetRun(ctx context.Context, q stepwisetype.DBTX, key string) (*Run, error) {
 	r, err := scanRun(q.QueryRow(ctx, `SELECT `+runColumnsSQL+` FROM stepwise_run r`+runJoinsSQL+` WHERE r.key = $1`, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrRunNotFound, key)
@@ -326,7 +326,7 @@ func GetRun(ctx context.Context, q stepwise.DBTX, key string) (*Run, error) {
 // at most limit of them, and how many there are in all: what an overview shows as a crash
 // loop in the making. It reads the unfinished runs that have failures and the runs of River's
 // retryable jobs, through their indexes, never the history of finished runs.
-func Retrying(ctx context.Context, q stepwise.DBTX, limit int) ([]*Run, int, error) {
+func Retrying(ctx context.Context, q stepwisetype.DBTX, limit int) ([]*Run, int, error) {
 	if limit <= 0 {
 		return nil, 0, fmt.Errorf("workflow.Retrying: limit is %d; it must be positive", limit)
 	}
@@ -363,7 +363,7 @@ func Retrying(ctx context.Context, q stepwise.DBTX, limit int) ([]*Run, int, err
 // that is not being worked (sleeping, or waiting for River's retry) is ended 'cancelled' by
 // the next maintenance pass, within about MaintenanceInterval.
 // Committed steps stay committed. Cancelling a finished run does nothing and returns nil.
-func CancelRun(ctx context.Context, q stepwise.DBTX, key, reason string) error {
+func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) error {
 	if err := requestCancel(ctx, q, key, reason); err != nil {
 		return fmt.Errorf("requesting cancellation of run %q: %w", key, err)
 	}

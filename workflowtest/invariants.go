@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // Violation is one broken invariant, with the rows that prove it.
@@ -29,7 +29,7 @@ func (v Violation) String() string {
 
 // CheckFunc is a domain invariant check (money balances, one effect per key at the
 // external system...). It returns every violation it finds.
-type CheckFunc func(ctx context.Context, q stepwise.DBTX) ([]Violation, error)
+type CheckFunc func(ctx context.Context, q stepwisetype.DBTX) ([]Violation, error)
 
 // CheckOpts are options for CheckInvariants.
 type CheckOpts struct {
@@ -67,7 +67,7 @@ type CheckOpts struct {
 // CheckInvariants checks invariants 1, 2, 4 and 5 of docs/design.md over Stepwise's tables, then opts'
 // domain checks, and returns every violation found (nil when all hold). An error means a
 // check could not run, not that an invariant failed.
-func CheckInvariants(ctx context.Context, q stepwise.DBTX, opts *CheckOpts) ([]Violation, error) {
+func CheckInvariants(ctx context.Context, q stepwisetype.DBTX, opts *CheckOpts) ([]Violation, error) {
 	if opts == nil {
 		opts = &CheckOpts{}
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
-	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // Interval is a span of time; a zero To means it had not ended when the record was read.
@@ -106,7 +106,7 @@ const (
 )
 
 // loadLiveness reads the takeovers and failed runs the liveness checks judge.
-func loadLiveness(ctx context.Context, q stepwise.DBTX) ([]takeover, []failedRun, error) {
+func loadLiveness(ctx context.Context, q stepwisetype.DBTX) ([]takeover, []failedRun, error) {
 	rows, err := q.Query(ctx, `
 		SELECT t.subject, t.id, t.at,
 		       coalesce((SELECT c.actor FROM stepwise_event c WHERE c.subject = t.subject AND c.kind = 'lease.claim' AND c.id < t.id
@@ -148,7 +148,7 @@ func loadLiveness(ctx context.Context, q stepwise.DBTX) ([]takeover, []failedRun
 
 // CountTakeovers counts the takeovers in the database and judges each against l, returning
 // a violation per needless one (and per run failed too early).
-func CountTakeovers(ctx context.Context, q stepwise.DBTX, l *Liveness) (TakeoverCount, []Violation, error) {
+func CountTakeovers(ctx context.Context, q stepwisetype.DBTX, l *Liveness) (TakeoverCount, []Violation, error) {
 	tos, frs, err := loadLiveness(ctx, q)
 	if err != nil {
 		return TakeoverCount{}, nil, err

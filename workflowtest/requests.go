@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // Request is one request an external system received for an operation, as that system's own
@@ -91,7 +91,7 @@ var ledgerSQL = []string{
 	   FROM stepwise_event WHERE kind = 'op.transition' AND subject LIKE 'op:%'{{opsubjects}} ORDER BY id`,
 }
 
-func loadLedger(ctx context.Context, q stepwise.DBTX, runs []string) (map[string]opRow, []opEvent, error) {
+func loadLedger(ctx context.Context, q stepwisetype.DBTX, runs []string) (map[string]opRow, []opEvent, error) {
 	sql, args := scoped(ledgerSQL[0], runs)
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 )
 
 // Scope is the instrumentation scope name of Stepwise's spans.
-const Scope = "github.com/stepwise-go/stepwise"
+const Scope = "github.com/stepwise-go/stepwise/stepwisetype"
 
 // Tracer returns Stepwise's tracer from tp, or from otel's global provider when tp is nil.
 // The global provider delegates to whatever otel.SetTracerProvider installs later, so a

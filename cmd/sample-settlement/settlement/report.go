@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
@@ -132,7 +132,7 @@ const datePayoutsSQL = `SELECT operation_id::text, business_key, state, coalesce
 		FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 2) = $2`
 
 // datePayouts reads the date's payouts from the operation ledger; see datePayoutsSQL.
-func datePayouts(ctx context.Context, q stepwise.DBTX, date time.Time, runKeys []string) ([]payoutRow, error) {
+func datePayouts(ctx context.Context, q stepwisetype.DBTX, date time.Time, runKeys []string) ([]payoutRow, error) {
 	rows, err := q.Query(ctx, datePayoutsSQL, PayoutKind, date.Format(time.DateOnly), runKeys)
 	if err != nil {
 		return nil, fmt.Errorf("reading payouts of %s: %w", date.Format(time.DateOnly), err)

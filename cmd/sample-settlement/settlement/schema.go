@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 //go:embed sql/schema.sql
@@ -55,7 +55,7 @@ func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
 
 // SchemaApplied reports whether the business tables ApplySchema creates exist, for the
 // commands that read them without migrating.
-func SchemaApplied(ctx context.Context, db stepwise.DBTX) (bool, error) {
+func SchemaApplied(ctx context.Context, db stepwisetype.DBTX) (bool, error) {
 	var ok bool
 	err := db.QueryRow(ctx, `SELECT to_regclass('merchant') IS NOT NULL AND to_regclass('card_txn') IS NOT NULL
 		AND to_regclass('settlement') IS NOT NULL AND to_regclass('ledger_entry') IS NOT NULL`).Scan(&ok)

@@ -1,4 +1,4 @@
-package stepwise
+package stepwisetype
 
 import (
 	"context"

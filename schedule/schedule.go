@@ -194,10 +194,11 @@ type Schedule[A river.JobArgs] struct {
 	// assign business keys to shards. Required, at least 1.
 	Shards int
 
-	// Args builds the input of the run for (slot, shard). slot is in UTC; convert it to
-	// the schedule's zone for business dates. It must be deterministic: the run's key is
-	// fixed by (slot, shard), and a second start with different input is ErrRunConflict.
-	// Required.
+	// Args builds the input of the run for (slot, shard). slot is in UTC: a business date
+	// is its day in the schedule's zone, slot.In(zone).Format(time.DateOnly) (Spec.DateOf),
+	// not slot.Format, which gives the UTC day; Schedule.SlotOn goes back from a date to its
+	// slot. It must be deterministic: the run's key is fixed by (slot, shard), and a second
+	// start with different input is ErrRunConflict. Required.
 	Args func(slot time.Time, shard int) A
 
 	// InsertOpts are passed to River for each run's job (queue, priority, max attempts).

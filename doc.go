@@ -10,11 +10,11 @@ Package stepwise is the module's root. The work is done in the sub-packages:
     Checker), and compares totals with its statement.
   - console: a read-mostly web console over runs and operations.
   - schedule: cron specs as durable, deterministic slots, one run per shard, with misfire
-    and overlap policies.
+    and overlap policies; a business date's slot in the schedule's zone.
   - migrations: River's schema and Stepwise's, and the guard against a database newer than
     the binary.
-  - retention: pruning of finished runs, events and audit rows in small batches; operations
-    are kept as tombstones while a resend could still be seen.
+  - retention: pruning of finished history (the events of succeeded runs and of settled
+    operations) in small batches; runs, operations and people's decisions are kept.
   - stepwisetype: what the packages share, as River's rivertype does: DBTX, the one database
     interface their functions take.
   - workflowtest: invariant checks, chaos drills and child processes for users' own tests;

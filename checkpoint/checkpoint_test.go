@@ -231,7 +231,7 @@ func TestHeartbeatKeepsLeaseAndReportsFence(t *testing.T) {
 }
 
 // A step whose statements run longer than the lease must not commit a lease in the past: the
-// renewal counts from the commit's clock, not from the transaction's start (issue 12 item 3).
+// renewal counts from the commit's clock, not from the transaction's start.
 // On the old code every such step left an expired lease on a healthy worker.
 func TestLongStatementNeverLeavesLeaseInPast(t *testing.T) {
 	t.Parallel()

@@ -66,18 +66,21 @@ type Config struct {
 	// for 30 s).
 	TotalsTimeout time.Duration
 
-	// Resume, when set, offers Resume on failed and cancelled runs: it continues a run from
-	// its cursor, only if the run is still at seenVersion (the Run.Version the operator's
-	// page showed). Wire workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor,
-	// reason). Its refusals are shown when they match workflow.ErrRunNotFound,
+	// Resume, when set, puts a Resume form on the page of each failed or cancelled run, for
+	// operators allowed to act (nil: no form, and a posted resume is refused with 404). The
+	// console calls it with the run's key, the Run.Version the operator's page showed, the
+	// signed-in operator as actor and the reason typed in the form; it should continue the
+	// run from its last committed cursor only if the run is still at that version. Wire
+	// workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor, reason), as the sample
+	// service and cmd/stepwise do. Its refusals are shown when they match workflow.ErrRunNotFound,
 	// ErrRunNotResumable or ErrRunChanged; any other error is logged and the page says only
 	// that the resume failed (an adapter's error may name hosts and users). The console
 	// audits the action itself after Resume returns (Resume runs its own transaction).
 	Resume func(ctx context.Context, key string, seenVersion int64, actor, reason string) error
 
 	// Requests, when set, lists the requests actually started for an operation (one per
-	// send) on its page. ADAPTER for the outbox's request-record table; without it the page
-	// shows the attempt counter only.
+	// send) on its page. Wire it to outbox.Requests, converting each outbox.Request, as
+	// cmd/stepwise does; without it the page shows the attempt counter only.
 	Requests func(ctx context.Context, operationID uuid.UUID) ([]Request, error)
 
 	// PageSize is the number of rows per list page. Default 50, at most 500.

@@ -49,7 +49,7 @@ func usersList(t testing.TB, cost int, users ...string) string {
 	return b.String()
 }
 
-// Issue 23 item 4: a users file names each operator; a bad one is refused with the line and
+// A users file names each operator; a bad one is refused with the line and
 // the fix; a wrong password, an unknown name and a name alone are refused.
 func TestUsersFile(t *testing.T) {
 	t.Parallel()
@@ -92,7 +92,7 @@ func TestUsersFile(t *testing.T) {
 	require.ErrorContains(t, err, "reading the users file")
 }
 
-// Issue 23 item 4, in the console: failed sign-ins are logged and, after a few, the peer is
+// In the console: failed sign-ins are logged and, after a few, the peer is
 // locked out (429, credentials not even checked) while other peers go on; the action is
 // audited under the operator's own name.
 func TestSignInGuard(t *testing.T) {
@@ -143,7 +143,7 @@ func httpRequest(t testing.TB, f *fixture, method, target, remote, user, passwor
 	return w
 }
 
-// Issue 23 item 3: without credentials the console answers loopback names and the listed
+// Without credentials the console answers loopback names and the listed
 // ones only (DNS rebinding); with credentials and Hosts set, the same; a bad entry is refused.
 func TestHostsAnswered(t *testing.T) {
 	t.Parallel()
@@ -177,7 +177,7 @@ func TestHostsAnswered(t *testing.T) {
 	}
 }
 
-// Issue 23 item 2, in the console: credentials come before the in-flight slots, so requests
+// In the console: credentials come before the in-flight slots, so requests
 // without valid credentials are answered 401 at once while every slot is busy, and never
 // 503; a signed-in request beyond the slots gets 503, logged.
 func TestUnauthenticatedHoldsNoSlot(t *testing.T) {
@@ -215,7 +215,7 @@ func TestUnauthenticatedHoldsNoSlot(t *testing.T) {
 	require.Equal(t, http.StatusOK, httpRequest(t, f, http.MethodGet, "/console/", "127.0.0.1:4002", testUser, testPassword).Code)
 }
 
-// Issue 23 item 4: behind an authenticating proxy, the operator's name comes from the
+// Behind an authenticating proxy, the operator's name comes from the
 // proxy's header, believed only from the proxy's address; the audit names that operator.
 func TestProxyUser(t *testing.T) {
 	t.Parallel()

@@ -64,7 +64,7 @@ func init() {
 // SIGSTOP) while one claimed operation is being sent and another waits for a sender. While it
 // is frozen, its claims run out, crash recovery hands both to the reconciler, and the waiting
 // one is recorded FAILED_PERMANENT (the bank refused it, say). When the process wakes, it must
-// not begin a Send for that operation: its claim is gone. On 616d8b1 it did (issue 13, item 1).
+// not begin a Send for that operation: its claim is gone. On 616d8b1 it did.
 func TestPausedDispatcherSendsNothingItNoLongerHolds(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -140,7 +140,7 @@ func registerKinds(t testing.TB, ob *outbox.Outbox) {
 // attempt, and the ledger holds its one request with start, end and outcome, so an operator
 // can tell it from one sent twice. Here a shutdown stops the dispatcher after it claimed two
 // operations and sent one; the other goes back unsent and is sent by the next dispatcher. On
-// 616d8b1 attempts counted claims: 2 for the operation sent once (issue 13, item 5).
+// 616d8b1 attempts counted claims: 2 for the operation sent once.
 func TestAttemptsCountRequestsNotClaims(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -203,7 +203,7 @@ func TestAttemptsCountRequestsNotClaims(t *testing.T) {
 // TestEnqueueOfAnUnregisteredKindFails: an outbox delivers "ticket"; Enqueue of "tickets" (a
 // typo) must fail with ErrUnknownKind naming the kind and the registered ones, instead of
 // committing an operation nothing will ever send. On 616d8b1 it succeeded and the row stayed
-// PENDING silently (issue 13, item 4).
+// PENDING silently.
 func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

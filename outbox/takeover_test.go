@@ -67,8 +67,7 @@ func init() {
 // job "running", which swallows the wake of a new operation. A surviving process running
 // RunMaintenance must start a takeover dispatcher and deliver the new operation within about
 // DispatcherLease, not a fixed 15s heartbeat and not River's leader failover. On 616d8b1 (no
-// DispatcherLease, no RunMaintenance: the fixed 15s, on the leader only) it took over 15s
-// (issue 13, item 3).
+// DispatcherLease, no RunMaintenance: the fixed 15s, on the leader only) it took over 15s.
 func TestDeliveryResumesWithinTheDispatcherLeaseAfterKill9(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -52,8 +52,8 @@ func (w *holdWorker) Step(ctx context.Context, s *workflow.Step[holdArgs, holdCu
 	return workflow.Done(), nil
 }
 
-// TestConcurrentRunsDoNotWaitOnEachOthersWake is issue 16's "no lock shared between runs is
-// held from Enqueue to commit": run A's step enqueues a payout and keeps its transaction
+// TestConcurrentRunsDoNotWaitOnEachOthersWake checks that no lock shared between runs is
+// held from Enqueue to commit (runs that share one would queue on each other): run A's step enqueues a payout and keeps its transaction
 // open; run B's step enqueues a payout of the same kind and must commit meanwhile. When
 // Enqueue woke the dispatcher with a unique River insert inside the step's transaction, B
 // waited on the wake job's row until A committed.

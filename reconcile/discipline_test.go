@@ -83,7 +83,7 @@ func (b *slowBank) Lookup(_ context.Context, op *outbox.Operation) (reconcile.Lo
 // checks continuously. It must never resend an operation while its first request can still
 // land. On 616d8b1 the grace ran from the claim, so the last operations (sent up to 1.2s after
 // their claim) were found "not found after grace" and resent while their first request was on
-// the wire (issue 13, item 2).
+// the wire.
 func TestSlowBankNoResendWhileTheFirstRequestIsOnTheWire(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

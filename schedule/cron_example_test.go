@@ -1,6 +1,7 @@
 package schedule_test
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -54,4 +55,36 @@ func ExampleParse_error() {
 	// Output:
 	// cron spec "0 2 * * 7": day-of-week field: value 7 out of range 0-6 (Sunday is 0)
 	// cron spec "@every 1h": @every is not supported: slots must sit on the calendar and be the same on every node, while @every counts from whenever a process starts; use "0 * * * *" instead
+}
+
+// A business date is a day in the schedule's zone. Tokyo's 00:30 is the previous day in UTC,
+// so reading the date off the UTC slot would settle the wrong day.
+func ExampleSpec_SlotOn() {
+	tokyo, err := schedule.LoadZone("Asia/Tokyo")
+	if err != nil {
+		panic(err)
+	}
+	spec, err := schedule.ParseSpec("30 0 * * *", tokyo, schedule.GapRunAfter)
+	if err != nil {
+		panic(err)
+	}
+
+	date, _ := time.Parse(time.DateOnly, "2026-03-08")
+	slot, err := spec.SlotOn(date)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(slot.Format(time.RFC3339), "is the slot of", spec.DateOf(slot).Format(time.DateOnly))
+	fmt.Println(schedule.RunKeys("settle", slot, 2))
+
+	twice, err := schedule.ParseSpec("0 9,17 * * *", tokyo, schedule.GapRunAfter)
+	if err != nil {
+		panic(err)
+	}
+	_, err = twice.SlotOn(date)
+	fmt.Println(errors.Is(err, schedule.ErrSeveralSlotsOnDate), len(twice.SlotsOn(date)))
+	// Output:
+	// 2026-03-07T15:30:00Z is the slot of 2026-03-08
+	// [settle/2026-03-07T15:30:00Z/0 settle/2026-03-07T15:30:00Z/1]
+	// true 2
 }

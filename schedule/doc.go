@@ -90,6 +90,23 @@
 //	due, more := spec.Slots(watermark, now, 100)  // every slot in (watermark, now]
 //	newest, missed := spec.Latest(watermark, now) // for a run-latest misfire policy
 //
+// # Business dates
+//
+// A date is a local day in the schedule's zone, not a UTC one: a 00:30 slot in Asia/Tokyo
+// falls on the previous UTC day. Spec.DateOf gives a slot's date (use it in Args), and
+// Spec.SlotOn, or Schedule.SlotOn, the one slot on a date, for starting a date by hand with
+// StartSlot under the keys the tick uses (RunKeys); SlotsOn gives every slot of a date. A
+// date without a slot, or with several, is an error that says so (ErrNoSlotOnDate,
+// ErrSeveralSlotsOnDate):
+//
+//	date, err := time.Parse(time.DateOnly, "2026-03-07") // the date to re-run
+//	slot, err := sch.SlotOn(date)                        // its slot, DST included
+//	runs, err := schedule.StartSlot(ctx, client, tx, sch, slot, "ana")
+//	keys := schedule.RunKeys(sch.Name, slot, sch.Shards) // the same runs, from anywhere
+//
+// A schedule that settles each date on the day after uses sch.SlotOn(date.AddDate(0, 0, 1))
+// and spec.DateOf(slot).AddDate(0, 0, -1), as the sample service's Plan does.
+//
 // # Cron syntax
 //
 // Specs use robfig/cron/v3's standard parser: five fields (minute, hour,

@@ -194,10 +194,11 @@ type Schedule[A river.JobArgs] struct {
 	// assign business keys to shards. Required, at least 1.
 	Shards int
 
-	// Args builds the input of the run for (slot, shard). slot is in UTC; convert it to
-	// the schedule's zone for business dates. It must be deterministic: the run's key is
-	// fixed by (slot, shard), and a second start with different input is ErrRunConflict.
-	// Required.
+	// Args builds the input of the run for (slot, shard). slot is in UTC: a business date
+	// is its day in the schedule's zone, slot.In(zone).Format(time.DateOnly) (Spec.DateOf),
+	// not slot.Format, which gives the UTC day; Schedule.SlotOn goes back from a date to its
+	// slot. It must be deterministic: the run's key is fixed by (slot, shard), and a second
+	// start with different input is ErrRunConflict. Required.
 	Args func(slot time.Time, shard int) A
 
 	// InsertOpts are passed to River for each run's job (queue, priority, max attempts).
@@ -368,19 +369,9 @@ func compileSchedule[A river.JobArgs](sch Schedule[A], tickInterval time.Duratio
 		return nil, fmt.Errorf("%w: schedule name %q: use 1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit (it goes into run keys \"<name>/<slot>/<shard>\")",
 			ErrInvalid, sch.Name)
 	}
-	var zone *time.Location
-	if sch.Zone != "" {
-		var err error
-		if zone, err = LoadZone(sch.Zone); err != nil {
-			return nil, fail("Zone: %v", err)
-		}
-	}
-	spec, err := ParseSpec(sch.Spec, zone, sch.Gap)
+	spec, err := parseScheduleSpec(sch.Name, sch.Spec, sch.Zone, sch.Gap)
 	if err != nil {
-		if zone == nil && !errors.Is(err, ErrUnknownZone) {
-			return nil, fail("%v (Zone is empty: set Zone to an IANA name such as \"America/New_York\" or \"UTC\", or prefix the spec with CRON_TZ=)", err)
-		}
-		return nil, fail("Spec: %v", err)
+		return nil, err
 	}
 	if sch.Misfire == nil {
 		return nil, fail("Misfire is nil: choose schedule.CatchUpAll{Max: ..., PerTick: ...}, schedule.RunLatest{} or schedule.SkipMissed{StartingDeadline: ...}")
@@ -427,6 +418,30 @@ func compileSchedule[A river.JobArgs](sch Schedule[A], tickInterval time.Duratio
 			slotrun.Slot{Schedule: name, Time: slot, Shard: shard})
 	}
 	return def, nil
+}
+
+// parseScheduleSpec parses the Spec of the schedule name in its Zone (empty when the spec
+// starts with CRON_TZ=), as Add does. Errors match ErrInvalid and name the schedule and the
+// field at fault.
+func parseScheduleSpec(name, specText, zoneName string, gap GapPolicy) (*Spec, error) {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%w: schedule %q: %s", ErrInvalid, name, fmt.Sprintf(format, args...))
+	}
+	var zone *time.Location
+	if zoneName != "" {
+		var err error
+		if zone, err = LoadZone(zoneName); err != nil {
+			return nil, fail("Zone: %v", err)
+		}
+	}
+	spec, err := ParseSpec(specText, zone, gap)
+	if err != nil {
+		if zone == nil && !errors.Is(err, ErrUnknownZone) {
+			return nil, fail("%v (Zone is empty: set Zone to an IANA name such as \"America/New_York\" or \"UTC\", or prefix the spec with CRON_TZ=)", err)
+		}
+		return nil, fail("Spec: %v", err)
+	}
+	return spec, nil
 }
 
 // RunKey returns the run key of a schedule's slot and shard:

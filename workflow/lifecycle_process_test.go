@@ -14,7 +14,7 @@ import (
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
-// Issue 12 item 1: the crash-loop guard counts crashes, not slices. A run of many slices
+// The crash-loop guard counts crashes, not slices. A run of many slices
 // (every step its own slice) with River's default 25 attempts is killed with kill -9 three
 // times; it must finish with every item exactly once. The old guard counted claims, one per
 // slice, and failed the run at its first crash ("vanished on attempt N of 25").
@@ -65,7 +65,7 @@ func TestLongRunSurvivesCrashes(t *testing.T) {
 	requireStrictlyIncreasing(t, claimTokens(t, e, "long"))
 }
 
-// Issue 12 item 2: a worker that released its lease on purpose is not taken over while River
+// A worker that released its lease on purpose is not taken over while River
 // has yet to record the job's new state. Every step here ends its slice, and the worker
 // pauses 600ms after each commit before returning the snooze to River (a fault point), with
 // steps longer than the lease so the job's attempted_at is stale: exactly what a dead worker
@@ -90,7 +90,7 @@ func TestReleasedRunIsNotTakenOver(t *testing.T) {
 	requireExactlyOnce(t, perN, 4)
 }
 
-// Issue 12 item 2: Sleep holds. A run that sleeps an hour is not woken by maintenance; and
+// A lease given up on purpose is not a crash: Sleep holds. A run that sleeps an hour is not woken by maintenance; and
 // when its worker dies right after committing the sleep, before River records the snooze,
 // the run is taken over after about a lease past the release, under a job scheduled at the
 // run's wake time, not at once.

@@ -53,7 +53,7 @@ func fakeAttempt(t *testing.T, e *env, key string) {
 	require.NoError(t, err)
 }
 
-// Issue 12 item 4, the renewing worker: maintenance decides from a scan that a run's worker
+// A run's lease is never taken from a live worker; here, the renewing worker: maintenance decides from a scan that a run's worker
 // vanished, and before its transaction acts the worker renews its lease (held here, under the
 // rows' locks, until maintenance has decided and waits). The old pass rechecked only the job
 // id and failed the live run; every transition is now conditional on the lease it saw.
@@ -96,7 +96,7 @@ func TestMaintenanceRaceRenewingWorker(t *testing.T) {
 	require.Equal(t, workflow.StatusRunning, run.Status)
 }
 
-// Issue 12 item 4, the finishing worker: maintenance fails a run (its worker looked dead: the
+// A run's lease is never taken from a live worker; here, the finishing worker: maintenance fails a run (its worker looked dead: the
 // lease lapsed while the step was stuck) and the worker then finishes its step with Done.
 // The old finish had no status guard and flipped 'failed' to 'succeeded'; now the step is
 // fenced and rolled back, and the run stays failed with one finish in its audit trail.
@@ -167,7 +167,7 @@ type misuseArgs struct {
 
 func (misuseArgs) Kind() string { return "test_misuse" }
 
-// Issue 12 item 6: step misuse is refused loudly. The zero Next{} used to mean Continue and
+// Step misuse is refused loudly. The zero Next{} used to mean Continue and
 // looped forever; Commit on the step's Tx landed writes unfenced; a step error was logged
 // nowhere. Each now fails the step with an error naming the fix, logged at WARN with the run,
 // step and attempt, and counted.
@@ -229,7 +229,7 @@ func TestStepMisuseIsRefused(t *testing.T) {
 	require.Equal(t, 6.0, errs, "three runs, two attempts each")
 }
 
-// Issue 12 item 7: CancelRun on a sleeping run takes effect at the next maintenance pass,
+// CancelRun on a sleeping run takes effect at the next maintenance pass,
 // not when the run wakes an hour later.
 func TestCancelSleepingRun(t *testing.T) {
 	t.Parallel()
@@ -260,7 +260,7 @@ func TestCancelSleepingRun(t *testing.T) {
 	require.Equal(t, "cancelled", string(job.State), "the sleeping job must not wake to find a cancelled run")
 }
 
-// Issue 12 item 8: maintenance reads River's tables unqualified, so a client configured with
+// Maintenance reads River's tables unqualified, so a client configured with
 // another schema is refused at Install with the reason and the fix, never silently wrong.
 func TestInstallRefusesRiverSchema(t *testing.T) {
 	t.Parallel()
@@ -271,7 +271,7 @@ func TestInstallRefusesRiverSchema(t *testing.T) {
 	require.NoError(t, engine.Install(&river.Config{}))
 }
 
-// Issue 12 item 5: a failed run is resumed from its last committed cursor, audited with the
+// A failed run is resumed from its last committed cursor, audited with the
 // actor and the reason, and finishes with every item exactly once.
 func TestResumeFailedRun(t *testing.T) {
 	t.Parallel()
@@ -318,7 +318,7 @@ type hourRetry struct{}
 
 func (hourRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(time.Hour) }
 
-// Issue 12 item 2, step errors: River's backoff is honoured. A step fails after running
+// A lease given up on purpose is not a crash; here, after step errors: River's backoff is honoured. A step fails after running
 // longer than the lease; until River's completer records the retry (its batches flush every
 // 250ms) the job is 'running' with a stale attempted_at and no lease. The old maintenance
 // (here every 10ms) took it over into a job available at once, skipping the backoff; the run

@@ -16,7 +16,8 @@ import (
 
 // BenchmarkMaintainPass measures one maintenance pass with a backlog of 100,000 pending runs
 // (their River jobs available) and 1,000 running runs (jobs running, leases live), and logs
-// each scan's plan. Issue 16's target: ≤ 5 ms a pass, with index-driven plans. Seeding takes
+// each scan's plan. The target: ≤ 5 ms a pass, with index-driven plans, so that a backlog
+// cannot slow the takeover of crashed runs. Seeding takes
 // a few seconds, so the benchmark is skipped under -short.
 //
 //	go test ./workflow/ -run '^$' -bench BenchmarkMaintainPass -benchtime 200x

@@ -24,8 +24,10 @@ type Step[A river.JobArgs, C any] struct {
 	// where the next step must start.
 	Cursor C
 
-	// RunKey is the run's key. Pass it as the RunKey of operations the step enqueues, so the
-	// run's batch status can be proven from them.
+	// RunKey is the run's key. There is no need to pass it on: outbox.Enqueue, called with
+	// the step's ctx and Tx, records it on every operation the step enqueues by itself (and
+	// refuses an operation carrying another run's key), so the run's batch status can be
+	// proven from its operations. Use it to name the run in logs and business keys.
 	RunKey string
 
 	// Number is the 1-based number of this step within the run, across attempts.

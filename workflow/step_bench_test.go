@@ -74,7 +74,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 
 // BenchmarkStepOverheadConcurrent runs 8 Stepwise runs at once in one process against 8
 // hand-written loops at once, each step writing 100 rows and enqueueing 100 operations of one
-// kind. Concurrent runs must not queue on anything they share (issue 16: they queued on the
+// kind. Concurrent runs must not queue on anything they share (they once queued on the
 // dispatcher wake's row). stepwise/floor is the ratio of the throughputs (target >= 0.90).
 //
 //	go test ./workflow -run '^$' -bench StepOverheadConcurrent -benchtime 1600x

@@ -12,7 +12,7 @@ import (
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
-// Issue 15 item 7: CheckInvariants limited to some runs (CheckOpts.Runs, what the sample's
+// CheckInvariants limited to some runs (CheckOpts.Runs, what the sample's
 // invariants command passes for one date) reads their rows through indexes, not the whole
 // history; and it still sees their violations, and only theirs.
 func TestCheckInvariantsLimitedToRuns(t *testing.T) {

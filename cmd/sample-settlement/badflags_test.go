@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// Issue 15 item 8: every command's bad flags are refused before anything runs, with exit
+// Every command's bad flags are refused before anything runs, with exit
 // code 2 and a message naming the flag; none panics (a panic here would end the test binary).
 // No database is reachable at the URL given, so a flag that is not refused shows up as a
 // connection error (exit 1) instead of the usage error.

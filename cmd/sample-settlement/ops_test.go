@@ -66,7 +66,7 @@ func readLeaseTrouble(t *testing.T, pool *pgxpool.Pool) leaseTrouble {
 	return lt
 }
 
-// Issue 15 item 1: an anonymous flood of /metrics must not starve the service. One serve
+// An anonymous flood of /metrics must not starve the service. One serve
 // process settles several dates in alternating rounds, without and with 500 concurrent
 // clients scraping /metrics (and /healthz) without pause; no run may lose its lease (each run
 // claimed once, no takeover, no fenced commit, no failed step), health must keep answering,
@@ -331,7 +331,7 @@ func latencyProxy(t *testing.T, dbURL string, delay time.Duration) string {
 	return proxied.String()
 }
 
-// Issue 15 item 2: SIGTERM drains. Two serve processes settle a date against a bank that
+// SIGTERM drains. Two serve processes settle a date against a bank that
 // takes 300ms a payment; one is sent SIGTERM mid-settle. It must stop beginning steps and
 // sends (nothing claimed after the signal beyond what was being claimed then), finish what
 // was in flight (no payout cut to UNKNOWN_EXTERNAL), leave no lease of its own behind when
@@ -465,7 +465,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	require.Less(t, took, 15*time.Second, "the second signal must not wait for the 20s sends in flight")
 }
 
-// Issue 15 item 4: anonymous callers get generic bodies, never the database's user, name,
+// Anonymous callers get generic bodies, never the database's user, name,
 // host or the server's error text; /healthz is liveness (no database), /readyz readiness.
 // A real serve process reaches its database through a proxy that the test cuts.
 func TestHealthBodiesAreGeneric(t *testing.T) {
@@ -531,7 +531,7 @@ func truncateForLog(s string) string {
 	return s
 }
 
-// Issue 15 item 5, with real processes: once RIVERUI_USER/RIVERUI_PASSWORD are set, River UI
+// With real processes: once RIVERUI_USER/RIVERUI_PASSWORD are set, River UI
 // reads need them, a write a foreign page makes a logged-in browser send (text/plain, foreign
 // Origin) is refused, an oversized body is refused; and a bind beyond loopback without
 // credentials refuses to start unless --public-without-auth says so.
@@ -620,7 +620,7 @@ func TestServeRefusesCSRFAndOpenBind(t *testing.T) {
 	require.NoError(t, open.Wait())
 }
 
-// Issue 15 item 5: a client that dribbles its request headers (slowloris) is cut off after
+// A client that dribbles its request headers (slowloris) is cut off after
 // the server's header timeout (5s), whatever it keeps sending, so that slow clients cannot hold
 // connections and goroutines without bound.
 func TestServeCutsSlowClients(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
-// Issue 15 item 6: every command that opens the database refuses one migrated by a newer
+// Every command that opens the database refuses one migrated by a newer
 // binary, Stepwise's schema or River's, with the message migrate gives ("... newer than
 // this Stepwise binary ...; deploy the newer binary"), before it reads or writes anything.
 // serve runs in a real process: on a build without the guard it would start serving.

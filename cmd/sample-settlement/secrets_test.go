@@ -34,7 +34,7 @@ func requireNoSecret(t *testing.T, what, out string) {
 	require.NotContains(t, out, bankSecret, "%s printed the bank password:\n%s", what, out)
 }
 
-// Issue 15 item 3: no password in any help, log line or error. --help of every command runs
+// No password in any help, log line or error. --help of every command runs
 // with DATABASE_URL and BANK_URL carrying passwords (flag defaults come from them); commands
 // fail against a database that does not answer and a bank URL that does not parse; and a
 // real serve process runs, verbose, on a database and a bank URL with passwords, and is

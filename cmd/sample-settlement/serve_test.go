@@ -226,7 +226,7 @@ func countLines(p *workflowtest.Process, substr string) int {
 	return n
 }
 
-// Issue 23 item 2, against a real serve process: connections that announce a 1 MB body and
+// Against a real serve process: connections that announce a 1 MB body and
 // never send it, without credentials, must not lock the operators out. Before, bodies were
 // read inside the 4-slot in-flight cap before credentials were checked: four such
 // connections per surface held every slot of River UI and of the console for the server's
@@ -304,11 +304,11 @@ func TestServeSlowBodiesLockNoOperatorOut(t *testing.T) {
 	require.Positive(t, attackAnswers["/riverui/api/jobs/retry 401"])
 }
 
-// Issue 23 item 3, against a real serve process without credentials: a DNS-rebinding page (its
+// Against a real serve process without credentials: a DNS-rebinding page (its
 // own name re-pointed at 127.0.0.1) must read nothing — not the console, not River UI's API,
 // not /metrics. Only loopback names and the names listed (SERVE_ALLOWED_HOSTS /
 // --allowed-host) are answered; any other Host gets 421 with the fix. Health probes answer
-// whatever the Host. Item 6's framing part: River UI and the console may not be framed.
+// whatever the Host. And against clickjacking: River UI and the console may not be framed.
 func TestServeRefusesRebinding(t *testing.T) {
 	t.Parallel()
 	dbURL := seededDBURL(t)
@@ -351,7 +351,7 @@ func TestServeRefusesRebinding(t *testing.T) {
 
 var csrfFieldRE = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
 
-// Issue 23 item 4, against a real serve process: one identity per operator (CONSOLE_USERS),
+// Against a real serve process: one identity per operator (CONSOLE_USERS),
 // guessing limited and logged, actions audited under the operator's own name. Before, one
 // shared password took 97,318 guesses in 20 s with none logged, and every action named the
 // one shared account.
@@ -497,7 +497,7 @@ func TestServeLimitsSignInFailures(t *testing.T) {
 	require.Positive(t, countLines(p, "every sign-in refused for now"))
 }
 
-// Issue 23 item 4: serve refuses credentials it cannot use safely, with the fix, before it
+// serve refuses credentials it cannot use safely, with the fix, before it
 // touches the database: a user or password set by half (the surface was silently anonymous),
 // a short password, both console forms at once, a cheap or malformed users file, and
 // credentials over plain HTTP beyond loopback unless --behind-tls says TLS is terminated in

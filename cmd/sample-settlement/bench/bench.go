@@ -51,14 +51,15 @@ type runner struct {
 	ratios map[int]float64
 	// concurrent is the median paired ratio of the concurrent part (0: not run).
 	concurrent float64
-	// targets are issue 8's targets as this run measured them, in the order checked.
+	// targets are the bench's targets as this run measured them, in the order checked.
 	targets []target
 
 	// progressMu serializes progress lines (see progressTicker).
 	progressMu sync.Mutex
 }
 
-// target is one of issue 8's targets and whether this run met it.
+// target is one of the bench's targets (the SDK's overhead promises) and whether this run
+// met it.
 type target struct {
 	what string
 	met  bool
@@ -154,7 +155,8 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		stopTicker := r.progressTicker(s.name, t)
 		err := s.run(ctx)
 		stopTicker()
-		// Issue 27: every section says what memory it took.
+		// Every section says what memory it took, so a section that needs more than the
+		// machine has shows which.
 		r.printf("%s: peak RSS %s\n", s.name, peak)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -312,7 +314,8 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 	}
 
 	// The first run lands on empty output tables, as a demo's or a test's does: the
-	// foreign-key trap of issue 8 would show here. It doubles as the warm-up.
+	// foreign-key trap (a check planned as a sequential scan while the referenced table was
+	// empty) would show here. It doubles as the warm-up.
 	var fresh measurement
 	if o.runs("floor") {
 		items, _ := itemsFor(probeB)
@@ -469,9 +472,9 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 			fmtDur(medianDur(sw, func(m measurement) time.Duration { return m.pickup })),
 			fmtRatio(swRate/riverSlow, swRate > 0 && riverSlow > 0), fmtRatio(swRate/riverFast, swRate > 0 && riverFast > 0))
 	}
-	// Issue 27's targets (issue 8 asked for 0.90 at B=100 and B=1000, issue 16 for 0.95 there
-	// and 0.90 at B=1): each the median of the paired rounds, at least minPairedRounds of
-	// them, so that one noisy round cannot decide it.
+	// The overhead targets (0.95 of the floor at every batch size; they were 0.90 at B=100
+	// and B=1000 at first, then 0.95 there and 0.90 at B=1): each the median of the paired
+	// rounds, at least minPairedRounds of them, so that one noisy round cannot decide it.
 	for _, b := range []int{1, 100, 1000} {
 		if ratio, ok := r.ratios[b]; ok {
 			r.check(ratio >= 0.95, "stepwise/floor >= 0.95 at B=%d: %.2f (median of %d paired rounds%s)", b, ratio, len(ratios[b]), fewRounds(len(ratios[b])))
@@ -515,7 +518,7 @@ func (r *runner) reportConcurrent(c *concurrentResult) {
 }
 
 // minPairedRounds is how many paired rounds a headline ratio needs before one noisy round
-// cannot move its median past a target (issue 27).
+// cannot move its median past a target.
 const minPairedRounds = 9
 
 // fewRounds warns beside a ratio measured over fewer than minPairedRounds rounds.

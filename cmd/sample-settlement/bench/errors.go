@@ -6,8 +6,8 @@ import "errors"
 // malformed list, an unknown section); the message names the flag and what it wants.
 var ErrUsage = errors.New("bench: usage")
 
-// ErrTargetMissed is matched by the error Main returns when --check is set and a target of
-// issue 8 was missed in this run; the report says which.
+// ErrTargetMissed is matched by the error Main returns when --check is set and one of the
+// bench's targets (the report's targets section) was missed in this run; the report says which.
 var ErrTargetMissed = errors.New("bench: target missed")
 
 // usageError marks err as a command-line mistake.

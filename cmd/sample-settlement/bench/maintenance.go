@@ -16,7 +16,8 @@ import (
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
-// Backlog of the maintenance section: issue 16's case, a queue that has fallen behind.
+// Backlog of the maintenance section: a queue that has fallen behind, where a pass must
+// still be quick for crashed runs to be taken over on time.
 const (
 	maintPending = 100_000
 	maintRunning = 1_000

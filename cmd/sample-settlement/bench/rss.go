@@ -9,9 +9,10 @@ import (
 	"syscall"
 )
 
-// Peak memory per section (issue 27). The peak resident set of this process over a section is
-// VmHWM of /proc/self/status after the section, with the high-water mark reset at its start
-// by writing 5 to /proc/self/clear_refs (Linux 4.0 and later). Where that reset is refused,
+// Peak memory per section, so a section that needs more than the machine has shows which.
+// The peak resident set of this process over a section is VmHWM of /proc/self/status after
+// the section, with the high-water mark reset at its start by writing 5 to
+// /proc/self/clear_refs (Linux 4.0 and later). Where that reset is refused,
 // the peak is getrusage's ru_maxrss, the peak since the process started, and the report says
 // so. Worker processes (takeover, scale) are reported as the largest child's ru_maxrss since
 // the bench started (RUSAGE_CHILDREN: children that were waited for). PostgreSQL's own

@@ -12,7 +12,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/testkit"
 )
 
-// Issue 15 item 7: report and invariants read the date asked for, not the whole ledger. The
+// report and invariants read the date asked for, not the whole ledger. The
 // query of a date's payouts must be able to use an index (the run_key index, through the
 // date's run keys) instead of scanning every payout ever made; on 616d8b1 it filtered on
 // split_part(business_key, '/', 2), which no index serves.

@@ -77,16 +77,11 @@ func (p Plan) Compile() (Plan, error) {
 	// confusing), none would leave a date unsettled.
 	first := spec.Next(time.Date(2026, 1, 1, 0, 0, 0, 0, loc))
 	second := spec.Next(first)
-	if !spec.FixedTime() || localDate(second, loc) != localDate(first, loc).AddDate(0, 0, 1) {
+	if !spec.FixedTime() || spec.DateOf(second) != spec.DateOf(first).AddDate(0, 0, 1) {
 		return p, fmt.Errorf("schedule %q: want one fixed time every day, such as \"0 1 * * *\"", p.Spec)
 	}
 	p.spec = spec
 	return p, nil
-}
-
-func localDate(t time.Time, loc *time.Location) time.Time {
-	y, m, d := t.In(loc).Date()
-	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
 }
 
 func (p Plan) compiled() (Plan, error) {
@@ -103,12 +98,9 @@ func (p Plan) Slot(date time.Time) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	loc := p.spec.Location()
-	y, m, d := date.Date()
-	nextDay := time.Date(y, m, d+1, 0, 0, 0, 0, loc)
-	slot := p.spec.Next(nextDay.Add(-time.Nanosecond))
-	if localDate(slot, loc) != time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC) {
-		return time.Time{}, fmt.Errorf("schedule %q has no slot on %s in %s", p.Spec, nextDay.Format(time.DateOnly), p.Zone)
+	slot, err := p.spec.SlotOn(date.AddDate(0, 0, 1))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("date %s is settled on the next day: %w", date.Format(time.DateOnly), err)
 	}
 	return slot, nil
 }
@@ -119,7 +111,7 @@ func (p Plan) DateOf(slot time.Time) time.Time {
 	if err != nil {
 		return time.Time{}
 	}
-	return localDate(slot, p.spec.Location()).AddDate(0, 0, -1)
+	return p.spec.DateOf(slot).AddDate(0, 0, -1)
 }
 
 // Args returns the input of the run of (slot, shard). It is the schedule's Args function.
@@ -138,11 +130,7 @@ func (p Plan) RunKeys(date time.Time) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys := make([]string, p.Shards)
-	for shard := range keys {
-		keys[shard] = schedule.RunKey(ScheduleName, slot, shard)
-	}
-	return keys, nil
+	return schedule.RunKeys(ScheduleName, slot, p.Shards), nil
 }
 
 // Schedule returns the daily schedule for a schedule.Scheduler. A date's slots are caught up

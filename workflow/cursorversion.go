@@ -92,9 +92,9 @@ func checkCursorVersioning[A river.JobArgs, C any](w Stepper[A, C]) error {
 // taken it: a worker of an older release met the cursor and released the run untouched.
 type Awaiting struct {
 	// CursorVersion is the version of the run's committed cursor, which a worker must read.
-	CursorVersion int
+	CursorVersion int `json:"cursor_version"`
 	// Since is when the first such worker released the run.
-	Since time.Time
+	Since time.Time `json:"since"`
 }
 
 // String says it for a person: "waiting for a worker that reads cursor version 2".

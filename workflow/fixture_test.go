@@ -302,7 +302,10 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	if err != nil {
 		return err
 	}
-	if err := client.Start(ctx); err != nil {
+	// SIGTERM (ctx) drains, as a service does (docs/design.md, *Draining*): the client runs
+	// on a context SIGTERM does not cancel, since cancelling it is River's hard stop, which
+	// cancels the step in flight instead of letting it commit.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	if envVars["MAINTAIN_EVERYWHERE"] == "1" {
@@ -310,10 +313,16 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	}
 	fmt.Printf("ready pid=%d\n", os.Getpid())
 	<-ctx.Done()
+	engine.Quiesce()
 	stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := client.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
+	if err := client.Stop(stopCtx); err != nil {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		hardCtx, cancelHard := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancelHard()
+		_ = client.StopAndCancel(hardCtx)
 	}
 	return nil
 }

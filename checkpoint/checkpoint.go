@@ -115,6 +115,9 @@ type Lease struct {
 	Cursor json.RawMessage
 	// Steps is how many steps have committed for the key.
 	Steps int64
+	// CursorVersion is the version of Cursor's shape, as committed with it (AdvanceOpts):
+	// 1 for a cursor committed without one, and before any cursor was committed.
+	CursorVersion int
 
 	// confirmedAt is a local monotonic time no later than the database's last confirmation of
 	// this lease (the start of the claim, or of the step whose fenced write renewed it); zero
@@ -166,19 +169,19 @@ func (s *Store) Claim(ctx context.Context, key, owner string, attempt int) (*Lea
 				   SET owner = $2, fencing_token = fencing_token + 1,
 				       lease_until = now() + $3 * interval '1 millisecond', updated_at = now()
 				 WHERE key = $1 AND (owner IS NULL OR lease_until IS NULL OR lease_until < now())
-				RETURNING key, fencing_token, cursor, steps
+				RETURNING key, fencing_token, cursor, steps, cursor_version
 			), audit AS (
 				INSERT INTO stepwise_event (subject, kind, actor, token, attempt)
 				SELECT key, 'lease.claim', $2, fencing_token, $4 FROM claimed
 			)
-			SELECT fencing_token, cursor, steps FROM claimed`,
+			SELECT fencing_token, cursor, steps, cursor_version FROM claimed`,
 			key, owner, s.cfg.Lease.Milliseconds(), attempt)
 		if err != nil {
 			return err
 		}
 		l, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (*Lease, error) {
 			l := &Lease{Key: key, Owner: owner}
-			return l, row.Scan(&l.Token, &l.Cursor, &l.Steps)
+			return l, row.Scan(&l.Token, &l.Cursor, &l.Steps, &l.CursorVersion)
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return s.heldError(ctx, tx, key)
@@ -260,6 +263,11 @@ type AdvanceOpts struct {
 	// Release gives up the lease in the same commit (end of a slice, sleep, or done), so the
 	// next attempt can claim at once instead of waiting for the lease to lapse.
 	Release bool
+
+	// CursorVersion is the version of the cursor's shape, stored with it so that a reader
+	// knows which shape it holds (a rolling deploy runs old and new code side by side). 0
+	// means 1, the version of every cursor written without one.
+	CursorVersion int
 }
 
 // Advance is the fenced write at the end of a step: it stores cursor, counts the step and
@@ -275,14 +283,21 @@ type AdvanceOpts struct {
 // token moved and refuses.
 func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.RawMessage, opts *AdvanceOpts) error {
 	release := opts != nil && opts.Release
+	version := 1
+	if opts != nil && opts.CursorVersion != 0 {
+		version = opts.CursorVersion
+	}
+	if version < 1 {
+		return fmt.Errorf("advancing checkpoint %q: AdvanceOpts.CursorVersion is %d; versions start at 1 (0 means 1)", l.Key, version)
+	}
 	tag, err := tx.Exec(ctx, `
 		UPDATE stepwise_checkpoint
-		   SET cursor = $3, steps = steps + 1, updated_at = now(),
+		   SET cursor = $3, cursor_version = $6, steps = steps + 1, updated_at = now(),
 		       owner       = CASE WHEN $4 THEN NULL ELSE owner END,
 		       lease_until = CASE WHEN $4 THEN NULL
 		                          ELSE greatest(lease_until, clock_timestamp() + $5 * interval '1 millisecond') END
 		 WHERE key = $1 AND fencing_token = $2`,
-		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds())
+		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds(), version)
 	if err != nil {
 		return fmt.Errorf("advancing checkpoint %q: %w", l.Key, err)
 	}
@@ -291,6 +306,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 	}
 	l.Steps++
 	l.Cursor = cursor
+	l.CursorVersion = version
 	// The lease now runs from this statement's clock, which is after stepBegan. Should the
 	// commit fail, the caller abandons the attempt; a released lease may be claimed at once.
 	l.confirmedAt = l.stepBegan
@@ -327,26 +343,37 @@ func (s *Store) Renew(ctx context.Context, l *Lease) error {
 func (s *Store) Release(ctx context.Context, l *Lease) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_, err := s.pool.Exec(ctx, `
+	_, err := s.ReleaseIn(ctx, s.pool, l)
+	return err
+}
+
+// ReleaseIn is Release in q (a transaction, so that the release commits with what the caller
+// records beside it), reporting whether l still held the lease: false means another owner
+// holds the key now and nothing was released.
+func (s *Store) ReleaseIn(ctx context.Context, q stepwisetype.DBTX, l *Lease) (bool, error) {
+	var n int
+	err := q.QueryRow(ctx, `
 		WITH released AS (
 			UPDATE stepwise_checkpoint SET owner = NULL, lease_until = NULL, updated_at = now()
 			 WHERE key = $1 AND fencing_token = $2 AND owner = $3
 			RETURNING key
+		), audit AS (
+			INSERT INTO stepwise_event (subject, kind, actor, token) SELECT key, 'lease.release', $3, $2 FROM released
 		)
-		INSERT INTO stepwise_event (subject, kind, actor, token) SELECT key, 'lease.release', $3, $2 FROM released`,
-		l.Key, l.Token, l.Owner)
+		SELECT count(*) FROM released`,
+		l.Key, l.Token, l.Owner).Scan(&n)
 	if err != nil {
-		return fmt.Errorf("releasing lease on %q: %w", l.Key, err)
+		return false, fmt.Errorf("releasing lease on %q: %w", l.Key, err)
 	}
-	return nil
+	return n > 0, nil
 }
 
 // Get reads the checkpoint of key.
 func (s *Store) Get(ctx context.Context, key string) (*State, error) {
 	st := &State{Key: key}
-	err := s.pool.QueryRow(ctx, `SELECT cursor, owner, lease_until, fencing_token, steps, updated_at
+	err := s.pool.QueryRow(ctx, `SELECT cursor, owner, lease_until, fencing_token, steps, updated_at, cursor_version
 		FROM stepwise_checkpoint WHERE key = $1`, key).
-		Scan(&st.Cursor, &st.Owner, &st.LeaseUntil, &st.Token, &st.Steps, &st.UpdatedAt)
+		Scan(&st.Cursor, &st.Owner, &st.LeaseUntil, &st.Token, &st.Steps, &st.UpdatedAt, &st.CursorVersion)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, key)
 	}
@@ -365,4 +392,6 @@ type State struct {
 	Token      int64
 	Steps      int64
 	UpdatedAt  time.Time
+	// CursorVersion is the version of Cursor's shape (1 unless a writer said otherwise).
+	CursorVersion int
 }

@@ -29,6 +29,34 @@
 //		return workflow.Continue(), nil
 //	}
 //
+// # When the cursor's shape changes
+//
+// The cursor is data one release commits and the next one reads; during a rolling deploy
+// old and new workers take the same runs in turn. A release that changes the cursor's shape
+// declares a new version and reads the old one (docs/design.md, *Rolling deploys and cursor
+// versions*):
+//
+//	// The next release: SettleWorker now embeds StepperDefaults[SettleArgs, SettleCursorV2].
+//	type SettleCursorV2 struct {
+//		After int64 `json:"after"`
+//		Batch int   `json:"batch"`
+//	}
+//
+//	func (w *SettleWorker) CursorVersion() int { return 2 }
+//
+//	func (w *SettleWorker) UpgradeCursor(from int, raw json.RawMessage) (SettleCursorV2, error) {
+//		var v1 SettleCursor
+//		if err := json.Unmarshal(raw, &v1); err != nil {
+//			return SettleCursorV2{}, err
+//		}
+//		return SettleCursorV2{After: v1.AfterMerchant}, nil
+//	}
+//
+// The version is committed with every cursor. A worker that meets an older cursor upgrades
+// it, and the next step commits it in the new version; one that meets a newer cursor (an
+// old worker) releases the run untouched, without counting a failure, for a worker that
+// reads it (Run.Awaiting says so meanwhile).
+//
 // # Wiring
 //
 // Every Stepwise component (this Engine, outbox.Outbox, reconcile.Reconciler,

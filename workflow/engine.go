@@ -365,6 +365,9 @@ func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, 
 		return errors.New("workflow.AddWorker: worker is nil")
 	}
 	var a A
+	if err := checkCursorVersioning(w); err != nil {
+		return err
+	}
 	slice := e.cfg.Slice
 	if o := w.StepOptions(); o != nil && o.Slice != 0 {
 		if o.Slice < 0 {

@@ -243,7 +243,7 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 		Lease:               time.Duration(leaseMS) * time.Millisecond,
 		MaintenanceInterval: time.Duration(maintMS) * time.Millisecond,
 		StallTimeout:        time.Duration(stallMS) * time.Millisecond,
-		Logger:              slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:              slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(envVars)})),
 	})
 	if err != nil {
 		return err
@@ -279,7 +279,12 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 		}
 	}
 	workers := river.NewWorkers()
-	workflow.AddWorker(engine, workers, w)
+	if envVars["CURSOR_V2"] == "1" {
+		// The next release of the count workflow: its cursor changed shape (version 2).
+		workflow.AddWorker(engine, workers, &countWorkerV2{stepSleep: stepSleep, slice: w.slice})
+	} else {
+		workflow.AddWorker(engine, workers, w)
+	}
 	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: 2}},
 		Workers:           workers,
@@ -297,7 +302,10 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	if err != nil {
 		return err
 	}
-	if err := client.Start(ctx); err != nil {
+	// SIGTERM (ctx) drains, as a service does (docs/design.md, *Draining*): the client runs
+	// on a context SIGTERM does not cancel, since cancelling it is River's hard stop, which
+	// cancels the step in flight instead of letting it commit.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	if envVars["MAINTAIN_EVERYWHERE"] == "1" {
@@ -305,12 +313,26 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	}
 	fmt.Printf("ready pid=%d\n", os.Getpid())
 	<-ctx.Done()
+	engine.Quiesce()
 	stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := client.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
+	if err := client.Stop(stopCtx); err != nil {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		hardCtx, cancelHard := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancelHard()
+		_ = client.StopAndCancel(hardCtx)
 	}
 	return nil
+}
+
+// logLevel is the worker role's log level: warnings, or everything from INFO with LOG_INFO=1.
+func logLevel(envVars map[string]string) slog.Level {
+	if envVars["LOG_INFO"] == "1" {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
 }
 
 // processEnv is the parent side of a process test: a database of its own (url, for the

@@ -18,11 +18,14 @@ type engineMetrics struct {
 	fenced    *prometheus.CounterVec
 	finished  *prometheus.CounterVec
 	takeovers prometheus.Counter
+	// awaitReleases counts runs released untouched for a worker that reads their cursor.
+	awaitReleases *prometheus.CounterVec
 
 	active      *prometheus.Desc
 	oldestStale *prometheus.Desc
 	retrying    *prometheus.Desc
 	inARowMax   *prometheus.Desc
+	awaiting    *prometheus.Desc
 }
 
 func newEngineMetrics(e *Engine) *engineMetrics {
@@ -48,6 +51,12 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 			Name: "stepwise_takeovers_total",
 			Help: "Runs re-enqueued by this process's maintenance after their worker vanished.",
 		}),
+		awaitReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stepwise_cursor_version_releases_total",
+			Help: "Runs this process released untouched because their committed cursor's version is newer than its stepper reads (an old worker during a rolling deploy); a worker that reads it takes them.",
+		}, []string{"workflow"}),
+		awaiting: prometheus.NewDesc("stepwise_runs_awaiting_newer_worker",
+			"Unfinished runs waiting for a worker that reads their committed cursor's version (Run.Awaiting), by workflow, read at scrape time: a deploy that left only old workers.", []string{"workflow"}, nil),
 		active: prometheus.NewDesc("stepwise_runs_active",
 			"Unfinished runs by workflow and status, read from stepwise_run at scrape time.", []string{"workflow", "status"}, nil),
 		oldestStale: prometheus.NewDesc("stepwise_run_lease_expired_seconds",
@@ -70,7 +79,9 @@ func (m *engineMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.fenced.Describe(ch)
 	m.finished.Describe(ch)
 	m.takeovers.Describe(ch)
+	m.awaitReleases.Describe(ch)
 	ch <- m.active
+	ch <- m.awaiting
 	ch <- m.oldestStale
 	ch <- m.retrying
 	ch <- m.inARowMax
@@ -82,28 +93,34 @@ func (m *engineMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.fenced.Collect(ch)
 	m.finished.Collect(ch)
 	m.takeovers.Collect(ch)
+	m.awaitReleases.Collect(ch)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// Both queries touch only unfinished runs (a partial index), so a long history of
 	// finished runs does not make scraping slower.
-	rows, err := m.e.pool.Query(ctx, `SELECT workflow, status, count(*) FROM stepwise_run
-		WHERE status IN ('pending', 'running') GROUP BY workflow, status`)
+	rows, err := m.e.pool.Query(ctx, `SELECT workflow, status, count(*), count(*) FILTER (WHERE awaits_cursor_version IS NOT NULL)
+		FROM stepwise_run WHERE status IN ('pending', 'running') GROUP BY workflow, status`)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(m.active, err)
 		return
 	}
+	awaiting := map[string]int64{}
 	for rows.Next() {
 		var wf, status string
-		var n int64
-		if err := rows.Scan(&wf, &status, &n); err != nil {
+		var n, waits int64
+		if err := rows.Scan(&wf, &status, &n, &waits); err != nil {
 			ch <- prometheus.NewInvalidMetric(m.active, err)
 			rows.Close()
 			return
 		}
 		ch <- prometheus.MustNewConstMetric(m.active, prometheus.GaugeValue, float64(n), wf, status)
+		awaiting[wf] += waits
 	}
 	rows.Close()
+	for wf, n := range awaiting {
+		ch <- prometheus.MustNewConstMetric(m.awaiting, prometheus.GaugeValue, float64(n), wf)
+	}
 	var stale float64
 	err = m.e.pool.QueryRow(ctx, `SELECT coalesce(extract(epoch FROM now() - min(c.lease_until)), 0)
 		FROM stepwise_run r JOIN stepwise_checkpoint c ON c.key = r.key

@@ -73,6 +73,11 @@ type Run struct {
 	// River's retry of an error. A run whose Retry shows its failures in a row nearing
 	// MaxFailures is a crash loop: its status alone says 'running' between tries.
 	Retry *Retry
+	// Awaiting is set while the run waits for a worker that reads its committed cursor: a
+	// worker of an older release met a cursor version newer than its stepper reads and
+	// released the run untouched (docs/design.md, *Rolling deploys and cursor versions*).
+	// Awaiting.String() says it: "waiting for a worker that reads cursor version 2".
+	Awaiting *Awaiting
 
 	// HistoryPrunedAt is when package retention deleted the run's events (its row and
 	// checkpoint stay, so the key still names this run and a failed run still resumes).
@@ -281,7 +286,7 @@ func runKeyOf(metadata []byte, args any) (key, traceParent string, err error) {
 // runColumnsSQL are a run's columns with its derived retry state, read from stepwise_run r
 // joined with its checkpoint c and River job j as in runJoinsSQL (scanRun).
 const runColumnsSQL = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.failures,
-		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version, r.history_pruned_at, ` + retryColumnsSQL
+		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version, r.history_pruned_at, ` + retryColumnsSQL + awaitingColumnsSQL
 
 const runJoinsSQL = `
 	LEFT JOIN stepwise_checkpoint c ON c.key = r.key
@@ -294,13 +299,16 @@ func scanRun(row pgx.Row, extra ...any) (*Run, error) {
 		nextTry     *time.Time
 		maxAttempts *int
 		retryErr    *string
+		awaitV      *int
+		awaitSince  *time.Time
 	)
 	err := row.Scan(append([]any{&r.Key, &r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
 		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt, &r.Version, &r.HistoryPrunedAt,
-		&r.FailuresInARow, &retrying, &nextTry, &maxAttempts, &retryErr}, extra...)...)
+		&r.FailuresInARow, &retrying, &nextTry, &maxAttempts, &retryErr, &awaitV, &awaitSince}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
+	r.Awaiting = scanAwaiting(awaitV, awaitSince)
 	if retrying {
 		r.Retry = &Retry{FailuresInARow: r.FailuresInARow, NextTryAt: nextTry, LastError: deref(retryErr)}
 		if maxAttempts != nil {

@@ -181,7 +181,7 @@ func markRunning(ctx context.Context, q dbtx, key string, jobID int64) (bool, er
 			SELECT status FROM stepwise_run WHERE key = $1
 		), r AS (
 			UPDATE stepwise_run SET status = 'running', attempts = attempts + 1, released_at = NULL, wake_at = NULL,
-			       river_job_id = $2, updated_at = now()
+			       awaits_cursor_version = NULL, awaits_since = NULL, river_job_id = $2, updated_at = now()
 			 WHERE key = $1 AND status IN ('pending', 'running') AND (river_job_id = $2 OR river_job_id IS NULL)
 			RETURNING key
 		), ev AS (
@@ -412,7 +412,8 @@ func resumeRun(ctx context.Context, tx pgx.Tx, key string, from RunStatus, versi
 	return changed(ctx, tx, `
 		WITH r AS (
 			UPDATE stepwise_run SET status = 'pending', river_job_id = $3, failures = 0, last_error = NULL,
-			       finished_at = NULL, cancel_requested_at = NULL, released_at = NULL, wake_at = NULL, updated_at = now()
+			       finished_at = NULL, cancel_requested_at = NULL, released_at = NULL, wake_at = NULL,
+			       awaits_cursor_version = NULL, awaits_since = NULL, updated_at = now()
 			 WHERE key = $1 AND status = $2 AND version = $6 RETURNING key
 		), ev AS (
 			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)

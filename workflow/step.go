@@ -51,7 +51,8 @@ func (s *Step[A, C]) ReportItems(n int) {
 }
 
 // Stepper is a step function: a River worker whose Work is a loop of fenced, checkpointed
-// steps. Embed StepperDefaults to satisfy the optional methods.
+// steps. Embed StepperDefaults to satisfy the optional methods. A stepper whose cursor's
+// shape changed between releases also implements CursorVersioner and CursorUpgrader.
 type Stepper[A river.JobArgs, C any] interface {
 	// Step does one bounded piece of work in s.Tx and says what comes next. Returning an
 	// error rolls back everything the step wrote; the run is retried from the last
@@ -69,7 +70,8 @@ type StepOptions struct {
 }
 
 // StepperDefaults is embedded in a Stepper to provide defaults for its optional methods, as
-// river.WorkerDefaults does for River workers.
+// river.WorkerDefaults does for River workers: the Engine's StepOptions, cursor version 1
+// and no cursor upgrade (cursorversion.go).
 type StepperDefaults[A river.JobArgs, C any] struct{}
 
 // StepOptions returns nil: the Engine's configuration applies.

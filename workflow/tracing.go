@@ -43,7 +43,8 @@ func endAttemptSpan(span trace.Span, err error) {
 }
 
 // endClaimSpan ends a claim's span: claimed, held (another owner's live lease), moved (the
-// run changed between the read and the claim), undecodable_cursor or error.
+// run changed between the read and the claim), undecodable_cursor, awaiting_newer_worker (a
+// cursor newer than this worker reads, released untouched) or error.
 func endClaimSpan(span trace.Span, key, owner string, lease *checkpoint.Lease, outcome string, err error) {
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("stepwise.run.key", key), attribute.String("stepwise.claim.owner", owner),

@@ -160,9 +160,10 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 	}
 
 	a := &attempt[A, C]{sw: sw, job: job, key: key, lease: lease}
-	if err := a.decodeCursor(lease.Cursor); err != nil {
-		endClaimSpan(claimSpan, key, owner, lease, "undecodable_cursor", err)
-		return a.failTerminal(ctx, err)
+	// The cursor's version decides (cursorversion.go): read it, upgrade it, wait for a newer
+	// worker, or fail naming the versions.
+	if stop, err := a.admitCursor(ctx, run, func(outcome string, err error) { endClaimSpan(claimSpan, key, owner, lease, outcome, err) }); stop {
+		return err
 	}
 	// Guards: a takeover or a finish between our read of the run and the claim. Only the
 	// run's current job may work it; this one gives the lease straight back.
@@ -309,7 +310,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 	// past its slice must give the lease up in this very commit, or its successor would
 	// find it held and wait a whole lease.
 	release := next.kind != nextContinue || time.Now().After(deadline) || e.draining.Load()
-	if err := e.fence.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release}); err != nil {
+	if err := e.fence.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release, CursorVersion: cursorVersionOf(a.sw.w)}); err != nil {
 		return stepResult{}, err
 	}
 	res = stepResult{next: next, released: release}
@@ -656,7 +657,7 @@ func (a *attempt[A, C]) finishCancelled(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	err := pgx.BeginFunc(cctx, e.pool, func(tx pgx.Tx) error {
-		if err := e.store.Advance(cctx, tx, a.lease, a.lease.Cursor, &checkpoint.AdvanceOpts{Release: true}); err != nil {
+		if err := e.store.Advance(cctx, tx, a.lease, a.lease.Cursor, &checkpoint.AdvanceOpts{Release: true, CursorVersion: a.lease.CursorVersion}); err != nil {
 			return err
 		}
 		return finishByWorker(cctx, tx, a.key, a.actor(), StatusCancelled, nil, a.lease.Steps)

@@ -137,6 +137,7 @@ type runShow struct {
 	*workflow.Run `json:"-"`
 	RunJSON       runJSON         `json:"run"`
 	Cursor        json.RawMessage `json:"cursor"`
+	CursorVersion int             `json:"cursor_version"`
 	Steps         int64           `json:"steps"`
 	Holder        string          `json:"lease_holder,omitempty"`
 	LeaseUntil    *time.Time      `json:"lease_until,omitempty"`
@@ -171,8 +172,8 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 		}
 		out.Run = run
 		var holder *string
-		if err := tx.QueryRow(ctx, `SELECT cursor, steps, owner, lease_until, fencing_token FROM stepwise_checkpoint WHERE key = $1`, run.Key).
-			Scan(&out.Cursor, &out.Steps, &holder, &out.LeaseUntil, &out.FencingToken); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT cursor, cursor_version, steps, owner, lease_until, fencing_token FROM stepwise_checkpoint WHERE key = $1`, run.Key).
+			Scan(&out.Cursor, &out.CursorVersion, &out.Steps, &holder, &out.LeaseUntil, &out.FencingToken); err != nil {
 			return fmt.Errorf("reading the run's checkpoint: %w", err)
 		}
 		out.Holder = deref(holder)
@@ -200,7 +201,7 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 	if cursor == "" || cursor == "null" {
 		cursor = "(none committed)"
 	}
-	fmt.Fprintf(w, "cursor     %s after %d steps\n", cursor, out.Steps)
+	fmt.Fprintf(w, "cursor     %s after %d steps (cursor version %d)\n", cursor, out.Steps, out.CursorVersion)
 	lease := "none"
 	if out.Holder != "" {
 		lease = fmt.Sprintf("held by %s until %s (fencing token %d)", out.Holder, tsp(out.LeaseUntil), out.FencingToken)
@@ -225,6 +226,9 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 	}
 	if r.WakeAt != nil {
 		fmt.Fprintf(w, "wakes at   %s\n", ts(*r.WakeAt))
+	}
+	if r.Awaiting != nil {
+		fmt.Fprintf(w, "deploy     %s: a newer release committed its cursor and only older workers met it since; deploy workers that read it\n", r.Awaiting)
 	}
 	fmt.Fprintf(w, "created    %s; updated %s; finished %s\n", ts(r.CreatedAt), ts(r.UpdatedAt), tsp(r.FinishedAt))
 	if r.HistoryPrunedAt != nil {
@@ -452,11 +456,12 @@ type runJSON struct {
 	UpdatedAt         time.Time          `json:"updated_at"`
 	FinishedAt        *time.Time         `json:"finished_at,omitempty"`
 	HistoryPrunedAt   *time.Time         `json:"history_pruned_at,omitempty"`
+	Awaiting          *workflow.Awaiting `json:"awaiting,omitempty"`
 }
 
 func toRunJSON(r *workflow.Run) runJSON {
 	return runJSON{Key: r.Key, Workflow: r.Workflow, Input: r.Input, Status: r.Status, Version: r.Version, Schedule: r.Schedule,
 		Slot: r.Slot, Shard: r.Shard, RiverJobID: r.RiverJobID, Claims: r.Attempts, Failures: r.Failures, FailuresInARow: r.FailuresInARow,
 		Retry: r.Retry, LastError: r.LastError, WakeAt: r.WakeAt, CancelRequestedAt: r.CancelRequestedAt, CreatedAt: r.CreatedAt,
-		UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt, HistoryPrunedAt: r.HistoryPrunedAt}
+		UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt, HistoryPrunedAt: r.HistoryPrunedAt, Awaiting: r.Awaiting}
 }

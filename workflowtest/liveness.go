@@ -196,9 +196,13 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 		}
 		c.Needless++
 		needless[t.key]++
+		fetched := ""
+		if t.fetchedBy != "" && t.fetchedBy != holderID {
+			fetched = fmt.Sprintf("; its job was last fetched by %s, alive too", t.fetchedBy)
+		}
 		out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
-			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before",
-			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window)})
+			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before%s",
+			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window, fetched)})
 	}
 	for _, f := range frs {
 		if f.deliberate {

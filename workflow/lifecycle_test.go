@@ -96,6 +96,36 @@ func TestMaintenanceRaceRenewingWorker(t *testing.T) {
 	require.Equal(t, workflow.StatusRunning, run.Status)
 }
 
+// A takeover records the River client that had last fetched the run's job, and when, as the
+// pass saw them. The old job lives on and is fetched again later (by whichever process finds
+// it superseded), so its attempted_by read afterwards names a process that never held the run:
+// a chaos oracle reading it blamed a live worker for a takeover that answered a frozen one.
+func TestTakeoverRecordsFetcher(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, testkit.DB(t), &workflow.Config{Lease: time.Second}, nil, map[string]river.QueueConfig{})
+	_, err := workflow.Start(ctx, e.client, "fetched", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
+	require.NoError(t, err)
+	fakeAttempt(t, e, "fetched")
+	run, err := workflow.GetRun(ctx, e.pool, "fetched")
+	require.NoError(t, err)
+	var fetchedAt time.Time
+	require.NoError(t, e.pool.QueryRow(ctx, `UPDATE river_job SET attempted_by = ARRAY['worker-a', 'worker-b'] WHERE id = $1 RETURNING attempted_at`,
+		*run.RiverJobID).Scan(&fetchedAt))
+	res, err := e.engine.Maintain(ctx, e.client)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fetched"}, res.TakenOver)
+	// The old job is fetched again after the takeover: the event keeps what the pass saw.
+	_, err = e.pool.Exec(ctx, `UPDATE river_job SET attempted_by = attempted_by || 'worker-c'::text WHERE id = $1`, *run.RiverJobID)
+	require.NoError(t, err)
+	var by string
+	var at time.Time
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT detail->>'fetched_by', (detail->>'fetched_at')::timestamptz
+		FROM stepwise_event WHERE subject = 'fetched' AND kind = 'run.takeover'`).Scan(&by, &at))
+	require.Equal(t, "worker-b", by)
+	require.WithinDuration(t, fetchedAt, at, time.Millisecond)
+}
+
 // A run's lease is never taken from a live worker; here, the finishing worker: maintenance fails a run (its worker looked dead: the
 // lease lapsed while the step was stuck) and the worker then finishes its step with Done.
 // The old finish had no status guard and flipped 'failed' to 'succeeded'; now the step is

@@ -183,12 +183,16 @@ type stuckRun struct {
 	priority    *int
 	maxAttempts *int
 	wakeAt      *time.Time
+	// fetchedBy and fetchedAt are the River client that last fetched the run's job and when,
+	// as the scan saw them: the takeover records them (see takeOver).
+	fetchedBy *string
+	fetchedAt *time.Time
 }
 
 func scanStuck(row pgx.CollectableRow) (stuckRun, error) {
 	var s stuckRun
 	err := row.Scan(&s.key, &s.jobID, &s.jobState, &s.failures, &s.token, &s.kind, &s.input, &s.queue, &s.priority, &s.maxAttempts, &s.wakeAt,
-		&s.steps, &s.failedAtSteps)
+		&s.steps, &s.failedAtSteps, &s.fetchedBy, &s.fetchedAt)
 	return s, err
 }
 
@@ -259,7 +263,7 @@ func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pg
 	} else if *s.jobState != "running" {
 		why = "job " + *s.jobState + " without finishing the run"
 	}
-	ok, err = takeOver(ctx, tx, s.seenRun, ins.Job.ID, why, s.wakeAt)
+	ok, err = takeOver(ctx, tx, s.seenRun, ins.Job.ID, why, s.wakeAt, s.fetchedBy, s.fetchedAt)
 	if err != nil {
 		return err
 	}
@@ -358,7 +362,8 @@ const (
 	// Expired leases: a worker killed or frozen while it held the run.
 	expiredScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
-		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps
+		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,
+		       j.attempted_by[cardinality(j.attempted_by)], j.attempted_at
 		  FROM stepwise_checkpoint c
 		  JOIN stepwise_run r ON r.key = c.key AND r.status IN ('pending', 'running')
 		  JOIN river_job j ON j.id = r.river_job_id
@@ -376,7 +381,8 @@ const (
 	// The page's jobs whose run has no lease at all and was not released just now.
 	unleasedScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
-		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps
+		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,
+		       j.attempted_by[cardinality(j.attempted_by)], j.attempted_at
 		  FROM river_job j
 		  JOIN stepwise_run r ON r.river_job_id = j.id AND r.status IN ('pending', 'running')
 		  JOIN stepwise_checkpoint c ON c.key = r.key
@@ -387,7 +393,8 @@ const (
 		        OR r.released_at < now() - $1 * interval '1 millisecond')`
 	sweepScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
-		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps
+		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,
+		       j.attempted_by[cardinality(j.attempted_by)], j.attempted_at
 		  FROM (SELECT * FROM stepwise_run WHERE status IN ('pending', 'running') AND key > $1 ORDER BY key LIMIT $2) r
 		  JOIN stepwise_checkpoint c ON c.key = r.key
 		  LEFT JOIN river_job j ON j.id = r.river_job_id

@@ -361,7 +361,14 @@ func lockLapsed(ctx context.Context, tx pgx.Tx, s seenRun, fence bool) (bool, er
 // re-enqueueing the same run (compare-and-set on the job id and the failures seen), and a run
 // that finished meanwhile. The caller has locked the checkpoint (lockLapsed), so its steps
 // are the ones seen.
-func takeOver(ctx context.Context, tx pgx.Tx, s seenRun, newJob int64, why string, wakeAt *time.Time) (bool, error) {
+//
+// The event records the River client that had last fetched the old job, and when, as the
+// decision saw them (fetched_by, fetched_at). Guards against: an audit that names the wrong
+// process. The old job lives on after the takeover, and once its frozen fetcher wakes and
+// snoozes it another process fetches it to find it superseded, so River's attempted_by read
+// later ends with a process that never held the run (a chaos run blamed a live worker for a
+// takeover that answered a SIGSTOPped one).
+func takeOver(ctx context.Context, tx pgx.Tx, s seenRun, newJob int64, why string, wakeAt *time.Time, fetchedBy *string, fetchedAt *time.Time) (bool, error) {
 	return changed(ctx, tx, `
 		WITH `+checkpointStepsSQL+`, r AS (
 			UPDATE stepwise_run SET river_job_id = $3, failures = `+failureCountSQL+`, failed_at_steps = c.steps,
@@ -372,9 +379,10 @@ func takeOver(ctx context.Context, tx pgx.Tx, s seenRun, newJob int64, why strin
 		), ev AS (
 			INSERT INTO stepwise_event (subject, kind, actor, detail)
 			SELECT key, 'run.takeover', 'maintenance', jsonb_strip_nulls(jsonb_build_object('old_job', $2::bigint, 'new_job', $3::bigint,
-			       'failures', failures, 'steps', steps, 'reason', $5::text, 'wake_at', $6::timestamptz)) FROM r
+			       'failures', failures, 'steps', steps, 'reason', $5::text, 'wake_at', $6::timestamptz,
+			       'fetched_by', $7::text, 'fetched_at', $8::timestamptz)) FROM r
 		)
-		SELECT count(*) FROM r`, s.key, s.jobID, newJob, s.failures, why, wakeAt)
+		SELECT count(*) FROM r`, s.key, s.jobID, newJob, s.failures, why, wakeAt, fetchedBy, fetchedAt)
 }
 
 // finishByMaintenance ends a run nobody is working: failed (its job ended without finishing

@@ -85,9 +85,12 @@ type TakeoverCount struct {
 // takeover is one run.takeover event with the owner of the run's last claim before it.
 type takeover struct {
 	key, holder string
-	// fetchedBy is the River client that last fetched the run's old job: a worker killed
-	// after fetching it and before claiming leaves the last claim to an earlier, healthy
-	// holder, and it is the fetcher's death that the takeover answers.
+	// fetchedBy is the River client that had last fetched the run's old job when the
+	// takeover was decided: a worker killed (or frozen) after fetching it and before claiming
+	// leaves the last claim to an earlier, healthy holder, and it is the fetcher's death that
+	// the takeover answers. It is the one the takeover event recorded (fetched_by), not the
+	// job's attempted_by as read now: after the takeover the old job is fetched again, by
+	// whichever process finds it superseded, and that process never held the run.
 	fetchedBy string
 	id        int64
 	at        time.Time
@@ -111,7 +114,9 @@ func loadLiveness(ctx context.Context, q stepwisetype.DBTX) ([]takeover, []faile
 		SELECT t.subject, t.id, t.at,
 		       coalesce((SELECT c.actor FROM stepwise_event c WHERE c.subject = t.subject AND c.kind = 'lease.claim' AND c.id < t.id
 		                  ORDER BY c.id DESC LIMIT 1), ''),
-		       coalesce((SELECT j.attempted_by[cardinality(j.attempted_by)] FROM river_job j
+		       coalesce(t.detail->>'fetched_by',
+		                -- Trails written before takeovers recorded their fetcher: the job as it is now.
+		                (SELECT j.attempted_by[cardinality(j.attempted_by)] FROM river_job j
 		                  WHERE j.id = (t.detail->>'old_job')::bigint), '')
 		  FROM stepwise_event t WHERE t.kind = 'run.takeover' ORDER BY t.id`)
 	if err != nil {
@@ -191,9 +196,13 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 		}
 		c.Needless++
 		needless[t.key]++
+		fetched := ""
+		if t.fetchedBy != "" && t.fetchedBy != holderID {
+			fetched = fmt.Sprintf("; its job was last fetched by %s, alive too", t.fetchedBy)
+		}
 		out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
-			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before",
-			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window)})
+			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before%s",
+			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window, fetched)})
 	}
 	for _, f := range frs {
 		if f.deliberate {

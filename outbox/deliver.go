@@ -281,9 +281,9 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 
 // recorder records a pump's outcomes: each of its transactions takes every outcome waiting
 // (up to BatchSize), so that under load transactions grow instead of queueing, and up to
-// recorders of them run at once. An outcome waits at most flushDelay for others to share a
-// transaction while a transaction is free, and not at all once the pump says no send is
-// coming back soon (flushNow) or it is closed.
+// recorders of them run at once, the second only for a full batch. With no transaction under
+// way an outcome waits at most flushDelay for others to share its transaction, and not at all
+// once the pump says no send is coming back soon (flushNow) or it is closed.
 type recorder struct {
 	o     *Outbox
 	ctx   context.Context
@@ -385,13 +385,16 @@ func (r *recorder) take() []delivered {
 		r.mu.Lock()
 		n := len(r.pending)
 		wait := flushDelay - time.Since(r.oldest)
-		if n > 0 && (n >= r.limit || r.urgent || r.closed || wait <= 0) {
+		// A second transaction starts only for a full batch: while one runs, outcomes gather
+		// for the next, which takes them all at once (fewer, larger transactions when the
+		// database is the bottleneck, two at a time only when a batch is already waiting).
+		if n > 0 && (n >= r.limit || r.urgent || r.closed || (wait <= 0 && r.recording == 0)) {
 			k := min(n, r.limit)
 			batch := make([]delivered, k)
 			copy(batch, r.pending[:k])
 			r.pending = append(r.pending[:0], r.pending[k:]...)
-			// The rest keeps the oldest's arrival: it has waited long enough already, and the
-			// next free worker takes it at once.
+			// The rest keeps the oldest's arrival: it has waited long enough already, and
+			// the next transaction takes it.
 			if len(r.pending) == 0 {
 				r.urgent = false
 			}
@@ -409,7 +412,7 @@ func (r *recorder) take() []delivered {
 			return nil
 		}
 		var tc <-chan time.Time
-		if n > 0 {
+		if n > 0 && wait > 0 { // past it, the transaction under way takes them when it ends
 			if timer == nil {
 				timer = time.NewTimer(wait)
 			} else {

@@ -135,7 +135,7 @@ const flushDelay = 20 * time.Millisecond
 // transaction at a time capped delivery at what one connection's round trips and one
 // backend's writes allow (the recorder waited on the database 85-95% of the time); two keep
 // the database writing while the other waits for its commit or the next statement.
-const recorders = 2
+const recorders = 1
 
 // delivered is one operation with the result of its send.
 type delivered struct {

@@ -37,6 +37,9 @@ func BenchmarkDeliverSlowBank(b *testing.B) {
 		latency     time.Duration
 		concurrency int
 	}{{50 * time.Millisecond, 256}, {50 * time.Millisecond, 1024}} {
+		if only := os.Getenv("SLOWBANK_CONCURRENCY"); only != "" && only != fmt.Sprint(bc.concurrency) {
+			continue
+		}
 		b.Run(fmt.Sprintf("latency=%s/concurrency=%d", bc.latency, bc.concurrency), func(b *testing.B) {
 			ctx := context.Background()
 			counts := &stmtCounter{}
@@ -66,8 +69,9 @@ func BenchmarkDeliverSlowBank(b *testing.B) {
 				n, err := f(ctx, ob, "payout")
 				elapsed := time.Since(start)
 				require.NoError(b, err)
-				require.Equal(b, b.N, n)
-				rate := float64(n) / elapsed.Seconds()
+				// A send refused under load (NotSent) is claimed again in the same drain.
+				require.GreaterOrEqual(b, n, b.N)
+				rate := float64(b.N) / elapsed.Seconds()
 				c := counts.reset()
 				b.Logf("round %d %-3s %6.0f ops/s (%.3f of %.0f/s), %.0f ops/tx, %.0f ops/claim, %.3f stmts/op, claim %.2f, record %.2f, load %s",
 					round, name, rate, rate/limit, limit, float64(n)/float64(max(c.commits, 1)), float64(n)/float64(max(c.claims, 1)),

@@ -94,9 +94,8 @@ type KindConfig struct {
 
 	// BatchSize is how many due operations a dispatcher claims with one statement, and at
 	// most how many outcomes it records in one transaction. Claiming, sending and recording
-	// overlap: a slow send holds up its own operation, not its batch. The next batch is
-	// claimed while a round of sends is still ahead of the senders, and each recording
-	// transaction takes every outcome waiting, so it need not grow with Concurrency: against
+	// overlap: a slow send holds up its own operation, not its batch. A new batch is claimed
+	// while earlier ones are still being sent, so it need not grow with Concurrency: against
 	// a 200ms bank at Concurrency 256, 512 delivered no faster than 200.
 	//
 	// Defaults to BatchSizeDefault (200).
@@ -106,16 +105,16 @@ type KindConfig struct {
 	// the knob of delivery's throughput against a real external system: one process
 	// delivers at most Concurrency / latency operations per second (16 sends at once to a
 	// bank answering in 200ms: 80/s; 256: 1,280/s). The bench's slowbank section reaches
-	// 0.83-0.97 of that until the ledger's own write rate caps it (outcomes are recorded in
-	// two transactions at a time), past which more Concurrency does not help: see the
+	// 0.83-0.97 of that until the ledger's own write rate caps it (outcomes are recorded one
+	// transaction at a time), past which more Concurrency does not help: see the
 	// performance budget in docs/design.md. Size it as
 	// target rate × the external system's typical latency, within what that system allows
 	// (its rate limit: see RatePerSecond). Senders hold no database connection: a
-	// dispatcher uses a handful of the pool's per kind (the claim, the recorder's two
-	// transactions, the lease renewer, its heartbeat) whatever Concurrency is, so size the
-	// pool by River's workers, not by this. Give the Sender's HTTP client as many idle
-	// connections per host (http.Transport.MaxIdleConnsPerHost) as Concurrency, or each
-	// send beyond them opens and closes a connection.
+	// dispatcher uses a handful of the pool's per kind (the claim, the recorder, the lease
+	// renewer, its heartbeat) whatever Concurrency is, so size the pool by River's workers,
+	// not by this. Give the Sender's HTTP client as many idle connections per host
+	// (http.Transport.MaxIdleConnsPerHost) as Concurrency, or each send beyond them opens
+	// and closes a connection.
 	//
 	// Defaults to ConcurrencyDefault (16): polite to an external system nobody has sized
 	// yet, and enough for 80-320 operations/s at 50-200ms.

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -128,14 +127,8 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 const expiryEvery = 5 * time.Second
 
 // flushDelay bounds how long a known outcome waits for others to share its recording
-// transaction while a recorder is free.
+// transaction.
 const flushDelay = 20 * time.Millisecond
-
-// recorders is how many recording transactions of one kind a dispatcher runs at once. One
-// transaction at a time capped delivery at what one connection's round trips and one
-// backend's writes allow (the recorder waited on the database 85-95% of the time); two keep
-// the database writing while the other waits for its commit or the next statement.
-const recorders = 1
 
 // delivered is one operation with the result of its send.
 type delivered struct {
@@ -143,25 +136,15 @@ type delivered struct {
 	r  sendResult
 }
 
-// claimed is what one claim statement returned.
-type claimed struct {
-	ops []*Operation
-	err error
-}
-
-// pump delivers operations of one kind as a pipeline of three stages that never wait for
-// each other's round trips: a claim of the next batch runs while earlier ones are being sent
-// (claim-ahead: it starts once fewer than Concurrency + BatchSize claimed operations are
-// waiting for a sender or in flight), Concurrency senders send, and a recorder (recorders
-// transactions at once) records every outcome that came back, up to BatchSize a
-// transaction. The pump itself only hands out work and collects results, so a slow claim or
-// recording never stops it from collecting what the senders finish. A slow send holds up its
-// own operation only, never a batch.
+// pump delivers operations of one kind as a pipeline: it claims a batch whenever no more
+// than a batch (or Concurrency) of claimed operations is still outstanding, hands them to
+// Concurrency senders, and records outcomes in transactions of up to BatchSize as they come
+// back, on a recorder goroutine of its own. A slow send so holds up its own operation only, never a batch, and the round
+// trips of claiming and recording overlap with sending.
 //
 // It stops claiming when nothing is due, when once is set and one batch was claimed, at the
-// deadline, when ctx ends, or when recording fails; it returns once every claimed operation
-// is recorded (or left PROCESSING for crash recovery, by a fault point), with the number it
-// claimed.
+// deadline, or when ctx ends; it returns once every claimed operation is recorded (or left
+// PROCESSING for crash recovery, by a fault point), with the number it claimed.
 func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, once bool) (int, error) {
 	ks.mu.Lock()
 	expiryDue := time.Since(ks.lastExpiry) > expiryEvery
@@ -173,11 +156,8 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 	}
 
 	b, c := ks.cfg.BatchSize, ks.cfg.Concurrency
-	// At most c+b-1 operations are outstanding when a claim starts, so at most c+2b-1 after
-	// it: neither channel ever blocks its writer. (holdLimit counts on this bound: an
-	// operation waits for at most 2b/c rounds of sends before its own.)
-	work := make(chan *Operation, c+2*b)
-	results := make(chan delivered, c+2*b)
+	work := make(chan *Operation, 2*b+c)
+	results := make(chan delivered, 2*b+c)
 	var senders sync.WaitGroup
 	for range c {
 		senders.Add(1)
@@ -195,57 +175,57 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 		stopRenewing()
 	}()
 
-	// Recording runs beside claiming and sending, on connections of its own. The pump hands
-	// it every outcome as it comes back and never waits for it: outcomes that arrive while a
-	// transaction runs share the next one.
-	rec := o.newRecorder(ctx, ks)
+	// Recording runs beside claiming and sending, on its own connection, so that neither
+	// round trip waits for the other. Two batches may queue for it; then the pump waits.
+	var (
+		recordFailed atomic.Bool
+		recordErrs   []error
+		recordMu     sync.Mutex
+		toRecord     = make(chan []delivered, 2)
+		recorded     = make(chan struct{})
+	)
+	go func() {
+		defer close(recorded)
+		for batch := range toRecord {
+			if err := o.record(ctx, ks, batch); err != nil {
+				recordFailed.Store(true)
+				recordMu.Lock()
+				recordErrs = append(recordErrs, err)
+				recordMu.Unlock()
+			}
+		}
+	}()
 
 	var (
-		claimedN, outstanding int
-		claiming, exhausted   bool
-		errs                  []error
-		claims                = make(chan claimed, 1)
+		claimed, outstanding int
+		done                 []delivered
+		exhausted            bool
+		errs                 []error
 	)
+	flushTimer := time.NewTimer(time.Hour)
+	defer flushTimer.Stop()
+	flush := func() {
+		if len(done) > 0 {
+			toRecord <- done
+			done = make([]delivered, 0, b)
+		}
+	}
 	for {
-		if ctx.Err() != nil || !time.Now().Before(deadline) || (once && claimedN > 0) || rec.failed.Load() || o.draining.Load() {
+		if ctx.Err() != nil || !time.Now().Before(deadline) || (once && claimed > 0) || recordFailed.Load() || o.draining.Load() {
 			// Past the deadline, stopping, or the database is failing us: claim no more,
 			// finish what we hold.
 			exhausted = true
 		}
-		// Claim ahead: the next batch is claimed while a full round of sends is still ahead
-		// of the senders, so they find work when they finish. Not while the recorder is a
-		// round behind: outcomes waiting to be recorded hold their claims (their leases are
-		// renewed, but only up to the kind's hold limit), and claiming more than the ledger
-		// records only makes them wait longer.
-		if !exhausted && !claiming && outstanding < c+b && rec.backlog() < c+2*b {
-			claiming = true
-			go func() {
-				ops, err := o.claim(ctx, ks)
-				claims <- claimed{ops: ops, err: err}
-			}()
-		}
-		if outstanding == 0 && !claiming {
-			if exhausted {
-				break
-			}
-			// Nothing in flight and the recorder a round behind: wait for it.
-			rec.waitBelow(c + 2*b)
-			continue
-		}
-		if outstanding == 0 {
-			rec.flushNow() // no send is coming back before the claim: record what we have
-		}
-		select {
-		case cl := <-claims:
-			claiming = false
+		if !exhausted && outstanding <= max(c, b) {
+			ops, err := o.claim(ctx, ks)
 			switch {
-			case cl.err != nil:
-				errs = append(errs, cl.err)
+			case err != nil:
+				errs = append(errs, err)
 				exhausted = true
-			case len(cl.ops) == 0:
+			case len(ops) == 0:
 				exhausted = true
 			default:
-				claimedN += len(cl.ops)
+				claimed += len(ops)
 				// The claim is committed: from here a crash leaves these operations
 				// PROCESSING until their lease expires, and then UNKNOWN_EXTERNAL.
 				if err := faultpoint.Hit(faultpoint.AfterProcessing); err != nil {
@@ -253,198 +233,50 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 					exhausted = true
 					break
 				}
-				outstanding += len(cl.ops)
-				for _, op := range cl.ops {
+				outstanding += len(ops)
+				for _, op := range ops {
 					work <- op
 				}
 			}
+		}
+		if outstanding == 0 {
+			flush()
+			if exhausted {
+				break
+			}
+			continue
+		}
+		var flushC <-chan time.Time
+		if len(done) > 0 {
+			flushC = flushTimer.C
+		}
+		select {
 		case d := <-results:
 			outstanding--
 			ks.book.release(d.op)
 			o.metrics.sent(ks.name, d.r)
 			if !d.r.abandoned { // an abandoned one stands for a crash: it stays PROCESSING
-				rec.add(d)
+				done = append(done, d)
+				if len(done) == 1 {
+					flushTimer.Reset(flushDelay)
+				}
 			}
-			if outstanding == 0 {
-				rec.flushNow()
-			}
+		case <-flushC:
+			flush()
+		}
+		if len(done) >= b || (outstanding == 0 && len(done) > 0) {
+			flush()
 		}
 	}
-	errs = append(errs, rec.close()...)
-	if claimedN > 0 {
+	close(toRecord)
+	<-recorded
+	errs = append(errs, recordErrs...)
+	if claimed > 0 {
 		if err := faultpoint.Hit(faultpoint.AfterOutcomeCommit); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return claimedN, errors.Join(errs...)
-}
-
-// recorder records a pump's outcomes: each of its transactions takes every outcome waiting
-// (up to BatchSize), so that under load transactions grow instead of queueing, and up to
-// recorders of them run at once, the second only for a full batch. With no transaction under
-// way an outcome waits at most flushDelay for others to share its transaction, and not at all
-// once the pump says no send is coming back soon (flushNow) or it is closed.
-type recorder struct {
-	o     *Outbox
-	ctx   context.Context
-	ks    *kindState
-	limit int
-
-	mu        sync.Mutex
-	changed   *sync.Cond // signalled when pending shrinks, for waitBelow
-	pending   []delivered
-	oldest    time.Time // when the oldest pending outcome arrived
-	recording int       // outcomes in transactions under way
-	urgent    bool      // record what is pending without waiting for flushDelay
-	closed    bool
-	errs      []error
-
-	failed atomic.Bool   // a recording failed: the pump claims no more
-	wake   chan struct{} // capacity 1: something changed for the workers
-	quit   chan struct{} // closed by close: take what is left, then stop
-	done   sync.WaitGroup
-}
-
-func (o *Outbox) newRecorder(ctx context.Context, ks *kindState) *recorder {
-	r := &recorder{o: o, ctx: ctx, ks: ks, limit: ks.cfg.BatchSize,
-		wake: make(chan struct{}, 1), quit: make(chan struct{})}
-	r.changed = sync.NewCond(&r.mu)
-	for range recorders {
-		r.done.Add(1)
-		go r.work()
-	}
-	return r
-}
-
-func (r *recorder) signal() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
-// add queues one outcome for recording.
-func (r *recorder) add(d delivered) {
-	r.mu.Lock()
-	if len(r.pending) == 0 {
-		r.oldest = time.Now()
-	}
-	r.pending = append(r.pending, d)
-	r.mu.Unlock()
-	r.signal()
-}
-
-// flushNow makes the workers record what is pending without waiting for more.
-func (r *recorder) flushNow() {
-	r.mu.Lock()
-	r.urgent = len(r.pending) > 0
-	r.mu.Unlock()
-	if r.urgent {
-		r.signal()
-	}
-}
-
-// backlog is how many outcomes are waiting for, or in, a recording transaction.
-func (r *recorder) backlog() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.pending) + r.recording
-}
-
-// waitBelow waits until the backlog is below n (or a recording failed).
-func (r *recorder) waitBelow(n int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for len(r.pending)+r.recording >= n && !r.failed.Load() {
-		r.urgent = len(r.pending) > 0
-		r.signal()
-		r.changed.Wait()
-	}
-}
-
-// close records everything still pending, waits for the transactions under way, and
-// returns their errors.
-func (r *recorder) close() []error {
-	r.mu.Lock()
-	r.closed = true
-	r.mu.Unlock()
-	close(r.quit) // every worker wakes, takes what is left and stops once nothing is
-	r.done.Wait()
-	return r.errs
-}
-
-// take waits for a batch worth recording and takes it; nil once closed and empty.
-func (r *recorder) take() []delivered {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		r.mu.Lock()
-		n := len(r.pending)
-		wait := flushDelay - time.Since(r.oldest)
-		// A second transaction starts only for a full batch: while one runs, outcomes gather
-		// for the next, which takes them all at once (fewer, larger transactions when the
-		// database is the bottleneck, two at a time only when a batch is already waiting).
-		if n > 0 && (n >= r.limit || r.urgent || r.closed || (wait <= 0 && r.recording == 0)) {
-			k := min(n, r.limit)
-			batch := make([]delivered, k)
-			copy(batch, r.pending[:k])
-			r.pending = append(r.pending[:0], r.pending[k:]...)
-			// The rest keeps the oldest's arrival: it has waited long enough already, and
-			// the next transaction takes it.
-			if len(r.pending) == 0 {
-				r.urgent = false
-			}
-			r.recording += k
-			more := len(r.pending) > 0
-			r.mu.Unlock()
-			if more {
-				r.signal() // another worker may take the rest
-			}
-			return batch
-		}
-		closed := r.closed
-		r.mu.Unlock()
-		if closed && n == 0 {
-			return nil
-		}
-		var tc <-chan time.Time
-		if n > 0 && wait > 0 { // past it, the transaction under way takes them when it ends
-			if timer == nil {
-				timer = time.NewTimer(wait)
-			} else {
-				timer.Reset(wait)
-			}
-			tc = timer.C
-		}
-		select {
-		case <-r.wake:
-		case <-r.quit:
-		case <-tc:
-		}
-	}
-}
-
-func (r *recorder) work() {
-	defer r.done.Done()
-	for {
-		batch := r.take()
-		if batch == nil {
-			return
-		}
-		err := r.o.record(r.ctx, r.ks, batch)
-		r.mu.Lock()
-		r.recording -= len(batch)
-		if err != nil {
-			r.errs = append(r.errs, err)
-			r.failed.Store(true)
-		}
-		r.changed.Broadcast()
-		r.mu.Unlock()
-	}
+	return claimed, errors.Join(errs...)
 }
 
 // renewLeases keeps the leases of the operations this Outbox holds of kind alive until stop
@@ -654,23 +486,12 @@ func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) e
 	if len(ts) == 0 {
 		return nil
 	}
-	var batchErr error
-	for try := 1; ; try++ {
-		batchErr = pgx.BeginFunc(rctx, o.db, func(tx pgx.Tx) error {
-			_, err := o.transitionTx(rctx, tx, ts)
-			return err
-		})
-		// Recording transactions run side by side (recorders), and outcome callbacks that
-		// update shared rows (a merchant's balance) in different orders can deadlock two of
-		// them: PostgreSQL aborts one. That says nothing against these outcomes, so the
-		// batch is tried again rather than broken up, where a deadlock inside a callback
-		// would read as the callback refusing its outcome.
-		if batchErr == nil {
-			return nil
-		}
-		if !isConflict(batchErr) || try == 3 || rctx.Err() != nil {
-			break
-		}
+	batchErr := pgx.BeginFunc(rctx, o.db, func(tx pgx.Tx) error {
+		_, err := o.transitionTx(rctx, tx, ts)
+		return err
+	})
+	if batchErr == nil {
+		return nil
 	}
 	var dbErrs []error
 	for _, t := range ts {
@@ -701,13 +522,6 @@ func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) e
 		return fmt.Errorf("recording outcomes of kind %q (%d of %d failed): %w", ks.name, len(dbErrs), len(ts), errors.Join(dbErrs...))
 	}
 	return nil
-}
-
-// isConflict reports whether err is a deadlock or serialization failure: PostgreSQL aborted
-// the transaction for running beside another, not for what it wrote.
-func isConflict(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // dispatch is the River dispatcher job: it delivers batches for at most one slice, then

@@ -24,8 +24,8 @@ import (
 // are waiting for the ledger instead of the bank.
 
 // slowBankPool is the pool of the slowbank and bigday sections: Drain's pump uses at most
-// four connections at once (the claim, the recorder's two transactions, the lease renewer; no
-// River job, so no heartbeat), a reconcile pass one at a time. Senders hold none.
+// three connections at once (the claim, the recorder, the lease renewer; no River job, so no
+// heartbeat), a reconcile pass one at a time. Senders hold none.
 const slowBankPool = 8
 
 // slowBank starts a fake bank that answers after latency (payments ±10%, uniform, with
@@ -284,7 +284,7 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 		"what the round trip adds to the bank's latency, which a loaded machine inflates and the outbox does not control\n")
 	r.printf("stmts/op: statements sent per payout (BEGIN and COMMIT included); ops/claim: payouts per claim statement; ops/tx: payouts per\n" +
 		"recording transaction; claim, record: share of the wall time a claim, or a recording statement (and lease renewals), was\n" +
-		"waited for (the recorder runs two transactions at once: near 200%% it is the bottleneck)\n")
+		"waited for (the recorder is one goroutine: near 100%% it is the bottleneck)\n")
 	r.printf("cpu/op, cpu%%: this process's CPU time (outbox, the fake bank's HTTP server and both ends of every connection) per payout and as a share of the %d CPUs; PostgreSQL's is not included\n", runtime.NumCPU())
 	r.printf("slowbank peak RSS: %s\n", rss.peak())
 	return nil

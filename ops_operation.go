@@ -193,15 +193,40 @@ func (c *Client) resolverFor(kind string, noCallback bool) (*reconcile.Reconcile
 			"which runs the callback in the same transaction; if the service registers no outcome callback for it, set OperationResolveOpts.NoCallback",
 			ErrKindWithoutConfig, kind)
 	}
-	ob, err := outbox.New(c.pool, &outbox.Config{Kinds: map[string]*outbox.KindConfig{kind: {Sender: neverSend{}}}})
-	if err != nil {
-		return nil, err
-	}
-	return reconcile.New(c.pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-client", Kinds: map[string]*reconcile.KindConfig{
-		kind: {Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+	_, rec, err := noCallbackResolver(c.pool, kind)
+	return rec, err
+}
+
+// noCallbackResolver is an outbox and reconciler that know kinds, without outcome callbacks,
+// and can record a person's decision on their operations and nothing else: they never send
+// nor look up (the service's own processes do), and are never started.
+func noCallbackResolver(pool outbox.DB, kinds ...string) (*outbox.Outbox, *reconcile.Reconciler, error) {
+	obKinds, recKinds := map[string]*outbox.KindConfig{}, map[string]*reconcile.KindConfig{}
+	for _, kind := range kinds {
+		obKinds[kind] = &outbox.KindConfig{Sender: neverSend{}}
+		recKinds[kind] = &reconcile.KindConfig{Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
 			return reconcile.LookupResult{}, errors.New("an operator's resolution does not look operations up")
-		})},
-	}})
+		})}
+	}
+	ob, err := outbox.New(pool, &outbox.Config{Kinds: obKinds})
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-operator", Kinds: recKinds})
+	if err != nil {
+		return nil, nil, err
+	}
+	return ob, rec, nil
+}
+
+// OperationKinds returns the operation kinds whose operations OperationResolve resolves
+// without NoCallback: the kinds of the client's outbox, whose outcome callbacks it runs.
+// A console offers Resolve on these.
+func (c *Client) OperationKinds() []string {
+	if c == nil || c.outbox == nil || c.reconciler == nil {
+		return nil
+	}
+	return c.outbox.Kinds()
 }
 
 // neverSend is the Sender of the outbox of a resolution without callback; it is never started.

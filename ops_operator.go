@@ -11,10 +11,12 @@ import (
 
 // NewOperatorClient returns a Client for operator tools that do none of the service's work
 // (the stepwise command, a standalone console): it reads and acts through pool with an
-// insert-only River client (a resumed run's job is inserted for the service's own workers),
-// and knows no operation kinds, so OperationResolve refuses unless NoCallback says the
-// kind has no outcome callback. A service uses NewClient, whose client has its kinds.
-func NewOperatorClient(pool *pgxpool.Pool) (*Client, error) {
+// insert-only River client (a resumed run's job is inserted for the service's own workers).
+// It knows only noCallbackKinds, operation kinds the operator says have no outcome callback
+// (OnOutcome, OnOutcomeBatch): OperationResolve resolves their operations, and refuses
+// any other kind unless OperationResolveOpts.NoCallback says so. A service uses NewClient,
+// whose client has its kinds and runs their callbacks.
+func NewOperatorClient(pool *pgxpool.Pool, noCallbackKinds ...string) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("stepwise.NewOperatorClient: pool is nil")
 	}
@@ -22,5 +24,11 @@ func NewOperatorClient(pool *pgxpool.Pool) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stepwise.NewOperatorClient: %w", err)
 	}
-	return &Client{pool: pool, river: rc}, nil
+	c := &Client{pool: pool, river: rc}
+	if len(noCallbackKinds) > 0 {
+		if c.outbox, c.reconciler, err = noCallbackResolver(pool, noCallbackKinds...); err != nil {
+			return nil, fmt.Errorf("stepwise.NewOperatorClient: noCallbackKinds: %w", err)
+		}
+	}
+	return c, nil
 }

@@ -27,7 +27,7 @@ import (
 
 // ErrRunNotCancellable is returned by RunCancel for a run that is already finished
 // (succeeded, failed or cancelled): nothing was done.
-var ErrRunNotCancellable = errors.New("stepwise: run is finished; only a pending or running run can be cancelled")
+var ErrRunNotCancellable = errors.New("stepwise: run not cancellable")
 
 // ErrKindWithoutConfig is returned by OperationResolve for an operation whose kind this
 // Client has no outbox KindConfig for (and NoCallback is not set): the kind's outcome
@@ -221,7 +221,7 @@ func (c *Client) RunCancelTx(ctx context.Context, tx pgx.Tx, key string, opts *R
 		return nil, wrapErr(&workflow.RunChangedError{Key: key, SeenVersion: opts.ExpectedVersion, Status: status, Version: version, LastError: lastError})
 	}
 	if status.Finished() {
-		return nil, fmt.Errorf("%w: run %q is %s (version %d): nothing was done", ErrRunNotCancellable, key, status, version)
+		return nil, fmt.Errorf("%w: run %q is %s (version %d): only a pending or running run can be cancelled; nothing was done", ErrRunNotCancellable, key, status, version)
 	}
 	if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+opts.Actor+": "+opts.Reason); err != nil {
 		return nil, err

@@ -437,6 +437,18 @@ func TestNewOperatorClient(t *testing.T) {
 	run, err := oc.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: 1})
 	require.NoError(t, err)
 	require.Equal(t, workflow.StatusPending, run.Status)
+	require.Empty(t, oc.OperationKinds())
+
+	// With the kinds the operator says have no callback, it resolves them as they are.
+	nc, err := NewOperatorClient(e.pool, "payout")
+	require.NoError(t, err)
+	require.Equal(t, []string{"payout"}, nc.OperationKinds())
+	op, err := nc.OperationResolve(ctx, id, &OperationResolveOpts{Outcome: outbox.StateSucceeded, ExpectedVersion: v, Actor: "ana", Reason: "x"})
+	require.NoError(t, err)
+	require.Equal(t, outbox.StateSucceeded, op.State)
+	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM payout_outcome`), "the operator's client has no callback for the kind")
+	_, err = NewOperatorClient(e.pool, "")
+	require.ErrorContains(t, err, "noCallbackKinds")
 	_, err = NewOperatorClient(nil)
 	require.Error(t, err)
 	require.Equal(t, "stepwise: not found", fmt.Sprint(stepwisetype.ErrNotFound))

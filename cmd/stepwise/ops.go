@@ -344,7 +344,7 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 	switch {
 	case errors.As(err, &changed):
 		now := string(changed.Actual)
-		if changed.ActualVersion != 0 {
+		if changed.ActualVersion != 0 && *seen != 0 {
 			now += fmt.Sprintf(" at version %d", changed.ActualVersion)
 		}
 		saw := string(fromState)

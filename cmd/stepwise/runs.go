@@ -297,7 +297,10 @@ func runsCancel(ctx context.Context, c *cli, args []string) error {
 		case errors.As(err, &changed):
 			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, changed.Status, changed.Version, *seen, key)
 		case errors.Is(err, sw.ErrRunNotCancellable):
-			return fmt.Errorf("%v; nothing was changed", err)
+			if run, rerr := client.RunGetTx(ctx, tx, key); rerr == nil {
+				return fmt.Errorf("run %q is %s: only a pending or running run can be cancelled; nothing was changed", key, run.Status)
+			}
+			return err
 		case err != nil:
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
@@ -87,6 +89,15 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: only a pending or running run can be cancelled; the form sends the status you saw", seen)
 		return
 	}
+	// The version the operator saw, sent by this console's cancel form (a form of an older
+	// console sends the status only, which is still checked).
+	var version int64
+	if r.PostForm.Has("seen_version") {
+		var ok bool
+		if version, ok = h.seenVersion(w, r); !ok {
+			return
+		}
+	}
 	reason, ok := h.reason(w, r, v)
 	if !ok {
 		return
@@ -102,7 +113,12 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		if status != seen {
 			return errMoved
 		}
-		if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+v.Actor+" in the console: "+reason); err != nil {
+		if h.cfg.Client != nil {
+			// The client checks the version seen under the same lock, and records the request.
+			if _, err := h.cfg.Client.RunCancelTx(ctx, tx, key, &stepwise.RunCancelOpts{Actor: v.Actor, Reason: reason, ExpectedVersion: version}); err != nil {
+				return err
+			}
+		} else if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+v.Actor+" in the console: "+reason); err != nil {
 			return err
 		}
 		return audit(ctx, tx, key, "run.cancel", status, "cancel_requested", v.Actor, reason, r)
@@ -114,6 +130,9 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	case errors.Is(err, errMoved):
 		h.fail(w, r, http.StatusConflict, "run %q is %s now, not %s as you saw it: nothing was done; reload the run and decide again", key, status, seen)
 		return
+	case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, stepwise.ErrRunNotCancellable):
+		h.fail(w, r, http.StatusConflict, "run %q was not cancelled: %s; nothing was done: reload the run and decide again", key, h.runNow(ctx, key, seen, version))
+		return
 	case err != nil:
 		h.internal(w, r, "cancelling the run", err)
 		return
@@ -124,11 +143,11 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 
 var errMoved = errors.New("moved since seen")
 
-// resumeRun calls the Resume adapter (see Config.Resume) with the version of the run the
-// operator saw, and audits it.
+// resumeRun resumes a run through the client (Config.Client) or the Resume adapter, with the
+// version of the run the operator saw, and audits it.
 func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
-	if h.cfg.Resume == nil {
-		h.fail(w, r, http.StatusNotFound, "resume is not available here: Config.Resume is not set")
+	if !h.canResume() {
+		h.fail(w, r, http.StatusNotFound, "resume is not available here: Config.Client is not set, and Config.Resume is not set")
 		return
 	}
 	key, seen := r.PostForm.Get("key"), r.PostForm.Get("seen")
@@ -149,7 +168,7 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	ctx := r.Context()
-	if err := h.cfg.Resume(ctx, key, version, v.Actor, reason); err != nil {
+	if err := h.resume(ctx, key, seen, version, v.Actor, reason, r); err != nil {
 		switch {
 		case errors.Is(err, workflow.ErrRunNotFound):
 			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
@@ -168,16 +187,68 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		}
 		return
 	}
-	// Resume commits on its own; the console's audit row follows it (a crash between the two
-	// loses the console row, not Resume's own audit).
-	if err := pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
-		return audit(ctx, tx, key, "run.resume", seen, "resumed", v.Actor, reason, r)
-	}); err != nil {
-		h.internal(w, r, "auditing the resume", err)
-		return
-	}
 	h.logger.Info("console: run resumed", "run", key, "actor", v.Actor, "reason", reason, "seen_version", version)
 	h.redirect(w, r, "/run", url.Values{"key": {key}})
+}
+
+// resume resumes the run and writes the console's audit row: with the client, in one
+// transaction; with the Resume adapter, which commits on its own, after it (a crash between
+// the two loses the console row, not Resume's own audit).
+func (h *Handler) resume(ctx context.Context, key, seen string, version int64, actor, reason string, r *http.Request) error {
+	if h.cfg.Client != nil {
+		return pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+			if _, err := h.cfg.Client.RunResumeTx(ctx, tx, key, &stepwise.RunResumeOpts{Actor: actor, Reason: reason, ExpectedVersion: version}); err != nil {
+				return err
+			}
+			return audit(ctx, tx, key, "run.resume", seen, "resumed", actor, reason, r)
+		})
+	}
+	if err := h.cfg.Resume(ctx, key, version, actor, reason); err != nil {
+		return err
+	}
+	if err := pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+		return audit(ctx, tx, key, "run.resume", seen, "resumed", actor, reason, r)
+	}); err != nil {
+		return fmt.Errorf("auditing the resume: %w", err)
+	}
+	return nil
+}
+
+func (h *Handler) canResume() bool { return h.cfg.Client != nil || h.cfg.Resume != nil }
+func (h *Handler) canResolve() bool {
+	return h.cfg.Client != nil && len(h.cfg.Client.OperationKinds()) > 0 || h.cfg.Reconciler != nil
+}
+
+// canResolveKind reports whether the console offers Resolve on operations of kind: with the
+// client, only the kinds whose callbacks it runs (a button that is always refused is not an
+// action).
+func (h *Handler) canResolveKind(kind string) bool {
+	if h.cfg.Client != nil {
+		return slices.Contains(h.cfg.Client.OperationKinds(), kind)
+	}
+	return h.cfg.Reconciler != nil
+}
+
+// requests lists an operation's requests through the client or the Requests adapter.
+func (h *Handler) requests(ctx context.Context, id uuid.UUID) ([]Request, error) {
+	if h.cfg.Client == nil {
+		return h.cfg.Requests(ctx, id)
+	}
+	rs, err := h.cfg.Client.OperationRequestList(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Request, 0, len(rs))
+	for _, rq := range rs {
+		cr := Request{Attempt: rq.Claim, EndedAt: rq.EndedAt, Outcome: string(rq.Outcome), Detail: rq.Error}
+		if rq.StartedAt != nil {
+			cr.StartedAt = *rq.StartedAt
+		} else {
+			cr.Detail = "claimed by " + rq.Actor + "; its dispatcher died holding the claim: the request may or may not have begun"
+		}
+		out = append(out, cr)
+	}
+	return out, nil
 }
 
 // runNow describes a run as it is now against what the operator saw, for a refusal.
@@ -203,8 +274,8 @@ func (h *Handler) runNow(ctx context.Context, key, seen string, seenVersion int6
 // reconcile.ResolveTx, conditional on the state the operator saw, with the console's audit
 // row in the same transaction.
 func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *viewer) {
-	if h.cfg.Reconciler == nil {
-		h.fail(w, r, http.StatusNotFound, "resolving is not available here: Config.Reconciler is not set")
+	if !h.canResolve() {
+		h.fail(w, r, http.StatusNotFound, "resolving is not available here: Config.Client is not set, and Config.Reconciler is not set")
 		return
 	}
 	id, err := uuid.Parse(r.PostForm.Get("id"))
@@ -240,7 +311,14 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		// ResolveTx moves the operation only if it is still the one the operator saw: its
 		// state and its version (another operator or the reconciler may have settled it
 		// meanwhile, or sent it again and brought it back to MANUAL for another reason).
-		if _, err := h.cfg.Reconciler.ResolveTx(ctx, tx, &reconcile.ResolveParams{
+		if h.cfg.Client != nil {
+			// The client runs the kind's outcome callback through its outbox, in tx.
+			if _, err := h.cfg.Client.OperationResolveTx(ctx, tx, id, &stepwise.OperationResolveOpts{
+				Outcome: outcome, ExpectedState: seen, ExpectedVersion: version, Actor: v.Actor, Reason: reason, ExternalRef: ref,
+			}); err != nil {
+				return err
+			}
+		} else if _, err := h.cfg.Reconciler.ResolveTx(ctx, tx, &reconcile.ResolveParams{
 			OperationID: id, Outcome: outcome, ExpectedState: seen, ExpectedVersion: version, Actor: v.Actor, Reason: reason, ExternalRef: ref,
 		}); err != nil {
 			return err
@@ -257,6 +335,10 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		return
 	case errors.Is(err, reconcile.ErrInvalidResolution), errors.Is(err, outbox.ErrInvalidTransition):
 		h.fail(w, r, http.StatusBadRequest, "%v", err)
+		return
+	case errors.Is(err, outbox.ErrUnknownKind):
+		// The console's client has no config for the kind: its callback cannot run here.
+		h.fail(w, r, http.StatusConflict, "operation %s was not resolved: %v", id, err)
 		return
 	case err != nil:
 		h.internal(w, r, "resolving the operation", err)

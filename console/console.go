@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 )
@@ -53,7 +54,18 @@ type Config struct {
 	// once. Default 8.
 	MaxInFlight int
 
+	// Client is the service's Stepwise client: with it the console takes every action
+	// through the client's methods, with no adapter to write. Cancel (Client.RunCancelTx),
+	// Resume on failed and cancelled runs (Client.RunResumeTx, conditional on the version
+	// the operator saw, with the console's audit row in the same transaction), Resolve of
+	// MANUAL operations (Client.OperationResolveTx, which runs the kind's outcome callback
+	// through the client's outbox) and each operation's requests
+	// (Client.OperationRequestList). db passed to New is then the client's pool. With
+	// Client set, Reconciler, Resume and Requests must be nil (the client does what they do).
+	Client *stepwise.Client
+
 	// Reconciler enables resolving MANUAL operations (reconcile.Reconciler.ResolveTx).
+	// Without Client only; prefer Client.
 	Reconciler *reconcile.Reconciler
 
 	// Statements enables the Totals page: the external statement of each operation kind.
@@ -66,21 +78,19 @@ type Config struct {
 	// for 30 s).
 	TotalsTimeout time.Duration
 
-	// Resume, when set, puts a Resume form on the page of each failed or cancelled run, for
-	// operators allowed to act (nil: no form, and a posted resume is refused with 404). The
-	// console calls it with the run's key, the Run.Version the operator's page showed, the
-	// signed-in operator as actor and the reason typed in the form; it should continue the
-	// run from its last committed cursor only if the run is still at that version. Wire
-	// workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor, reason), as the sample
-	// service and cmd/stepwise do. Its refusals are shown when they match workflow.ErrRunNotFound,
+	// Resume (without Client only; prefer Client), when set, offers Resume on failed and
+	// cancelled runs: it continues a run from its cursor, only if the run is still at
+	// seenVersion (the Run.Version the operator's
+	// page showed). Wire workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor,
+	// reason). Its refusals are shown when they match workflow.ErrRunNotFound,
 	// ErrRunNotResumable or ErrRunChanged; any other error is logged and the page says only
 	// that the resume failed (an adapter's error may name hosts and users). The console
 	// audits the action itself after Resume returns (Resume runs its own transaction).
 	Resume func(ctx context.Context, key string, seenVersion int64, actor, reason string) error
 
-	// Requests, when set, lists the requests actually started for an operation (one per
-	// send) on its page. Wire it to outbox.Requests, converting each outbox.Request, as
-	// cmd/stepwise does; without it the page shows the attempt counter only.
+	// Requests (without Client only; prefer Client), when set, lists the requests actually
+	// started for an operation (one per send) on its page. Without it or Client the page
+	// shows the attempt counter only.
 	Requests func(ctx context.Context, operationID uuid.UUID) ([]Request, error)
 
 	// PageSize is the number of rows per list page. Default 50, at most 500.
@@ -96,7 +106,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Request is one request started for an operation, as the Requests adapter reports it.
+// Request is one request started for an operation, as the operation's page shows it.
 type Request struct {
 	Attempt   int
 	StartedAt time.Time
@@ -153,6 +163,18 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 		c.PageSize = defaultPageSize
 	case c.PageSize < 1 || c.PageSize > maxPageSize:
 		return nil, fmt.Errorf("console.New: PageSize %d: want 1 to %d", c.PageSize, maxPageSize)
+	}
+	if c.Client != nil {
+		// One way to act: a console that resumed through an adapter and resolved through the
+		// client would audit and refuse differently per action.
+		for _, f := range []struct {
+			set  bool
+			name string
+		}{{c.Reconciler != nil, "Reconciler"}, {c.Resume != nil, "Resume"}, {c.Requests != nil, "Requests"}} {
+			if f.set {
+				return nil, fmt.Errorf("console.New: Config.Client and Config.%s are both set: the client does what %s did; drop %s", f.name, f.name, f.name)
+			}
+		}
 	}
 	if c.Location == nil {
 		c.Location = time.UTC

@@ -1,18 +1,22 @@
 // Package console is an operator's web console for a Stepwise service: an http.Handler to
 // mount beside River UI that shows schedules and their slots' evidence-based status, runs
 // and their event trail, operations and their audit rows, and totals against an external
-// statement; and that lets a person cancel a run, resume one (when wired) and resolve a
-// MANUAL operation.
+// statement; and that lets a person cancel a run, resume one and resolve a MANUAL
+// operation, through the service's stepwise.Client.
 //
 // # Mounting
 //
 //	h, err := console.New(pool, &console.Config{
 //		Prefix:       "/console",
-//		Reconciler:   reconciler,                                  // enables Resolve
+//		Client:       client,                                      // the service's *stepwise.Client: Resume, Resolve, requests
 //		Authenticate: users.Authenticate,                          // console.LoadUsers; enables every action
 //		Statements:   map[string]reconcile.Statement{"payout": s}, // enables Totals
 //	})
 //	mux.Handle("/console/", h)
+//
+// With Client, the console resolves the operations of the kinds the client has, running
+// their outcome callbacks as the client does, and needs no adapter. (Without Client,
+// Config.Reconciler, Config.Resume and Config.Requests still work as before.)
 //
 // Pages are server-rendered (html/template), with no script and no asset fetched from
 // anywhere: the console works on an air-gapped operations network.
@@ -33,7 +37,8 @@
 //     it was made from (bound to the user). The actor recorded is the authenticated user,
 //     never a form field.
 //   - Every action writes a 'console.action' event (actor, reason, peer) in the same
-//     transaction as the change where the underlying API allows it.
+//     transaction as the change (with Client always; with the Resume adapter, which commits
+//     on its own, just after it).
 //
 // # Cost on a large ledger
 //

@@ -145,7 +145,7 @@ func (h *Handler) renderError(w http.ResponseWriter, r *http.Request, status int
 
 func (h *Handler) write(w http.ResponseWriter, r *http.Request, page string, status int, d *pageData) {
 	d.Prefix = h.cfg.Prefix
-	d.Resume, d.Resolve, d.Totals = h.cfg.Resume != nil, h.cfg.Reconciler != nil, len(h.cfg.Statements) > 0
+	d.Resume, d.Resolve, d.Totals = h.canResume(), h.canResolve(), len(h.cfg.Statements) > 0
 	// Render into a buffer first: a template error half-way must not send half a page
 	// with a 200.
 	var buf bytes.Buffer

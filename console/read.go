@@ -393,7 +393,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 	}
 	unfinished := run.Status == workflow.StatusPending || run.Status == workflow.StatusRunning
 	d.CanCancel = v.CanAct() && unfinished && run.CancelRequestedAt == nil
-	d.CanResume = v.CanAct() && h.cfg.Resume != nil && (run.Status == workflow.StatusFailed || run.Status == workflow.StatusCancelled)
+	d.CanResume = v.CanAct() && h.canResume() && (run.Status == workflow.StatusFailed || run.Status == workflow.StatusCancelled)
 	d.Operations = template.URL(url.Values{"run": {key}}.Encode())
 	h.render(w, r, v, "run", "Run "+key, d)
 }
@@ -557,14 +557,14 @@ func (h *Handler) operation(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.internal(w, r, "reading the operation's audit rows", err)
 		return
 	}
-	if h.cfg.Requests != nil {
+	if h.cfg.Client != nil || h.cfg.Requests != nil {
 		d.HasReqs = true
-		if d.Requests, err = h.cfg.Requests(ctx, id); err != nil {
+		if d.Requests, err = h.requests(ctx, id); err != nil {
 			h.internal(w, r, "reading the operation's requests", err)
 			return
 		}
 	}
-	d.CanResolve = v.CanAct() && h.cfg.Reconciler != nil && op.State == outbox.StateManual
+	d.CanResolve = v.CanAct() && h.canResolveKind(op.Kind) && op.State == outbox.StateManual
 	d.Outcomes = []string{string(outbox.StateSucceeded), string(outbox.StateFailedPermanent), string(outbox.StateRetryable)}
 	h.render(w, r, v, "operation", "Operation "+id.String(), d)
 }

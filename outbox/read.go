@@ -26,33 +26,42 @@ func Get(ctx context.Context, q stepwisetype.DBTX, id uuid.UUID) (*Operation, er
 
 // ListParams selects operations for List.
 type ListParams struct {
-	// State selects operations in this state. Required.
+	// State selects operations in this state. Required unless RunKey or BusinessKey is set
+	// (then empty means any state).
 	State State
 	// Kind, when set, selects operations of this kind only.
 	Kind string
+	// RunKey, when set, selects the operations this run enqueued (Operation.RunKey).
+	RunKey string
+	// BusinessKey, when set, selects the operations with this business key (exact).
+	BusinessKey string
 	// Limit caps the result. Defaults to 100.
 	Limit int
 }
 
-// List returns operations in a state, oldest update first (for UNKNOWN_EXTERNAL and MANUAL,
-// the ones waiting longest).
+// List returns operations, oldest update first (for UNKNOWN_EXTERNAL and MANUAL, the ones
+// waiting longest).
 func List(ctx context.Context, q stepwisetype.DBTX, params *ListParams) ([]*Operation, error) {
-	if params == nil || !params.State.valid() {
-		return nil, errors.New("outbox.List: ListParams.State is required; use one of outbox.States()")
+	if params == nil || (params.State != "" || params.RunKey == "" && params.BusinessKey == "") && !params.State.valid() {
+		return nil, errors.New("outbox.List: ListParams.State is required (use one of outbox.States()) unless RunKey or BusinessKey narrows the list")
 	}
 	limit := params.Limit
 	if limit <= 0 {
 		limit = 100
 	}
+	what := string(params.State)
+	if what == "" {
+		what = "matching"
+	}
 	rows, err := q.Query(ctx, `SELECT `+columns+` FROM stepwise_operation
-		WHERE state = $1 AND ($2 = '' OR kind = $2)
-		ORDER BY updated_at, operation_id LIMIT $3`, params.State, params.Kind, limit)
+		WHERE ($1 = '' OR state = $1) AND ($2 = '' OR kind = $2) AND ($4 = '' OR run_key = $4) AND ($5 = '' OR business_key = $5)
+		ORDER BY updated_at, operation_id LIMIT $3`, params.State, params.Kind, limit, params.RunKey, params.BusinessKey)
 	if err != nil {
-		return nil, fmt.Errorf("listing %s operations: %w", params.State, err)
+		return nil, fmt.Errorf("listing %s operations: %w", what, err)
 	}
 	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Operation, error) { return scanOperation(r) })
 	if err != nil {
-		return nil, fmt.Errorf("listing %s operations: %w", params.State, err)
+		return nil, fmt.Errorf("listing %s operations: %w", what, err)
 	}
 	return ops, nil
 }

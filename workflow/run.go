@@ -424,6 +424,55 @@ func resume(ctx context.Context, client *river.Client[pgx.Tx], key string, seenV
 	}
 	tx := client.Driver().UnwrapTx(execTx)
 	defer pgtx.Rollback(ctx, tx)
+	if err := resumeTx(ctx, client, tx, key, seenVersion, actor, reason); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("resuming run %q: committing: %w", key, err)
+	}
+	return nil
+}
+
+// ResumeTx is ResumeIfUnchanged in the caller's transaction, for a tool that records the
+// decision beside its own writes (an audit row of its own, say): the run's new job and its
+// 'run.resume' event commit or roll back with tx. On any error nothing of this call remains
+// in tx (it works under a savepoint), so a caller that commits anyway commits no orphan job.
+// seenVersion must be a Version read from the run (1 or more).
+func ResumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) error {
+	switch {
+	case client == nil:
+		return errors.New("workflow.ResumeTx: client is nil")
+	case seenVersion < 1:
+		return fmt.Errorf("workflow.ResumeTx(%q): seenVersion %d: pass the run's Version as read (1 or more)", key, seenVersion)
+	case actor == "":
+		return fmt.Errorf("workflow.ResumeTx(%q): actor is empty; say who resumes the run, for the audit trail", key)
+	case reason == "":
+		return fmt.Errorf("workflow.ResumeTx(%q): reason is empty; say why the run can go on now (e.g. the incident fixed)", key)
+	}
+	if err := audittext.Check("actor", actor); err != nil {
+		return fmt.Errorf("workflow.ResumeTx(%q): %w", key, err)
+	}
+	if err := audittext.Check("reason", reason); err != nil {
+		return fmt.Errorf("workflow.ResumeTx(%q): %w", key, err)
+	}
+	// Guards against a refused resume leaving its River job in the caller's transaction: the
+	// job is inserted before the guarded transition, and a caller may commit after an error.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("resuming run %q: %w", key, err)
+	}
+	defer pgtx.Rollback(ctx, sp)
+	if err := resumeTx(ctx, client, sp, key, seenVersion, actor, reason); err != nil {
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return fmt.Errorf("resuming run %q: releasing its savepoint: %w", key, err)
+	}
+	return nil
+}
+
+// resumeTx resumes the run in tx; a non-nil error leaves tx to be rolled back.
+func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) error {
 	run, err := GetRun(ctx, tx, key)
 	if err != nil {
 		return fmt.Errorf("workflow.Resume: %w", err)
@@ -469,9 +518,6 @@ func resume(ctx context.Context, client *river.Client[pgx.Tx], key string, seenV
 			return fmt.Errorf("resuming run %q: %w", key, errRunMoved)
 		}
 		return &RunChangedError{Key: key, SeenVersion: run.Version, Status: now.Status, Version: now.Version, LastError: now.LastError}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("resuming run %q: committing: %w", key, err)
 	}
 	return nil
 }

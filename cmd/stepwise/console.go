@@ -10,15 +10,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"riverqueue.com/riverui"
 
+	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/console/surface"
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/workflow"
 )
 
 // consoleMaxInFlight caps the console's and River UI's requests in flight, each: they query
@@ -87,33 +85,16 @@ func runConsole(ctx context.Context, c *cli, args []string) error {
 	if err := auth.Guard.TrustProxies(auth.TrustedProxies); err != nil {
 		return usageError("%s: CONSOLE_TRUSTED_PROXIES: %v", c.path, err)
 	}
+	// The operator's client: resumes runs through the insert-only River client, lists each
+	// operation's requests, and resolves the operations of the kinds the operator said have
+	// no outcome callback (the console offers Resolve on those only).
+	opClient, err := sw.NewOperatorClient(pool, noCallback...)
+	if err != nil {
+		return usageError("%s: --no-callback-kind: %v", c.path, err)
+	}
 	cfg := &console.Config{
 		Prefix: "/console", Logger: logger, Authenticate: auth.Console, Guard: auth.Guard, Hosts: allowed, MaxInFlight: consoleMaxInFlight,
-		Resume: func(ctx context.Context, key string, seenVersion int64, actor, reason string) error {
-			return workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor, reason)
-		},
-		Requests: func(ctx context.Context, id uuid.UUID) ([]console.Request, error) {
-			rs, err := outbox.Requests(ctx, pool, id)
-			if err != nil {
-				return nil, err
-			}
-			out := make([]console.Request, 0, len(rs))
-			for _, r := range rs {
-				cr := console.Request{Attempt: r.Claim, EndedAt: r.EndedAt, Outcome: string(r.Outcome), Detail: r.Error}
-				if r.StartedAt != nil {
-					cr.StartedAt = *r.StartedAt
-				} else {
-					cr.Detail = "claimed by " + r.Actor + "; its dispatcher died holding the claim: the request may or may not have begun"
-				}
-				out = append(out, cr)
-			}
-			return out, nil
-		},
-	}
-	if len(noCallback) > 0 {
-		if cfg.Reconciler, err = resolverFor(pool, noCallback...); err != nil {
-			return usageError("%s: --no-callback-kind: %v", c.path, err)
-		}
+		Client: opClient,
 	}
 	cons, err := console.New(pool, cfg)
 	if err != nil {

@@ -9,9 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 )
@@ -191,9 +190,13 @@ func opsShow(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	client, err := sw.NewOperatorClient(pool)
+	if err != nil {
+		return err
+	}
 	var out opShow
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		op, err := outbox.Get(ctx, tx, id)
+		op, err := client.OperationGetTx(ctx, tx, id)
 		if errors.Is(err, outbox.ErrNotFound) {
 			return fmt.Errorf("%w: no operation %s; list them with \"stepwise ops\"", errNotFound, id)
 		}
@@ -201,7 +204,7 @@ func opsShow(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 		out.Operation = op
-		if out.Requests, err = outbox.Requests(ctx, tx, id); err != nil {
+		if out.Requests, err = client.OperationRequestListTx(ctx, tx, id); err != nil {
 			return err
 		}
 		// An operation has a handful of events (one per move).
@@ -307,7 +310,14 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	cur, err := outbox.Get(ctx, pool, id)
+	// An operator's client knows no kinds: it resolves only with NoCallback (the operator
+	// said the kind has no callback), and wakes the service's dispatcher for a RETRYABLE
+	// decision through its insert-only River client.
+	client, err := sw.NewOperatorClient(pool)
+	if err != nil {
+		return err
+	}
+	cur, err := client.OperationGet(ctx, id)
 	if errors.Is(err, outbox.ErrNotFound) {
 		return fmt.Errorf("%w: no operation %s; list the ones waiting for a person with \"stepwise ops --state MANUAL\"", errNotFound, id)
 	}
@@ -322,29 +332,24 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 			return fmt.Errorf("operation %s (%s %s) is %s: only MANUAL and UNKNOWN_EXTERNAL operations are resolved by hand; nothing was changed", id, cur.Kind, cur.BusinessKey, cur.State)
 		}
 	}
-	rec, err := resolverFor(pool, cur.Kind)
-	if err != nil {
-		return err
+	version := *seen
+	if version == 0 {
+		// Without --seen-version: the version read just now (a move since is refused).
+		version = cur.Version
 	}
-	// With an insert-only client in ctx, a RETRYABLE decision wakes the service's dispatcher
-	// at once instead of at its next poll.
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		return err
-	}
-	op, err := rec.Resolve(outbox.ContextWithClient(ctx, client), &reconcile.ResolveParams{
-		OperationID: id, Outcome: toState, ExpectedState: fromState, ExpectedVersion: *seen, Actor: a.actor, Reason: a.reason,
+	op, err := client.OperationResolve(ctx, id, &sw.OperationResolveOpts{
+		Outcome: toState, ExpectedState: fromState, ExpectedVersion: version, Actor: a.actor, Reason: a.reason, NoCallback: true,
 	})
 	var changed *outbox.StateChangedError
 	switch {
 	case errors.As(err, &changed):
 		now := string(changed.Actual)
-		if changed.ActualVersion != 0 {
+		if changed.ActualVersion != 0 && *seen != 0 {
 			now += fmt.Sprintf(" at version %d", changed.ActualVersion)
 		}
 		saw := string(fromState)
-		if changed.ExpectedVersion != 0 {
-			saw += fmt.Sprintf(" at version %d", changed.ExpectedVersion)
+		if *seen != 0 {
+			saw += fmt.Sprintf(" at version %d", *seen)
 		}
 		return fmt.Errorf("operation %s (%s %s) is %s now, not %s as you saw: nothing was changed; look again (stepwise ops show %s) before deciding",
 			id, cur.Kind, cur.BusinessKey, now, saw, id)
@@ -359,29 +364,4 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 	fmt.Fprintf(c.stdout, "operation %s (%s %s) is now %s (version %d), was %s; audited as %q by %s\n",
 		op.ID, op.Kind, op.BusinessKey, op.State, op.Version, fromState, a.reason, a.actor)
 	return nil
-}
-
-// resolverFor is a Reconciler that can record a person's decision on operations of kinds and
-// nothing else: it never sends (the service's dispatchers do) nor looks up (the service's
-// reconciler does), and the kinds have no outcome callback (the operator said so).
-func resolverFor(pool outbox.DB, kinds ...string) (*reconcile.Reconciler, error) {
-	obKinds, recKinds := map[string]*outbox.KindConfig{}, map[string]*reconcile.KindConfig{}
-	for _, kind := range kinds {
-		obKinds[kind] = &outbox.KindConfig{Sender: neverSend{}}
-		recKinds[kind] = &reconcile.KindConfig{Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{}, errors.New("the stepwise command does not look operations up")
-		})}
-	}
-	ob, err := outbox.New(pool, &outbox.Config{Kinds: obKinds})
-	if err != nil {
-		return nil, err
-	}
-	return reconcile.New(pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-cli", Kinds: recKinds})
-}
-
-// neverSend is the Sender of an Outbox that is never started.
-type neverSend struct{}
-
-func (neverSend) Send(context.Context, *outbox.Operation) (outbox.Receipt, error) {
-	return outbox.Receipt{}, outbox.NotSent(errors.New("the stepwise command does not send operations"))
 }

@@ -11,9 +11,8 @@ import (
 	"unicode"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -285,29 +284,32 @@ func runsCancel(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	client, err := sw.NewOperatorClient(pool)
+	if err != nil {
+		return err
+	}
 	key := pos[0]
-	var status string
-	var version int64
+	var status workflow.RunStatus
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		// Lock the run row: a worker finishing the run between the check and the request
-		// would turn "cancel what I saw running" into an audit row about a finished run.
-		err := tx.QueryRow(ctx, `SELECT status, version FROM stepwise_run WHERE key = $1 FOR UPDATE`, key).Scan(&status, &version)
-		if errors.Is(err, pgx.ErrNoRows) {
+		// The client locks the run, checks the version seen and records the request; the
+		// command's audit row commits with it.
+		run, err := client.RunCancelTx(ctx, tx, key, &sw.RunCancelOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: *seen})
+		var changed *workflow.RunChangedError
+		switch {
+		case errors.Is(err, workflow.ErrRunNotFound):
 			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs\"", errNotFound, key)
-		}
-		if err != nil {
+		case errors.As(err, &changed):
+			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, changed.Status, changed.Version, *seen, key)
+		case errors.Is(err, sw.ErrRunNotCancellable):
+			if run, rerr := client.RunGetTx(ctx, tx, key); rerr == nil {
+				return fmt.Errorf("run %q is %s: only a pending or running run can be cancelled; nothing was changed", key, run.Status)
+			}
+			return err
+		case err != nil:
 			return err
 		}
-		if *seen != 0 && version != *seen {
-			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, status, version, *seen, key)
-		}
-		if status != string(workflow.StatusPending) && status != string(workflow.StatusRunning) {
-			return fmt.Errorf("run %q is %s: only a pending or running run can be cancelled; nothing was changed", key, status)
-		}
-		if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+a.actor+" with the stepwise command: "+a.reason); err != nil {
-			return err
-		}
-		return auditAction(ctx, tx, key, "run.cancel", status, "cancel_requested", a)
+		status = run.Status
+		return auditAction(ctx, tx, key, "run.cancel", string(status), "cancel_requested", a)
 	})
 	if err != nil {
 		return err
@@ -334,7 +336,7 @@ func runsResume(ctx context.Context, c *cli, args []string) error {
 	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
 	var a auditFlags
 	a.register(f, "why the run can go on now, e.g. the incident fixed")
-	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed since (resumed, run and failed again). Default: not checked")
+	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed since (resumed, run and failed again). Default: the version the command reads first (a change after that is refused too)")
 	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
 	if err != nil {
 		return err
@@ -350,17 +352,24 @@ func runsResume(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	// An insert-only client (no queues, no workers): Resume inserts the run's job, and the
-	// service's own workers run it.
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	// An operator's client (an insert-only River client, no workers): the resume inserts the
+	// run's job, and the service's own workers run it.
+	client, err := sw.NewOperatorClient(pool)
 	if err != nil {
 		return err
 	}
 	key := pos[0]
-	if *seen > 0 {
-		err = workflow.ResumeIfUnchanged(ctx, client, key, *seen, a.actor, a.reason)
-	} else {
-		err = workflow.Resume(ctx, client, key, a.actor, a.reason)
+	version := *seen
+	if version == 0 {
+		// Without --seen-version the decision is on the run as it is now: read it, and the
+		// resume is still conditional on that read (a change in between is refused).
+		var run *workflow.Run
+		if run, err = client.RunGet(ctx, key); err == nil {
+			version = run.Version
+		}
+	}
+	if err == nil {
+		_, err = client.RunResume(ctx, key, &sw.RunResumeOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: version})
 	}
 	switch {
 	case errors.Is(err, workflow.ErrRunNotFound):

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/schedule"
 )
 
@@ -96,8 +97,12 @@ func schedulesPause(ctx context.Context, c *cli, args []string, pause bool) erro
 		return err
 	}
 	defer pool.Close()
+	client, err := sw.NewOperatorClient(pool)
+	if err != nil {
+		return err
+	}
 	name := pos[0]
-	before, err := schedule.Get(ctx, pool, name)
+	before, err := client.ScheduleGet(ctx, name)
 	if err != nil {
 		return notFoundSchedule(err, name)
 	}
@@ -110,9 +115,9 @@ func schedulesPause(ctx context.Context, c *cli, args []string, pause bool) erro
 		return nil
 	}
 	if pause {
-		err = schedule.Pause(ctx, pool, name, a.actor, a.reason)
+		err = client.SchedulePause(ctx, name, &sw.SchedulePauseOpts{Actor: a.actor, Reason: a.reason})
 	} else {
-		err = schedule.Resume(ctx, pool, name, a.actor, a.reason)
+		err = client.ScheduleResume(ctx, name, &sw.SchedulePauseOpts{Actor: a.actor, Reason: a.reason})
 	}
 	if err != nil {
 		return notFoundSchedule(err, name)
@@ -166,13 +171,14 @@ func schedulesSlots(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	name := pos[0]
-	if _, err := schedule.Get(ctx, pool, name); err != nil {
-		return notFoundSchedule(err, name)
-	}
-	slots, err := schedule.ListSlots(ctx, pool, name, *limit)
+	client, err := sw.NewOperatorClient(pool)
 	if err != nil {
 		return err
+	}
+	name := pos[0]
+	slots, err := client.SlotList(ctx, name, &sw.SlotListParams{Limit: *limit})
+	if err != nil {
+		return notFoundSchedule(err, name)
 	}
 	if f.json {
 		out := make([]slotJSON, len(slots))

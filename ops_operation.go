@@ -1,0 +1,237 @@
+package stepwise
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/stepwisetype"
+)
+
+// OperationGet reads an operation of the ledger. Replaces outbox.Get.
+func (c *Client) OperationGet(ctx context.Context, id uuid.UUID) (*outbox.Operation, error) {
+	if err := c.checkPool("OperationGet"); err != nil {
+		return nil, err
+	}
+	return operationGet(ctx, c.pool, id)
+}
+
+// OperationGetTx is OperationGet in the caller's transaction.
+func (c *Client) OperationGetTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) (*outbox.Operation, error) {
+	return operationGet(ctx, tx, id)
+}
+
+func operationGet(ctx context.Context, q stepwisetype.DBTX, id uuid.UUID) (*outbox.Operation, error) {
+	op, err := outbox.Get(ctx, q, id)
+	return op, wrapErr(err)
+}
+
+// OperationListParams selects operations for OperationList.
+type OperationListParams struct {
+	// State selects operations in this state. Required unless RunKey or BusinessKey is set.
+	State outbox.State
+	// Kind selects operations of this kind.
+	Kind string
+	// RunKey selects the operations this run enqueued.
+	RunKey string
+	// BusinessKey selects the operations with this business key (exact).
+	BusinessKey string
+	// Limit caps the result: 0 for 100.
+	Limit int
+}
+
+// OperationList lists operations, oldest update first (in MANUAL and UNKNOWN_EXTERNAL: the
+// ones waiting longest). Replaces outbox.List.
+func (c *Client) OperationList(ctx context.Context, params *OperationListParams) ([]*outbox.Operation, error) {
+	if err := c.checkPool("OperationList"); err != nil {
+		return nil, err
+	}
+	return operationList(ctx, c.pool, params)
+}
+
+// OperationListTx is OperationList in the caller's transaction.
+func (c *Client) OperationListTx(ctx context.Context, tx pgx.Tx, params *OperationListParams) ([]*outbox.Operation, error) {
+	return operationList(ctx, tx, params)
+}
+
+func operationList(ctx context.Context, q stepwisetype.DBTX, params *OperationListParams) ([]*outbox.Operation, error) {
+	p := OperationListParams{}
+	if params != nil {
+		p = *params
+	}
+	return outbox.List(ctx, q, &outbox.ListParams{State: p.State, Kind: p.Kind, RunKey: p.RunKey, BusinessKey: p.BusinessKey, Limit: p.Limit})
+}
+
+// OperationRequestList lists the requests recorded for an operation (one per send begun, and
+// claims lost with a dispatcher that died holding them), oldest first. Replaces
+// outbox.Requests (and the console's Config.Requests adapter).
+func (c *Client) OperationRequestList(ctx context.Context, id uuid.UUID) ([]outbox.Request, error) {
+	if err := c.checkPool("OperationRequestList"); err != nil {
+		return nil, err
+	}
+	return outbox.Requests(ctx, c.pool, id)
+}
+
+// OperationRequestListTx is OperationRequestList in the caller's transaction.
+func (c *Client) OperationRequestListTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) ([]outbox.Request, error) {
+	return outbox.Requests(ctx, tx, id)
+}
+
+// OperationResolveOpts are a person's decision on an operation the reconciler could not
+// settle (MANUAL or UNKNOWN_EXTERNAL).
+type OperationResolveOpts struct {
+	// Outcome is the decision: SUCCEEDED (it happened), FAILED_PERMANENT (it did not and
+	// will not) or RETRYABLE (it did not: send it again, under the same id). Required.
+	Outcome outbox.State
+	// ExpectedVersion is the operation's Version the person saw. Required (1 or more): an
+	// operation that moved since, even back to the same state (MANUAL because "never sent",
+	// sent again, MANUAL because "the bank holds another amount"), is another question, and
+	// the decision is refused with an error matching stepwisetype.ErrChanged (an
+	// *outbox.StateChangedError). Nothing is done then.
+	ExpectedVersion int64
+	// ExpectedState is the state the person saw, checked too when set. Default: the state
+	// the operation had at ExpectedVersion (the version fixes it).
+	ExpectedState outbox.State
+	// Actor names the person, Reason says why; both required and recorded in the ledger's
+	// event of the move.
+	Actor, Reason string
+	// ExternalRef is the external system's reference, when the person found one.
+	ExternalRef string
+	// NoCallback resolves an operation whose kind this client has no outbox KindConfig for,
+	// which it refuses otherwise (ErrKindWithoutConfig): set it only when the service
+	// registers no outcome callback for the kind (OnOutcome, OnOutcomeBatch), or the
+	// business state that moves with the operation stays behind the ledger for good. A kind
+	// the client has is always resolved with its callback, in the same transaction.
+	NoCallback bool
+}
+
+// OperationResolve records a person's decision on a MANUAL or UNKNOWN_EXTERNAL operation,
+// only if it is still at opts.ExpectedVersion, with the kind's outcome callback run by the
+// client's outbox in the same transaction, and audited in the ledger with Actor and Reason.
+// A RETRYABLE decision wakes the kind's dispatcher at commit. It returns the operation as
+// it is after. Replaces reconcile.(*Reconciler).Resolve.
+func (c *Client) OperationResolve(ctx context.Context, id uuid.UUID, opts *OperationResolveOpts) (*outbox.Operation, error) {
+	var op *outbox.Operation
+	err := c.inTx(ctx, "OperationResolve", func(tx pgx.Tx) error {
+		var err error
+		op, err = c.OperationResolveTx(ctx, tx, id, opts)
+		return err
+	})
+	return op, err
+}
+
+// OperationResolveTx is OperationResolve in the caller's transaction.
+func (c *Client) OperationResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, opts *OperationResolveOpts) (*outbox.Operation, error) {
+	what := fmt.Sprintf("stepwise.Client.OperationResolve(%s)", id)
+	switch {
+	case opts == nil:
+		return nil, fmt.Errorf("%w: %s: opts are nil: pass OperationResolveOpts with Outcome, ExpectedVersion, Actor and Reason", reconcile.ErrInvalidResolution, what)
+	case opts.ExpectedVersion < 1:
+		return nil, fmt.Errorf("%w: %s: ExpectedVersion %d: pass the operation's Version as you read it (1 or more); a resolution is never unconditional",
+			reconcile.ErrInvalidResolution, what, opts.ExpectedVersion)
+	}
+	if err := checkActor(what, opts.Actor, opts.Reason); err != nil {
+		return nil, fmt.Errorf("%w: %w", reconcile.ErrInvalidResolution, err)
+	}
+	// Lock the row: guards against a decision on a stale view. The kind, state and version
+	// read here are the ones the move below is made on (ResolveTx checks the version again
+	// under the same lock); an operation that moved since the person read it is refused
+	// here, whatever state it moved to.
+	var (
+		kind    string
+		state   outbox.State
+		version int64
+	)
+	err := tx.QueryRow(ctx, `SELECT kind, state, version FROM stepwise_operation WHERE operation_id = $1 FOR UPDATE`, id).Scan(&kind, &state, &version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, wrapErr(fmt.Errorf("resolving operation %s: %w", id, outbox.ErrNotFound))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolving operation %s: reading it: %w", id, err)
+	}
+	from := opts.ExpectedState
+	if from == "" {
+		// The version the person saw fixes the state.
+		from = state
+	}
+	if version != opts.ExpectedVersion || state != from {
+		return nil, wrapErr(fmt.Errorf("resolving operation %s: %w", id, &outbox.StateChangedError{OperationID: id,
+			Expected: from, Actual: state, ExpectedVersion: opts.ExpectedVersion, ActualVersion: version}))
+	}
+	rec, err := c.resolverFor(kind, opts.NoCallback)
+	if err != nil {
+		return nil, err
+	}
+	if c.river != nil {
+		// A RETRYABLE decision queues the kind's dispatcher in tx instead of waiting for the
+		// outbox's poll.
+		ctx = outbox.ContextWithClient(ctx, c.river)
+	}
+	out, err := rec.ResolveTx(ctx, tx, &reconcile.ResolveParams{
+		OperationID: id, Outcome: opts.Outcome, ExpectedState: from, ExpectedVersion: opts.ExpectedVersion,
+		Actor: opts.Actor, Reason: opts.Reason, ExternalRef: opts.ExternalRef,
+	})
+	return out, wrapErr(err)
+}
+
+// resolverFor is the reconciler that records a decision on an operation of kind: the
+// client's, which runs the kind's outcome callback; or, with noCallback, one that knows the
+// kind without a callback and never sends nor looks up (the service's own processes do).
+func (c *Client) resolverFor(kind string, noCallback bool) (*reconcile.Reconciler, error) {
+	if c.reconciler != nil && c.outbox != nil && c.outbox.KindConfig(kind) != nil {
+		return c.reconciler, nil
+	}
+	// Guards against a resolution that leaves the service's business state behind the
+	// ledger for good: the kind's callback is the service's code, which this client lacks.
+	if !noCallback {
+		return nil, fmt.Errorf("%w: operation kind %q: resolve it through the service that registers the kind (its client, its console), "+
+			"which runs the callback in the same transaction; if the service registers no outcome callback for it, set OperationResolveOpts.NoCallback",
+			ErrKindWithoutConfig, kind)
+	}
+	_, rec, err := noCallbackResolver(c.pool, kind)
+	return rec, err
+}
+
+// noCallbackResolver is an outbox and reconciler that know kinds, without outcome callbacks,
+// and can record a person's decision on their operations and nothing else: they never send
+// nor look up (the service's own processes do), and are never started.
+func noCallbackResolver(pool outbox.DB, kinds ...string) (*outbox.Outbox, *reconcile.Reconciler, error) {
+	obKinds, recKinds := map[string]*outbox.KindConfig{}, map[string]*reconcile.KindConfig{}
+	for _, kind := range kinds {
+		obKinds[kind] = &outbox.KindConfig{Sender: neverSend{}}
+		recKinds[kind] = &reconcile.KindConfig{Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+			return reconcile.LookupResult{}, errors.New("an operator's resolution does not look operations up")
+		})}
+	}
+	ob, err := outbox.New(pool, &outbox.Config{Kinds: obKinds})
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-operator", Kinds: recKinds})
+	if err != nil {
+		return nil, nil, err
+	}
+	return ob, rec, nil
+}
+
+// OperationKinds returns the operation kinds whose operations OperationResolve resolves
+// without NoCallback: the kinds of the client's outbox, whose outcome callbacks it runs.
+// A console offers Resolve on these.
+func (c *Client) OperationKinds() []string {
+	if c == nil || c.outbox == nil || c.reconciler == nil {
+		return nil
+	}
+	return c.outbox.Kinds()
+}
+
+// neverSend is the Sender of the outbox of a resolution without callback; it is never started.
+type neverSend struct{}
+
+func (neverSend) Send(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+	return outbox.Receipt{}, outbox.NotSent(errors.New("an operator's resolution does not send operations"))
+}

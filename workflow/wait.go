@@ -272,13 +272,12 @@ func SignalPool(ctx context.Context, pool *pgxpool.Pool, runKey, name, id string
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return Signal(ctx, tx, runKey, name, id, payload) })
 }
 
-// checkWait is the waiter's side of the protocol (runwait): the run's row locked FOR UPDATE,
-// then, in a statement of its own, whether the condition holds already. Guards: a satisfier
+// checkWait is the waiter's side of the protocol (runwait): the run's wait lock taken, then, in a statement of its own, whether the condition holds already. Guards: a satisfier
 // that committed after this step began and did not see the wait (then this sees its write),
 // and WaitForChildren naming runs that are not children (their finish would wake no one).
 func (a *attempt[A, C]) checkWait(ctx context.Context, tx pgx.Tx, w *waitSpec) (bool, error) {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT 1 FROM stepwise_run WHERE key = $1 FOR UPDATE`, a.key)
+	b.Queue(runwait.LockSQL, []string{a.key})
 	b.Queue(`SELECT `+runwait.ConditionSQL+`,
 		(SELECT array_agg(k ORDER BY k) FROM unnest(w.children) k
 		  WHERE NOT EXISTS (SELECT 1 FROM stepwise_run c WHERE c.key = k AND c.parent_key = w.run_key))

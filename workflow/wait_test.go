@@ -335,6 +335,9 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 		waitingRun(t, pool, child)
 		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
 	}
+	for i := range 2 {
+		waitRun(t, pool, fmt.Sprintf("cp/child-%d", i), 10*time.Second, workflow.StatusSucceeded)
+	}
 	l := waitLog(t, pool, "cp", 20*time.Second)
 	require.False(t, l.woken.TimedOut)
 	waitRun(t, pool, "cp", 10*time.Second, workflow.StatusSucceeded)

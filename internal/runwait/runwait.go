@@ -3,19 +3,23 @@
 // mover: dispatcher, reconciler, console), a child run's finish, a signal. It is internal so
 // that package outbox can wake runs without importing package workflow.
 //
-// The protocol (docs/design.md, "Waits"). Both sides lock the waiting run's stepwise_run row
-// before they look at the other side's writes, each in a statement of its own (READ
-// COMMITTED: a statement sees what committed before it began):
+// The protocol (docs/design.md, "Waits"). The waiter and every satisfier of a run take the
+// run's wait lock (LockSQL: a transaction-scoped advisory lock on the run's key) before they
+// look at the other side's writes, each look in a statement of its own (READ COMMITTED: a
+// statement sees what committed before it began):
 //
-//   - the waiting step locks its run's row FOR UPDATE, then checks the condition, then (if it
-//     does not hold) records the wait and commits;
-//   - a satisfier writes (an operation at rest, a child finished, a signal stored), locks the
-//     run's row FOR KEY SHARE, then looks for the run's open wait and checks its condition.
+//   - the waiting step takes the lock, then checks the condition, then (if it does not hold)
+//     records the wait and commits;
+//   - a satisfier writes (an operation at rest, a child finished, a signal stored), takes the
+//     lock, then looks for the run's open wait and checks its condition.
 //
 // Whoever locks second sees the other's commit: the waiter sees the satisfying write and does
 // not sleep, or the satisfier sees the wait and wakes the run. Guards against the lost wake
-// of two transactions that each miss the other's uncommitted write. FOR KEY SHARE does not
-// conflict with the plain updates a run's steps make to its row, only with the waiter's lock.
+// of two transactions that each miss the other's uncommitted write — between the waiter and
+// a satisfier, and between two satisfiers that each bring the last-but-one piece (two
+// children finishing at once each saw the other still running: measured, a parent left
+// asleep). The lock is not the run's row: a run's steps, its slice releases and its
+// heartbeats never wait for it, only waiters and satisfiers of the same run.
 package runwait
 
 import (
@@ -110,9 +114,21 @@ const dueSQL = `
 	 ORDER BY w.run_key
 	   FOR UPDATE OF j`
 
-// lockSQL takes the satisfier's side of the protocol: the runs' rows FOR KEY SHARE, in key
-// order (two satisfiers lock in the same order).
-const lockSQL = `SELECT key FROM stepwise_run WHERE key = ANY ($1) ORDER BY key FOR KEY SHARE`
+// waitLockClass is the first key of the runs' wait locks (advisory, two-int form, so that it
+// cannot meet the single bigint key of migrations' lock): "STWP".
+const waitLockClass = 0x53545750
+
+func init() {
+	if fmt.Sprint(waitLockClass) != waitLockClassSQL {
+		panic("runwait: waitLockClassSQL differs from waitLockClass")
+	}
+}
+
+// LockSQL takes the wait locks of the runs $1 (text[], sorted: two satisfiers lock in the
+// same order), until the transaction ends.
+const LockSQL = `SELECT count(pg_advisory_xact_lock(` + waitLockClassSQL + `, hashtext(k))) FROM (SELECT k FROM unnest($1::text[]) k ORDER BY k) s`
+
+const waitLockClassSQL = "1398036304" // waitLockClass in decimal
 
 type due struct {
 	key         string
@@ -134,7 +150,7 @@ func AfterWrite(ctx context.Context, tx pgx.Tx, keys []string, by string) ([]str
 	}
 	keys = slices.Compact(slices.Sorted(slices.Values(keys)))
 	b := &pgx.Batch{}
-	b.Queue(lockSQL, keys)
+	b.Queue(LockSQL, keys)
 	b.Queue(dueSQL, keys)
 	br := tx.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {

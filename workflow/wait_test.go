@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/runwait"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -28,7 +30,8 @@ type waitArgs struct {
 	Mode      string `json:"mode"` // signal | ops | children | child
 	TimeoutMS int    `json:"timeout_ms"`
 	N         int    `json:"n"`
-	Fail      int    `json:"fail,omitempty"` // ops: how many the sender refuses for good
+	Fail      int    `json:"fail,omitempty"`   // ops: how many the sender refuses for good
+	Manual    int    `json:"manual,omitempty"` // ops: how many end MANUAL (never sent), after those
 }
 
 func (waitArgs) Kind() string { return "test_wait" }
@@ -59,8 +62,11 @@ func (w *waitWorker) Step(ctx context.Context, s *workflow.Step[waitArgs, waitCu
 			ops := make([]outbox.EnqueueParams, s.Args.N)
 			for i := range ops {
 				bk := fmt.Sprintf("%s/%d", s.RunKey, i)
-				if i < s.Args.Fail {
+				switch {
+				case i < s.Args.Fail:
 					bk += "/refuse"
+				case i < s.Args.Fail+s.Args.Manual:
+					bk += "/manual"
 				}
 				ops[i] = outbox.EnqueueParams{Kind: waitOpKind, BusinessKey: bk, Payload: json.RawMessage(`{}`)}
 			}
@@ -93,6 +99,7 @@ type waitEnv struct {
 	engine *workflow.Engine
 	client *river.Client[pgx.Tx]
 	gate   chan struct{} // closed: the sender answers; until then it blocks
+	ob     *outbox.Outbox
 }
 
 // newWaitEnv starts a River client with waitWorker and an outbox whose sender succeeds (or
@@ -116,13 +123,17 @@ func newWaitEnv(t testing.TB, pool *pgxpool.Pool, gateOpen bool) *waitEnv {
 			case <-ctx.Done():
 				return outbox.Receipt{}, outbox.NotSent(ctx.Err())
 			}
-			if len(op.BusinessKey) > 7 && op.BusinessKey[len(op.BusinessKey)-7:] == "/refuse" {
+			switch {
+			case strings.HasSuffix(op.BusinessKey, "/refuse"):
 				return outbox.Receipt{}, outbox.Permanent(errors.New("refused"))
+			case strings.HasSuffix(op.BusinessKey, "/manual"):
+				return outbox.Receipt{}, outbox.NotSent(errors.New("down")) // one attempt allowed: MANUAL
 			}
 			return outbox.Receipt{}, nil
-		})},
+		}), MaxAttempts: 1},
 	}})
 	require.NoError(t, err)
+	we.ob = ob
 	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
 		Workers:           river.NewWorkers(),
@@ -503,4 +514,45 @@ func TestWaitMaintenanceCost(t *testing.T) {
 		t.Logf("plan:\n%s", joined)
 		require.Contains(t, joined, "Index")
 	}
+}
+
+// MANUAL counts as at rest only once a person resolved it: the run stays asleep while one
+// operation is MANUAL (Run.Wait says so), and the person's decision, recorded through the
+// reconciler, wakes it in the decision's transaction.
+func TestWaitOperationsManualUntilResolved(t *testing.T) {
+	pool := testkit.DB(t)
+	we := newWaitEnv(t, pool, true)
+	ctx := context.Background()
+	we.start(t, "man", waitArgs{Mode: "ops", TimeoutMS: 600_000, N: 5, Manual: 1})
+	waitingRun(t, pool, "man")
+	deadline := time.Now().Add(20 * time.Second)
+	var run *workflow.Run
+	for {
+		var err error
+		run, err = workflow.GetRun(ctx, pool, "man")
+		require.NoError(t, err)
+		if run.Wait != nil && run.Wait.Manual == 1 && run.Wait.NotAtRest == 1 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "operations did not settle: %+v", run.Wait)
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, "1 of 5 operations not at rest; 1 MANUAL", run.Wait.Missing)
+	time.Sleep(300 * time.Millisecond)
+	run, err := workflow.GetRun(ctx, pool, "man")
+	require.NoError(t, err)
+	require.Nil(t, run.Wait.WokenAt, "woken while an operation is MANUAL")
+
+	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: we.ob, Logger: quietLogger(), Kinds: map[string]*reconcile.KindConfig{
+		waitOpKind: {Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+			return reconcile.LookupResult{}, errors.New("not used")
+		})},
+	}})
+	require.NoError(t, err)
+	_, err = rec.Resolve(ctx, &reconcile.ResolveParams{OperationID: outbox.OperationID(waitOpKind, "man/0/manual"),
+		Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual, Actor: "tester", Reason: "test: never sent"})
+	require.NoError(t, err)
+	l := waitLog(t, pool, "man", 10*time.Second)
+	require.False(t, l.woken.TimedOut)
+	require.Equal(t, map[string]int{"SUCCEEDED": 4, "FAILED_PERMANENT": 1}, l.woken.Operations)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/internal/ledger"
+	"github.com/stepwise-go/stepwise/internal/runwait"
 )
 
 // transition is one move of one operation, for transitionTx.
@@ -212,6 +213,9 @@ func (o *Outbox) transitionTx(ctx context.Context, tx pgx.Tx, ts []transition) (
 	if err := o.callOutcomes(ctx, tx, out); err != nil {
 		return nil, err
 	}
+	if err := wakeWaitingRuns(ctx, tx, out); err != nil {
+		return nil, err
+	}
 	o.metrics.transitions(out)
 	return out, nil
 }
@@ -284,3 +288,25 @@ type callbackError struct{ err error }
 
 func (e *callbackError) Error() string { return e.err.Error() }
 func (e *callbackError) Unwrap() error { return e.err }
+
+// wakeWaitingRuns makes due, in tx, the runs waiting for their operations (workflow's
+// WaitForOperations) that this batch of moves brought to rest: the satisfier's side of the
+// wait protocol (package runwait), after the moves, in their transaction, so a commit that
+// settles a run's last operation wakes it, and a crash before the commit loses neither.
+// Only moves into a state that may be at rest count (MANUAL too: a wait may count it);
+// one round trip for the batch when no run waits.
+func wakeWaitingRuns(ctx context.Context, tx pgx.Tx, out []OperationOutcome) error {
+	var keys []string
+	for _, oo := range out {
+		switch oo.Op.State {
+		case StateSucceeded, StateFailedPermanent, StateManual:
+			if oo.Op.RunKey != "" {
+				keys = append(keys, oo.Op.RunKey)
+			}
+		}
+	}
+	if _, err := runwait.AfterWrite(ctx, tx, keys, "operations"); err != nil {
+		return fmt.Errorf("waking runs that wait for their operations: %w", err)
+	}
+	return nil
+}

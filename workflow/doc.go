@@ -93,7 +93,9 @@
 //     takeover after about Lease + MaintenanceInterval, not River's hour, and not River's
 //     leader failover either when every process runs RunMaintenance. A run released on
 //     purpose is left to River for one Lease past the release.
-//  6. Outcomes: Continue, Done, Sleep/Until, Fail; an error or panic rolls back and River
+//  6. Outcomes: Continue, Done, Sleep/Until, Fail, and the waits WaitForOperations,
+//     WaitForChildren, WaitForSignal (woken by the commit that satisfies them; see
+//     docs/design.md, "Waits"); an error or panic rolls back and River
 //     retries it after the back-off the river.Config's RetryPolicy gives for the run's
 //     failures in a row (never the job's errors ever); on the job's last attempt the job
 //     snoozes instead, so River's attempt count never ends a run. The run fails when its failures (crashes taken over plus step

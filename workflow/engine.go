@@ -165,6 +165,7 @@ type Engine struct {
 	sweepMu      sync.Mutex
 	sweepAfter   string
 	runningAfter int64
+	waitAfter    string // the page of open waits checked for a lost wake (a run key)
 
 	// draining is set by Quiesce: attempts release their run at the next step boundary.
 	draining atomic.Bool

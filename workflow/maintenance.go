@@ -43,6 +43,9 @@ type MaintenanceResult struct {
 	// Cancelled are runs CancelRun asked to stop that no worker was working (asleep, or
 	// waiting for a retry), ended as cancelled.
 	Cancelled []string
+	// Woken are waiting runs made due by the backstop: their condition held (or they were
+	// woken) and no wake had reached them.
+	Woken []string
 }
 
 // rawArgs re-inserts a run's original args, byte for byte, under a new job.
@@ -157,6 +160,12 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 	}
 	if err := e.cancelIdle(ctx, client, res); err != nil {
 		return res, err
+	}
+	if err := e.waitBackstop(ctx, res); err != nil {
+		return res, err
+	}
+	for _, k := range res.Woken {
+		e.logger.WarnContext(ctx, "stepwise: waiting run woken by maintenance: no commit had woken it", "run", k)
 	}
 	e.metrics.takeovers.Add(float64(len(res.TakenOver)))
 	for _, k := range res.TakenOver {

@@ -26,6 +26,7 @@ type engineMetrics struct {
 	retrying    *prometheus.Desc
 	inARowMax   *prometheus.Desc
 	awaiting    *prometheus.Desc
+	waiting     *prometheus.Desc
 }
 
 func newEngineMetrics(e *Engine) *engineMetrics {
@@ -65,6 +66,8 @@ func newEngineMetrics(e *Engine) *engineMetrics {
 			"Unfinished runs waiting for a retry after failing (no worker holds them; their status says running), by workflow, read at scrape time.", []string{"workflow"}, nil),
 		inARowMax: prometheus.NewDesc("stepwise_run_failures_in_a_row_max",
 			"The most failures in a row (without a committed step between them) of a run waiting for a retry, by workflow: a crash loop nears its job's max attempts.", []string{"workflow"}, nil),
+		waiting: prometheus.NewDesc("stepwise_runs_waiting",
+			"Unfinished runs waiting (WaitForOperations, WaitForChildren, WaitForSignal), holding no worker, by workflow and what they wait for, read at scrape time.", []string{"workflow", "wait"}, nil),
 	}
 }
 
@@ -85,6 +88,7 @@ func (m *engineMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.oldestStale
 	ch <- m.retrying
 	ch <- m.inARowMax
+	ch <- m.waiting
 }
 
 func (m *engineMetrics) Collect(ch chan<- prometheus.Metric) {
@@ -97,6 +101,7 @@ func (m *engineMetrics) Collect(ch chan<- prometheus.Metric) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	m.collectWaiting(ctx, ch)
 	// Both queries touch only unfinished runs (a partial index), so a long history of
 	// finished runs does not make scraping slower.
 	rows, err := m.e.pool.Query(ctx, `SELECT workflow, status, count(*), count(*) FILTER (WHERE awaits_cursor_version IS NOT NULL)
@@ -154,5 +159,29 @@ func (m *engineMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if err := rows.Err(); err != nil {
 		ch <- prometheus.NewInvalidMetric(m.retrying, err)
+	}
+}
+
+// collectWaiting reports the waiting runs: one row per open wait, so the count costs what
+// the waits are, never the history.
+func (m *engineMetrics) collectWaiting(ctx context.Context, ch chan<- prometheus.Metric) {
+	rows, err := m.e.pool.Query(ctx, `SELECT r.workflow, w.kind, count(*) FROM stepwise_wait w
+		JOIN stepwise_run r ON r.key = w.run_key AND r.status IN ('pending', 'running') GROUP BY r.workflow, w.kind`)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(m.waiting, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var wf, kind string
+		var n int64
+		if err := rows.Scan(&wf, &kind, &n); err != nil {
+			ch <- prometheus.NewInvalidMetric(m.waiting, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(m.waiting, prometheus.GaugeValue, float64(n), wf, kind)
+	}
+	if err := rows.Err(); err != nil {
+		ch <- prometheus.NewInvalidMetric(m.waiting, err)
 	}
 }

@@ -85,6 +85,12 @@ type Run struct {
 
 	// Created is true when the Start call that returned this Run created it.
 	Created bool
+
+	// Parent is the run that started this one with Step.StartChild (GetRun only).
+	Parent *string
+	// Wait is what the run waits for, since when and what is missing, while it waits
+	// (WaitForOperations, WaitForChildren, WaitForSignal); nil otherwise (GetRun only).
+	Wait *WaitState
 }
 
 // Retry describes a run waiting to be tried again after failing.
@@ -148,13 +154,18 @@ func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx],
 	if opts != nil {
 		insertOpts, tp = opts.InsertOpts, opts.TracerProvider
 	}
-	return startTx(ctx, client, tx, key, args, insertOpts, nil, tp)
+	return startTx(ctx, client, tx, key, args, insertOpts, nil, tp, nil)
+}
+
+// startTxParent is StartTx of a child run (Step.StartChild).
+func startTxParent(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, parent *string) (*Run, error) {
+	return startTx(ctx, client, tx, key, args, opts, nil, nil, parent)
 }
 
 func init() {
 	// Package schedule starts the runs of its slots through this, with the slot recorded.
 	slotrun.StartTx = func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, slot slotrun.Slot) (bool, error) {
-		run, err := startTx(ctx, client, tx, key, args, opts, &slot, nil)
+		run, err := startTx(ctx, client, tx, key, args, opts, &slot, nil, nil)
 		if err != nil {
 			return false, err
 		}
@@ -163,7 +174,7 @@ func init() {
 }
 
 // startTx is StartTx for any args, with the run's slot when a schedule starts it.
-func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, in *slotrun.Slot, tp trace.TracerProvider) (run *Run, err error) {
+func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, in *slotrun.Slot, tp trace.TracerProvider, parent *string) (run *Run, err error) {
 	ctx, span := tracing.Tracer(tp).Start(ctx, "stepwise.start")
 	defer func() { endStartSpan(span, key, args, run, err) }()
 	if err := checkpoint.ValidateKey(key); err != nil {
@@ -186,7 +197,7 @@ func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key s
 	if err := checkpoint.Ensure(ctx, tx, key); err != nil {
 		return nil, err
 	}
-	created, err := insertRun(ctx, tx, key, kind, input, schedule, slot, shard)
+	created, err := insertRun(ctx, tx, key, kind, input, schedule, slot, shard, parent)
 	if err != nil {
 		return nil, fmt.Errorf("workflow.Start: recording run %q: %w", key, err)
 	}
@@ -202,6 +213,10 @@ func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key s
 		if run.Workflow != kind || !same {
 			return nil, fmt.Errorf("%w: key %q is run of %s with input %s; this start is %s with input %s",
 				ErrRunConflict, key, run.Workflow, run.Input, kind, input)
+		}
+		if deref(run.Parent) != deref(parent) {
+			return nil, fmt.Errorf("%w: key %q is a run whose parent is %q; this start's parent is %q",
+				ErrRunConflict, key, deref(run.Parent), deref(parent))
 		}
 		return run, nil
 	}
@@ -320,7 +335,11 @@ func scanRun(row pgx.Row, extra ...any) (*Run, error) {
 
 // GetRun reads one run, with its derived retry state (Run.Retry, Run.FailuresInARow).
 func GetRun(ctx context.Context, q stepwisetype.DBTX, key string) (*Run, error) {
-	r, err := scanRun(q.QueryRow(ctx, `SELECT `+runColumnsSQL+` FROM stepwise_run r`+runJoinsSQL+` WHERE r.key = $1`, key))
+	var ws waitScan
+	r, err := scanRun(q.QueryRow(ctx, `SELECT `+runColumnsSQL+waitColumnsSQL+` FROM stepwise_run r`+runJoinsSQL+waitJoinsSQL+` WHERE r.key = $1`, key), ws.dest()...)
+	if err == nil {
+		r.Parent, r.Wait = ws.parent, ws.state()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrRunNotFound, key)
 	}
@@ -518,6 +537,62 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 			return fmt.Errorf("resuming run %q: %w", key, errRunMoved)
 		}
 		return &RunChangedError{Key: key, SeenVersion: run.Version, Status: now.Status, Version: now.Version, LastError: now.LastError}
+	}
+	// Resume reaches the run's descendants (Step.StartChild) that were failed or cancelled,
+	// in the same transaction: a parent resumed into a wait for its children must not wait
+	// for children that will never run again.
+	if err := resumeDescendants(ctx, client, tx, key, actor, reason); err != nil {
+		return err
+	}
+	return nil
+}
+
+// resumeDescendants resumes, in tx, the failed or cancelled descendants of the run key, each
+// under a new job (its last job's queue, priority and max attempts), compare-and-set on the
+// version read.
+func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key, actor, reason string) error {
+	rows, err := tx.Query(ctx, `
+		WITH RECURSIVE tree AS (
+			SELECT c.key FROM stepwise_run c WHERE c.parent_key = $1
+			UNION
+			SELECT c.key FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
+		)
+		SELECT r.key, r.workflow, r.input, r.status, r.version, j.queue, j.priority, j.max_attempts
+		  FROM stepwise_run r JOIN tree USING (key) LEFT JOIN river_job j ON j.id = r.river_job_id
+		 WHERE r.status IN ('failed', 'cancelled') ORDER BY r.key`, key)
+	if err != nil {
+		return fmt.Errorf("resuming the children of run %q: %w", key, err)
+	}
+	type child struct {
+		key, workflow string
+		input         json.RawMessage
+		status        RunStatus
+		version       int64
+		queue         *string
+		priority, max *int
+	}
+	kids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (child, error) {
+		var c child
+		return c, row.Scan(&c.key, &c.workflow, &c.input, &c.status, &c.version, &c.queue, &c.priority, &c.max)
+	})
+	if err != nil {
+		return fmt.Errorf("resuming the children of run %q: %w", key, err)
+	}
+	for _, c := range kids {
+		opts := &river.InsertOpts{}
+		if c.queue != nil {
+			opts.Queue, opts.Priority, opts.MaxAttempts = *c.queue, *c.priority, *c.max
+		}
+		if opts.Metadata, err = withRunKey(ctx, nil, c.key); err != nil {
+			return err
+		}
+		ins, err := client.InsertTx(ctx, tx, rawArgs{kind: c.workflow, raw: c.input}, opts)
+		if err != nil {
+			return fmt.Errorf("resuming run %q with its parent %q: inserting its River job: %w", c.key, key, err)
+		}
+		if _, err := resumeRun(ctx, tx, c.key, c.status, c.version, ins.Job.ID, actor, "with its parent run "+key+": "+reason); err != nil {
+			return fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
+		}
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/stepwise-go/stepwise/internal/runwait"
 )
 
 // This file is the one place a stepwise_run row changes state. Every transition is a single
@@ -140,10 +142,10 @@ func linkStartedRun(ctx context.Context, tx pgx.Tx, key string, jobID int64) err
 
 // insertRun records a new pending run for Start; its job is linked by linkStartedRun.
 // Guards: a key started twice (ON CONFLICT: the existing run stands, created is false).
-func insertRun(ctx context.Context, tx pgx.Tx, key, kind string, input []byte, schedule *string, slot *time.Time, shard *int) (created bool, err error) {
-	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard)
-		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING`,
-		key, kind, input, schedule, slot, shard)
+func insertRun(ctx context.Context, tx pgx.Tx, key, kind string, input []byte, schedule *string, slot *time.Time, shard *int, parent *string) (created bool, err error) {
+	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard, parent_key)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (key) DO NOTHING`,
+		key, kind, input, schedule, slot, shard, parent)
 	return err == nil && tag.RowsAffected() == 1, err
 }
 
@@ -279,7 +281,7 @@ func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg st
 // cancelled or failed terminally on their own. Guards: a run that another actor finished
 // (maintenance failed it) or took over meanwhile; errRunMoved then rolls the step back, so a
 // failed run never flips to succeeded.
-func finishByWorker(ctx context.Context, q dbtx, key string, by stepActor, to RunStatus, lastError *string, steps int64) error {
+func finishByWorker(ctx context.Context, q pgx.Tx, key string, by stepActor, to RunStatus, lastError *string, steps int64) error {
 	ok, err := changed(ctx, q, `
 		WITH r AS (
 			UPDATE stepwise_run SET status = $3, last_error = coalesce($4, last_error), finished_at = now(), updated_at = now(),
@@ -297,7 +299,8 @@ func finishByWorker(ctx context.Context, q dbtx, key string, by stepActor, to Ru
 	if !ok {
 		return fmt.Errorf("finishing run %q as %s: %w", key, to, errRunMoved)
 	}
-	return nil
+	// A parent waiting for its children wakes with this commit (wait.go).
+	return runwait.AfterChildFinished(ctx, q, key)
 }
 
 // execer is the write side of a pool, connection or transaction.
@@ -306,13 +309,21 @@ type execer interface {
 }
 
 // requestCancel records CancelRun. Guards: a finished run (nothing to cancel; no event).
+// The request reaches the run's unfinished descendants (Step.StartChild) in the same
+// statement, each with the reason and the run it came from.
 func requestCancel(ctx context.Context, q execer, key, reason string) error {
 	_, err := q.Exec(ctx, `
-		WITH r AS (
-			UPDATE stepwise_run SET cancel_requested_at = coalesce(cancel_requested_at, now()), last_error = $2, updated_at = now()
-			 WHERE key = $1 AND status IN ('pending', 'running') RETURNING key
+		WITH RECURSIVE tree AS (
+			SELECT $1::text AS key
+			UNION
+			SELECT c.key FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
+		), r AS (
+			UPDATE stepwise_run SET cancel_requested_at = coalesce(cancel_requested_at, now()),
+			       last_error = CASE WHEN key = $1 THEN $2 ELSE 'cancelled with its parent run ' || $1 || ': ' || $2 END, updated_at = now()
+			 WHERE key IN (SELECT key FROM tree) AND status IN ('pending', 'running') RETURNING key
 		)
-		INSERT INTO stepwise_event (subject, kind, detail) SELECT key, 'run.cancel_requested', jsonb_build_object('reason', $2::text) FROM r`,
+		INSERT INTO stepwise_event (subject, kind, detail)
+		SELECT key, 'run.cancel_requested', jsonb_strip_nulls(jsonb_build_object('reason', $2::text, 'with_parent', CASE WHEN key <> $1 THEN $1 END)) FROM r`,
 		key, reason)
 	return err
 }
@@ -393,7 +404,7 @@ func takeOver(ctx context.Context, tx pgx.Tx, s seenRun, newJob int64, why strin
 // was made on the count seen). The caller has fenced the checkpoint with
 // lockLapsed(fence=true) in the same transaction, so its steps are the ones seen.
 func finishByMaintenance(ctx context.Context, tx pgx.Tx, s seenRun, to RunStatus, reason string) (bool, error) {
-	return changed(ctx, tx, `
+	ok, err := changed(ctx, tx, `
 		WITH before AS (
 			SELECT status FROM stepwise_run WHERE key = $1
 		), `+checkpointStepsSQL+`, r AS (
@@ -409,6 +420,11 @@ func finishByMaintenance(ctx context.Context, tx pgx.Tx, s seenRun, to RunStatus
 			SELECT r.key, 'run.finish', before.status, $3, 'maintenance', jsonb_build_object('error', $4::text) FROM r, before
 		)
 		SELECT count(*) FROM r`, s.key, s.jobID, string(to), reason, s.failures)
+	if err != nil || !ok {
+		return ok, err
+	}
+	// A parent waiting for its children wakes with this commit (wait.go).
+	return true, runwait.AfterChildFinished(ctx, tx, s.key)
 }
 
 // resumeRun puts a failed or cancelled run back to pending under a new job, from its last

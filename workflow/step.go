@@ -41,6 +41,9 @@ type Step[A river.JobArgs, C any] struct {
 
 	items    int
 	itemsSet bool
+
+	raw   pgx.Tx // the protocol's transaction under Tx, for StartChild
+	woken *Woken // what the wait before this step ended with (wait.go)
 }
 
 // ReportItems records how many items (merchants settled, rows moved...) this step handled,
@@ -99,6 +102,7 @@ const (
 	nextDone
 	nextSleep
 	nextFail
+	nextWait
 )
 
 // Next is a step's outcome: what Stepwise does after committing it.
@@ -107,6 +111,7 @@ type Next struct {
 	sleep time.Duration
 	until time.Time
 	err   error
+	wait  *waitSpec // for nextWait (wait.go)
 }
 
 // Continue commits the step and runs the next one now (within the attempt's time slice).

@@ -61,7 +61,7 @@ func endClaimSpan(span trace.Span, key, owner string, lease *checkpoint.Lease, o
 }
 
 // nextNames are the names of a step's outcomes on its span.
-var nextNames = [...]string{nextUnset: "unset", nextContinue: "continue", nextDone: "done", nextSleep: "sleep", nextFail: "fail"}
+var nextNames = [...]string{nextUnset: "unset", nextContinue: "continue", nextDone: "done", nextSleep: "sleep", nextFail: "fail", nextWait: "wait"}
 
 // recordStepSpan records a step on its (recording) span: run key, step number, fencing token,
 // the items the step reported (items < 0: none reported), and what came of it.

@@ -21,6 +21,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/runctx"
+	"github.com/stepwise-go/stepwise/internal/runwait"
 	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 
@@ -59,6 +60,9 @@ type attempt[A river.JobArgs, C any] struct {
 	job   *river.Job[A]
 	key   string
 	lease *checkpoint.Lease
+	// waitOpen: the run has an open wait, which the attempt's next step takes (wait.go);
+	// waitHeld: the step being committed recorded a wait whose condition held at once.
+	waitOpen, waitHeld bool
 }
 
 // Work is one attempt of the step protocol (work), with what it returns settled so that only
@@ -159,7 +163,7 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		return err
 	}
 
-	a := &attempt[A, C]{sw: sw, job: job, key: key, lease: lease}
+	a := &attempt[A, C]{sw: sw, job: job, key: key, lease: lease, waitOpen: run.Wait != nil}
 	// The cursor's version decides (cursorversion.go): read it, upgrade it, wait for a newer
 	// worker, or fail naming the versions.
 	if stop, err := a.admitCursor(ctx, run, func(outcome string, err error) { endClaimSpan(claimSpan, key, owner, lease, outcome, err) }); stop {
@@ -212,6 +216,8 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 			return river.JobSnooze(max(time.Until(res.wakeAt), 0))
 		case nextFail:
 			return river.JobCancel(res.next.err)
+		case nextWait:
+			return nil // the job was completed in the step's commit; the timeout job delivers the run
 		}
 	}
 }
@@ -287,8 +293,22 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 		Number: a.lease.Steps + 1,
 		Token:  a.lease.Token,
 		Job:    a.job,
+		raw:    tx,
 	}
-	next, err := callStep(ctx, a.sw.w, s)
+	// The step after a wait takes it first (wait.go); a wake that came before the condition
+	// held re-enters the wait without running the user's step.
+	var rewait *waitSpec
+	if a.waitOpen {
+		if s.woken, rewait, err = a.resolveWait(ctx, tx); err != nil {
+			return stepResult{}, err
+		}
+	}
+	var next Next
+	if rewait != nil {
+		next = Next{kind: nextWait, wait: rewait}
+	} else {
+		next, err = callStep(ctx, a.sw.w, s)
+	}
 	if userTx.misuse != nil {
 		// Guards: a step that committed or rolled back the protocol's transaction itself.
 		return stepResult{}, fmt.Errorf("step %d of run %q %w", s.Number, a.key, userTx.misuse)
@@ -309,6 +329,13 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 	// The slice is judged when the step ends, not when it began: an attempt that goes on
 	// past its slice must give the lease up in this very commit, or its successor would
 	// find it held and wait a whole lease.
+	// A wait whose condition holds already goes on at once, as Continue (wait.go).
+	var waitAt time.Time
+	if next.kind == nextWait {
+		if next, waitAt, err = a.beginWait(ctx, tx, next); err != nil {
+			return stepResult{}, err
+		}
+	}
 	release := next.kind != nextContinue || time.Now().After(deadline) || e.draining.Load()
 	if err := e.fence.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release, CursorVersion: cursorVersionOf(a.sw.w)}); err != nil {
 		return stepResult{}, err
@@ -347,6 +374,10 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 		if done.State != rivertype.JobStateCompleted {
 			return stepResult{}, fmt.Errorf("completing River job %d of run %q: job is %s, not running; refusing to commit", a.job.ID, a.key, done.State)
 		}
+	case nextWait:
+		if err := a.enterWait(ctx, tx, next.wait, waitAt, ""); err != nil {
+			return stepResult{}, err
+		}
 	case nextFail:
 		msg := "step failed the run"
 		if next.err != nil {
@@ -363,6 +394,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 	if err := tx.Commit(ctx); err != nil {
 		return stepResult{}, fmt.Errorf("committing step %d of run %q: %w", s.Number, a.key, err)
 	}
+	a.waitOpen, a.waitHeld = a.waitHeld, false
 	e.metrics.steps.WithLabelValues(a.job.Kind).Inc()
 	switch next.kind {
 	case nextDone:
@@ -437,7 +469,18 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	// (settle, NextRetry): River's own count, every error of the job, would make a run that
 	// recovers between hiccups wait longer and longer, and on the job's last attempt discard it.
 	msg := stepErr.Error()
-	status, failures, err := markStepError(cctx, e.pool, a.key, a.actor(), *truncate(&msg), a.job.MaxAttempts)
+	var (
+		status   RunStatus
+		failures int
+	)
+	err := pgx.BeginFunc(cctx, e.pool, func(tx pgx.Tx) error {
+		var err error
+		if status, failures, err = markStepError(cctx, tx, a.key, a.actor(), *truncate(&msg), a.job.MaxAttempts); err != nil || status != StatusFailed {
+			return err
+		}
+		// The run ended failed: a parent waiting for its children wakes with this commit.
+		return runwait.AfterChildFinished(cctx, tx, a.key)
+	})
 	_ = e.store.Release(cctx, a.lease)
 	switch {
 	case errors.Is(err, errRunMoved):
@@ -686,7 +729,10 @@ func (a *attempt[A, C]) failTerminal(ctx context.Context, cause error) error {
 	e.logger.ErrorContext(ctx, "stepwise: run failed terminally", "run", a.key, "error", msg)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := finishByWorker(cctx, e.pool, a.key, a.actor(), StatusFailed, &msg, a.lease.Steps); err != nil && !errors.Is(err, errRunMoved) {
+	err := pgx.BeginFunc(cctx, e.pool, func(tx pgx.Tx) error {
+		return finishByWorker(cctx, tx, a.key, a.actor(), StatusFailed, &msg, a.lease.Steps)
+	})
+	if err != nil && !errors.Is(err, errRunMoved) {
 		return fmt.Errorf("recording terminal failure of run %q (%v): %w", a.key, cause, err)
 	}
 	_ = e.store.Release(cctx, a.lease)

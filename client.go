@@ -35,10 +35,11 @@ type Client struct {
 	metrics    *clientMetrics
 	logger     *slog.Logger
 
-	mu        sync.Mutex
-	started   bool
-	stopMaint context.CancelFunc // ends the maintenance loop
-	maintDone chan struct{}      // closed when the maintenance loop has ended
+	mu         sync.Mutex
+	started    bool
+	noMorePass chan struct{}      // closed by Stop: no maintenance pass begins
+	cancelPass context.CancelFunc // cancels the passes in flight
+	maintDone  chan struct{}      // closed when the maintenance loop has ended
 }
 
 // NewClient builds a Client on pool: the step engine, the outbox (when Config.Kinds has
@@ -91,7 +92,7 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 			return nil, err
 		}
 	}
-	if err := checkPool(pool, rc, cfg, len(c.maintenancePasses()), c.logger); err != nil {
+	if err := checkPoolSize(pool, rc, cfg, len(c.maintenancePasses()), c.logger); err != nil {
 		return nil, err
 	}
 	if c.river, err = river.NewClient(riverpgxv5.New(pool), rc); err != nil {
@@ -161,8 +162,8 @@ func (c *Client) Start(ctx context.Context) error {
 		return err
 	}
 	mctx, cancel := context.WithCancel(runCtx)
-	c.stopMaint, c.maintDone = cancel, make(chan struct{})
-	go c.maintain(mctx, c.maintDone)
+	c.noMorePass, c.cancelPass, c.maintDone = make(chan struct{}), cancel, make(chan struct{})
+	go c.maintain(mctx, c.noMorePass, c.maintDone)
 	c.started = true
 	return nil
 }
@@ -183,7 +184,9 @@ func (c *Client) KindsWithoutChecker() []string { return c.config.kindsWithoutCh
 //  3. Past that, it stops River hard (StopAndCancel): the work still in flight is
 //     cancelled; a cut send becomes UNKNOWN_EXTERNAL and the reconciler settles it. Stop
 //     then returns an error saying so. Guards against: a shutdown that never ends.
-//  4. It ends the maintenance loop and waits for it.
+//  4. It ends the maintenance loop, which began no pass since step 1, and waits for it. The
+//     passes in flight are cancelled only now. Guards against: a poll cut mid-way while River
+//     drains (its wakes inserted with a cancelled context).
 //
 // Stop on a Client that is not started does nothing. A stopped Client is not started again:
 // build a new one.
@@ -197,6 +200,7 @@ func (c *Client) Stop(ctx context.Context) error {
 	if c.outbox != nil {
 		c.outbox.Quiesce()
 	}
+	close(c.noMorePass)
 	softCtx, cancel := context.WithTimeout(ctx, c.config.StopTimeout)
 	defer cancel()
 	start := time.Now()
@@ -232,7 +236,12 @@ func (c *Client) StopAndCancel(ctx context.Context) error {
 
 // endMaintenance ends the maintenance loop and waits for it; c.mu is held.
 func (c *Client) endMaintenance() {
-	c.stopMaint()
+	select {
+	case <-c.noMorePass:
+	default:
+		close(c.noMorePass)
+	}
+	c.cancelPass()
 	<-c.maintDone
 	c.started = false
 }
@@ -274,8 +283,9 @@ func (c *Client) maintenancePasses() []maintenancePass {
 // jitter, so that processes started together do not pass together), each on its own
 // goroutine so that a slow reconciliation pass (lookups at a slow external system) never
 // delays a takeover. Passes in several processes at once are safe (each component's
-// documentation says why). It ends when ctx ends, and closes done.
-func (c *Client) maintain(ctx context.Context, done chan<- struct{}) {
+// documentation says why). No pass begins once noMore is closed; the passes in flight end
+// when ctx ends. It closes done when every pass has ended.
+func (c *Client) maintain(ctx context.Context, noMore <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	var wg sync.WaitGroup
 	for _, p := range c.maintenancePasses() {
@@ -284,7 +294,7 @@ func (c *Client) maintain(ctx context.Context, done chan<- struct{}) {
 			defer wg.Done()
 			for {
 				select {
-				case <-ctx.Done():
+				case <-noMore:
 					return
 				case <-time.After(jitter.Spread(p.interval, 0.2)):
 				}

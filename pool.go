@@ -13,30 +13,31 @@ import (
 
 // poolNeeds is the number of connections a process with River config rc (Stepwise's queues
 // installed) and config cfg needs at least (need), and what lets it run without waiting on
-// the pool (want).
+// the pool (want). Step lease renewals are not counted: they run on the checkpoint store's
+// own connection, outside the pool.
 //
-// need: every River worker may hold a connection (a step holds its transaction's; a
-// dispatcher's two worker slots stand for its claim and its recorder), plus one left free for
-// lease heartbeats, two for River itself (its notifier's LISTEN connection, and the producers'
-// fetches and completions) and one for the maintenance loop. Guards against: pgxpool's
-// default MaxConns (max(4, NumCPU)) holding every connection in step transactions while the
-// heartbeats that renew their leases wait for one; the leases lapse and healthy runs are
-// taken over.
+// need: every River worker may hold a connection at once (a step its transaction's; a kind's
+// dispatcher, in its queue's worker slots, its claim and its recorder), plus two for River
+// itself (its notifier's LISTEN connection, the producers' fetches and completions) and one
+// for the maintenance loop. Guards against: pgxpool's default MaxConns (max(4, NumCPU))
+// holding every connection in step transactions while a dispatcher waits for one to record
+// the answers of sends already made (their leases lapse: UNKNOWN_EXTERNAL), and while
+// maintenance waits to take over the runs of a dead worker.
 //
-// want: a second connection per worker (a step's heartbeat beside its transaction), a lease
-// renewer and a heartbeat per outbox kind, three for River (leader election too) and one per
-// maintenance pass that may run at once.
+// want: a second connection per worker (a step's cancel watch and checks beside its
+// transaction), a lease renewer and a heartbeat per outbox kind, three for River (leader
+// election too) and one per maintenance pass that may run at once.
 func poolNeeds(rc *river.Config, cfg *Config, passes int) (need, want, workers int) {
 	for _, qc := range rc.Queues {
 		workers += qc.MaxWorkers
 	}
-	need = workers + 1 + 2 + 1
+	need = workers + 2 + 1
 	want = 2*workers + 2*len(cfg.Kinds) + 3 + passes
 	return need, want, workers
 }
 
-// checkPool refuses a pool too small for the config and warns about one that is tight.
-func checkPool(pool *pgxpool.Pool, rc *river.Config, cfg *Config, passes int, logger *slog.Logger) error {
+// checkPoolSize refuses a pool too small for the config and warns about one that is tight.
+func checkPoolSize(pool *pgxpool.Pool, rc *river.Config, cfg *Config, passes int, logger *slog.Logger) error {
 	have := int(pool.Config().MaxConns)
 	need, want, workers := poolNeeds(rc, cfg, passes)
 	queues := make([]string, 0, len(rc.Queues))
@@ -45,8 +46,8 @@ func checkPool(pool *pgxpool.Pool, rc *river.Config, cfg *Config, passes int, lo
 	}
 	if have < need {
 		return fmt.Errorf("stepwise.NewClient: the pool allows %d connections and this config needs at least %d "+
-			"(%d River workers [%s], 1 free for lease heartbeats, 2 for River, 1 for maintenance), or heartbeats starve "+
-			"and healthy runs lose their leases; set pool_max_conns=%d in the database URL (or pgxpool.Config.MaxConns), "+
+			"(%d River workers [%s], 2 for River, 1 for maintenance), or recording outcomes and takeovers wait behind "+
+			"step transactions; set pool_max_conns=%d in the database URL (or pgxpool.Config.MaxConns), "+
 			"or lower the queues' MaxWorkers", have, need, workers, strings.Join(queues, " "), want)
 	}
 	if have < want {

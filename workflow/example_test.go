@@ -108,9 +108,7 @@ func Example() {
 	// Wiring: one Stepwise client, beside your own River workers and queues, in one River
 	// client. Size the pool for the queues (NewClient refuses a pool that cannot work them).
 	workers := river.NewWorkers()
-	if err := stepwise.AddWorkerSafely(workers, &SettleWorker{}); err != nil {
-		log.Fatal(err)
-	}
+	stepwise.AddWorker(workers, &SettleWorker{})
 	client, err := stepwise.NewClient(pool, &stepwise.Config{
 		River: &river.Config{
 			Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},

@@ -390,7 +390,6 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-
 // value reads a counter's or a gauge's value.
 func value(c prometheus.Metric) float64 {
 	var m dto.Metric

@@ -24,7 +24,7 @@ const StopTimeoutDefault = 30 * time.Second
 type Config struct {
 	// River is the config of the River client the Client builds: your own queues, workers,
 	// periodic jobs, middleware, retry policy. NewClient works on a copy (its Queues,
-	// PeriodicJobs and middleware lists are copied before Stepwise adds its own), except for
+	// PeriodicJobs and Plugins are copied before Stepwise adds its own), except for
 	// Workers: the bundle is River's, opaque, and receives Stepwise's workers — give each
 	// Client its own river.NewWorkers() bundle. Nil means a config with no queue of your
 	// own. Schema must be empty (see workflow.Engine.Install).
@@ -203,11 +203,8 @@ func copyRiverConfig(rc *river.Config) *river.Config {
 	}
 	out.Queues = queues
 	out.PeriodicJobs = append([]*river.PeriodicJob(nil), out.PeriodicJobs...)
-	if out.Middleware != nil {
-		out.Middleware = append(out.Middleware[:0:0], out.Middleware...)
-	}
-	if out.WorkerMiddleware != nil {
-		out.WorkerMiddleware = append(out.WorkerMiddleware[:0:0], out.WorkerMiddleware...)
+	if out.Plugins != nil {
+		out.Plugins = append(out.Plugins[:0:0], out.Plugins...)
 	}
 	if out.Workers == nil {
 		out.Workers = river.NewWorkers()

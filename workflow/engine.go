@@ -244,8 +244,9 @@ func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {
 }
 
 // Install wires the Engine into a River client config, before river.NewClient: it adds the
-// maintenance worker, the maintenance periodic job and the maintenance queue (if the config
-// has no queue of that name). Without the maintenance job running somewhere, a run whose
+// maintenance worker, the maintenance periodic job, the maintenance queue (if the config
+// has no queue of that name), and a worker middleware (in Plugins) by which step workers
+// added without an Engine (stepwise.AddWorker) find this one. Without the maintenance job running somewhere, a run whose
 // worker died waits for River's one-hour rescue instead of about a lease.
 //
 // Install records the config's RetryPolicy (set it before calling Install): a step error's

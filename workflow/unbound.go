@@ -21,25 +21,21 @@ func engineFromContext(ctx context.Context) *Engine {
 	return e
 }
 
-// middleware is the worker middleware Install adds to the River config: it tells each job
-// which Engine its client runs, so that a step worker added without an Engine (the
-// stepwise.AddWorker form, River's style) works with the Engine of the client that fetched the
-// job. Guards against: a Workers bundle shared by several clients working runs with the
-// Engine (and the pool) of another client.
-func (e *Engine) middleware() rivertype.WorkerMiddleware {
-	return river.WorkerMiddlewareFunc(func(ctx context.Context, _ *rivertype.JobRow, doInner func(context.Context) error) error {
+// middleware is the worker middleware Install adds to the River config (as a plugin): it
+// tells each job which Engine its client runs, so that a step worker added without an Engine
+// (the stepwise.AddWorker form, River's style) works with the Engine of the client that
+// fetched the job. Guards against: a Workers bundle shared by several clients working runs
+// with the Engine (and the pool) of another client.
+func (e *Engine) middleware() river.WorkerMiddlewareFunc {
+	return func(ctx context.Context, _ *rivertype.JobRow, doInner func(context.Context) error) error {
 		return doInner(context.WithValue(ctx, engineKey{}, e))
-	})
+	}
 }
 
-// installMiddleware adds e's middleware to rc, in the field River accepts beside the ones
-// already set (River refuses Middleware beside JobInsertMiddleware/WorkerMiddleware).
+// installMiddleware adds e's middleware to rc's Plugins, which River accepts beside either
+// form of middleware config (it refuses Middleware beside the older pair).
 func (e *Engine) installMiddleware(rc *river.Config) {
-	if len(rc.JobInsertMiddleware) > 0 || len(rc.WorkerMiddleware) > 0 {
-		rc.WorkerMiddleware = append(rc.WorkerMiddleware, e.middleware())
-		return
-	}
-	rc.Middleware = append(rc.Middleware, e.middleware())
+	rc.Plugins = append(rc.Plugins, e.middleware())
 }
 
 // unboundSlices are the StepOptions.Slice of the step workers added without an Engine, by

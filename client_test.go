@@ -22,6 +22,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -400,4 +401,36 @@ func value(c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// Schedules in the config give the client a scheduler, ticked by the maintenance loop in this
+// process. Guards against: schedules registered and never ticked unless River's leader does.
+func TestClientSchedules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, bc := newBank(t, 0)
+	cfg := testConfig(bc, true)
+	cfg.Schedules = []Schedule{schedule.Schedule[payArgs]{
+		Name: "client-test-hourly", Spec: "@hourly", Zone: "UTC",
+		Misfire: schedule.RunLatest{}, Overlap: schedule.OverlapAllowAll, Shards: 1,
+		Args: func(time.Time, int) payArgs { return payArgs{N: 1} },
+	}}
+	cfg.Scheduler = &schedule.Config{TickInterval: 200 * time.Millisecond}
+	c, err := NewClient(smallPool(t, 24), cfg)
+	require.NoError(t, err)
+	require.NotNil(t, c.scheduler)
+	require.NoError(t, c.Start(ctx))
+	defer c.Stop(ctx) //nolint:errcheck
+	require.Eventually(t, func() bool {
+		return value(c.metrics.passes.WithLabelValues("schedule", "ok")) >= 2
+	}, time.Minute, 20*time.Millisecond, "the maintenance loop ticks the scheduler")
+	var n int
+	require.NoError(t, c.pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_schedule WHERE name = 'client-test-hourly'`).Scan(&n))
+	require.Equal(t, 1, n, "the tick created the schedule's row")
+
+	// A schedule refused at registration is NewClient's error.
+	cfg = testConfig(bc, true)
+	cfg.Schedules = []Schedule{schedule.Schedule[payArgs]{Name: "bad", Spec: "@every 1m", Zone: "UTC"}}
+	_, err = NewClient(smallPool(t, 24), cfg)
+	require.Error(t, err)
 }

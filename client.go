@@ -37,6 +37,7 @@ type Client struct {
 
 	mu         sync.Mutex
 	started    bool
+	stopped    bool               // Stop or StopAndCancel ended it: the engine and outbox stay quiesced
 	noMorePass chan struct{}      // closed by Stop: no maintenance pass begins
 	cancelPass context.CancelFunc // cancels the passes in flight
 	maintDone  chan struct{}      // closed when the maintenance loop has ended
@@ -140,12 +141,17 @@ func (c *Client) River() *river.Client[pgx.Tx] { return c.river }
 //     River's leadership TTL). Failed passes are logged and counted
 //     (stepwise_client_maintenance_passes_total{result="error"}).
 //
-// Start on a started Client does nothing, as River's.
+// Start on a started Client does nothing, as River's; on a stopped one it is an error.
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.started {
 		return nil
+	}
+	if c.stopped {
+		// Guards against: a restarted client whose quiesced engine and outbox begin no step
+		// and no send, silently.
+		return errors.New("stepwise: Start: this client was stopped, and its engine and outbox stay quiesced; build a new one with NewClient")
 	}
 	if c.outbox != nil {
 		if err := c.outbox.Register(ctx); err != nil {
@@ -243,7 +249,7 @@ func (c *Client) endMaintenance() {
 	}
 	c.cancelPass()
 	<-c.maintDone
-	c.started = false
+	c.started, c.stopped = false, true
 }
 
 // maintenancePass is one component's pass of the maintenance loop.

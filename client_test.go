@@ -168,6 +168,7 @@ func TestClientEndToEnd(t *testing.T) {
 	defer cancel()
 	require.NoError(t, c.Stop(stopCtx))
 	require.NoError(t, c.Stop(stopCtx), "Stop on a stopped client does nothing")
+	require.ErrorContains(t, c.Start(ctx), "build a new one with NewClient", "a stopped client stays stopped")
 }
 
 // Stop drains: a send in flight when Stop is called is answered and recorded, not cut to

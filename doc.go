@@ -1,5 +1,8 @@
 /*
-Package stepwise is the module's root. The work is done in the sub-packages:
+Package stepwise is the module's root and its one handle: Client, built by NewClient from one
+Config (River's config inside it, one map of kinds), as river.Client is River's. Register
+steppers with AddWorker beside your own River workers, then Start the client, and Stop it on
+SIGTERM to drain. The work is done in the sub-packages:
 
   - workflow: step functions on River jobs, each step committed with its cursor and fenced
     by the run's token; runs resumed from their last committed cursor after a crash.
@@ -21,7 +24,7 @@ Package stepwise is the module's root. The work is done in the sub-packages:
     workflowtest/fakebank, a strict fault-injecting fake payment provider, and
     workflowtest/pgserver, which finds or starts a PostgreSQL for tests.
 
-The README's quick start wires them into one River client; docs/design.md gives the protocols,
+The README's quick start wires them with one Client; docs/design.md gives the protocols,
 the invariants and what is and is not promised.
 */
 package stepwise

@@ -44,8 +44,8 @@ func TestReadmeFirstScreen(t *testing.T) {
 
 // TestReadmeQuickStartIsTheExample: the README's quick start and workflow/example_test.go
 // ("this quick start as a runnable example") tell the same wiring story. Every SDK call the
-// README's quick start makes — workflow.New, AddWorkerSafely, engine.Install, river.NewClient,
-// engine.RunMaintenance, engine.Metrics, workflow.Start… — must be made by the example too,
+// README's quick start makes — stepwise.NewClient, stepwise.AddWorker, client.Start,
+// client.RunStart, client.Stop, outbox.Enqueue… — must be made by the example too,
 // which compiles and runs in `go test ./workflow/`; a README that drifts to an API that no
 // longer exists, or to another wiring, fails here.
 func TestReadmeQuickStartIsTheExample(t *testing.T) {
@@ -69,14 +69,14 @@ func TestReadmeQuickStartIsTheExample(t *testing.T) {
 	if err != nil {
 		t.Fatalf("workflow/example_test.go: %v", err)
 	}
-	calls := regexp.MustCompile(`\b(workflow|engine|ob|rec|migrations|river|riverpgxv5|outbox|reconcile|schedule)\.([A-Z]\w*)\(`).FindAllStringSubmatch(block, -1)
+	calls := regexp.MustCompile(`\b(stepwise|client|workflow|engine|ob|rec|migrations|river|riverpgxv5|outbox|reconcile|schedule)\.([A-Z]\w*)\(`).FindAllStringSubmatch(block, -1)
 	if len(calls) < 5 {
 		t.Fatalf("README.md quick start: found only %d SDK calls; the pattern no longer matches the README", len(calls))
 	}
 	for _, c := range calls {
 		name := c[2] + "("
 		switch c[1] {
-		case "engine", "ob", "rec": // receivers: the example may name its variables otherwise
+		case "client", "engine", "ob", "rec": // receivers: the example may name its variables otherwise
 		default:
 			name = c[1] + "." + name
 		}

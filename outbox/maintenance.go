@@ -42,3 +42,14 @@ func (o *Outbox) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 		}
 	}
 }
+
+// Maintain runs the outbox's poll once, now, in this process: what RunMaintenance runs every
+// PollInterval. It is for a caller that runs its own maintenance loop (stepwise.Client does)
+// and counts the failures it returns.
+func (o *Outbox) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) error {
+	if client == nil {
+		return errors.New("outbox.Maintain: client is nil; pass the River client that works the outbox's queues")
+	}
+	_, err := o.poll(ContextWithClient(ctx, client), o.Kinds())
+	return err
+}

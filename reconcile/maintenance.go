@@ -44,3 +44,25 @@ func (r *Reconciler) RunMaintenance(ctx context.Context, client *river.Client[pg
 		}
 	}
 }
+
+// Maintain runs reconciliation passes now, in this process, a Slice at a time, until nothing
+// is due: what RunMaintenance runs every Interval. It is for a caller that runs its own
+// maintenance loop (stepwise.Client does) and counts the failures it returns. The client
+// wakes the dispatcher of an operation sent back to RETRYABLE.
+func (r *Reconciler) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*PassResult, error) {
+	if client == nil {
+		return nil, errors.New("reconcile.Maintain: client is nil; pass the River client that works the outbox's queues")
+	}
+	pctx := outbox.ContextWithClient(ctx, client)
+	total := newPassResult()
+	for {
+		res, err := r.run(pctx, &RunOpts{}, time.Now().Add(r.config.Slice))
+		if res != nil {
+			total.add(res)
+		}
+		if errors.Is(err, errSliceOver) && ctx.Err() == nil {
+			continue // more is due: go on at once
+		}
+		return total, err
+	}
+}

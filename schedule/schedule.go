@@ -573,3 +573,7 @@ func recordStartedByHand(ctx context.Context, tx pgx.Tx, def *schedule, slot tim
 	}
 	return nil
 }
+
+// AddTo registers the schedule with s: Add(s, sch). It lets a list hold schedules of
+// different argument types (stepwise.Config.Schedules).
+func (sch Schedule[A]) AddTo(s *Scheduler) error { return Add(s, sch) }

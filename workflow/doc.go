@@ -59,7 +59,11 @@
 //
 // # Wiring
 //
-// Every Stepwise component (this Engine, outbox.Outbox, reconcile.Reconciler,
+// Most programs wire everything with one stepwise.Client (the module's root package), as the
+// README's quick start does: stepwise.AddWorker(workers, &SettleWorker{}) beside your own
+// River workers, stepwise.NewClient(pool, config), client.Start, and client.Stop on SIGTERM.
+//
+// By hand, every Stepwise component (this Engine, outbox.Outbox, reconcile.Reconciler,
 // schedule.Scheduler) is wired into your own River client the same way: New, Install on the
 // river.Config before river.NewClient, RunMaintenance in every process, Metrics registered.
 // Register step workers beside your own River workers and start runs by key:

@@ -245,8 +245,9 @@ func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {
 }
 
 // Install wires the Engine into a River client config, before river.NewClient: it adds the
-// maintenance worker, the maintenance periodic job and the maintenance queue (if the config
-// has no queue of that name). Without the maintenance job running somewhere, a run whose
+// maintenance worker, the maintenance periodic job, the maintenance queue (if the config
+// has no queue of that name), and a worker middleware (in Plugins) by which step workers
+// added without an Engine (stepwise.AddWorker) find this one. Without the maintenance job running somewhere, a run whose
 // worker died waits for River's one-hour rescue instead of about a lease.
 //
 // Install records the config's RetryPolicy (set it before calling Install): a step error's
@@ -287,6 +288,10 @@ func (e *Engine) Install(rc *river.Config) error {
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
+	if err := checkUnboundSlices(rc.Workers, rescue); err != nil {
+		return err
+	}
+	e.installMiddleware(rc)
 	e.mu.Lock()
 	e.retryPolicies[rc.Workers] = rc.RetryPolicy
 	e.mu.Unlock()
@@ -348,6 +353,11 @@ func (e *Engine) addMaintenanceWorker(workers *river.Workers) error {
 
 // AddWorker registers w with River's workers as the worker for A's kind. It panics on bad
 // wiring (a kind registered twice), like river.AddWorker.
+//
+// With a nil Engine, w works with the Engine installed in the River client that fetches its
+// job (Install adds a worker middleware that tells it), which is what stepwise.AddWorker does:
+// one Workers bundle can then serve several clients, and a job worked by a River client
+// without an Engine fails with ErrNoEngine, naming the fix.
 func AddWorker[A river.JobArgs, C any](e *Engine, workers *river.Workers, w Stepper[A, C]) {
 	if err := AddWorkerSafely(e, workers, w); err != nil {
 		panic(err)
@@ -356,14 +366,14 @@ func AddWorker[A river.JobArgs, C any](e *Engine, workers *river.Workers, w Step
 
 // AddWorkerSafely is AddWorker returning an error instead of panicking.
 func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, w Stepper[A, C]) error {
-	if e == nil {
-		return errors.New("workflow.AddWorker: engine is nil; create one with workflow.New")
-	}
 	if workers == nil {
 		return errors.New("workflow.AddWorker: workers is nil; pass the river.NewWorkers() bundle your client uses")
 	}
 	if w == nil {
 		return errors.New("workflow.AddWorker: worker is nil")
+	}
+	if e == nil {
+		return addUnbound(workers, w)
 	}
 	var a A
 	if err := checkCursorVersioning(w); err != nil {

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
@@ -105,66 +105,41 @@ func Example() {
 	bankClient := fakebank.NewClient(bank.URL(), nil)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	// Wiring, the same for every Stepwise component: New, Install on your river.Config,
-	// river.NewClient, RunMaintenance in every process, Metrics registered. Stepwise's
-	// workers go beside your own River workers, in your own client.
-	engine, err := workflow.New(pool, &workflow.Config{Lease: 10 * time.Second, Logger: quiet})
+	// Wiring: one Stepwise client, beside your own River workers and queues, in one River
+	// client. Size the pool for the queues (NewClient refuses a pool that cannot work them).
+	workers := river.NewWorkers()
+	stepwise.AddWorker(workers, &SettleWorker{})
+	client, err := stepwise.NewClient(pool, &stepwise.Config{
+		River: &river.Config{
+			Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
+			Workers: workers,
+			Logger:  quiet,
+		},
+		Kinds: map[string]*stepwise.KindConfig{PayoutKind: {
+			Sender:  fakebank.Sender{Client: bankClient},  // sends under the operation_id
+			Checker: fakebank.Checker{Client: bankClient}, // looks up by operation_id
+		}},
+		Workflow:  &workflow.Config{Lease: 10 * time.Second},
+		Reconcile: &reconcile.Config{Interval: time.Second},
+		Logger:    quiet,
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(pool, &outbox.Config{Logger: quiet, Kinds: map[string]*outbox.KindConfig{
-		PayoutKind: {Sender: fakebank.Sender{Client: bankClient}}, // sends under the operation_id
-	}})
-	if err != nil {
+	// River, and this process's maintenance loop (takeovers, delivery, reconciliation):
+	// none of it waits for River's leader. Cancelling ctx cuts nothing; Stop drains.
+	if err := client.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: quiet, Interval: time.Second,
-		Kinds: map[string]*reconcile.KindConfig{
-			PayoutKind: {Checker: fakebank.Checker{Client: bankClient}}, // looks up by operation_id
-		}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	riverConfig := &river.Config{
-		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
-		Workers: river.NewWorkers(),
-		Logger:  quiet,
-	}
-	if err := workflow.AddWorkerSafely(engine, riverConfig.Workers, &SettleWorker{}); err != nil {
-		log.Fatal(err)
-	}
-	// Workers, periodic jobs and queues of each; Slice checked against River's rescue.
-	for _, install := range []func(*river.Config) error{engine.Install, ob.Install, rec.Install} {
-		if err := install(riverConfig); err != nil {
-			log.Fatal(err)
-		}
-	}
-	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
-	if err != nil {
-		log.Fatal(err)
-	}
-	// Not a context a signal cancels: that is River's hard stop, which cuts the steps and
-	// bank calls in flight. The drain at the end is the shutdown.
-	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
-		log.Fatal(err)
-	}
-	maintCtx, stopMaintenance := context.WithCancel(ctx)
-	defer stopMaintenance()
-	// In every process, so that a dead River leader delays neither takeover of runs whose
-	// worker died, nor delivery, nor reconciliation.
-	go engine.RunMaintenance(maintCtx, client) //nolint:errcheck
-	go ob.RunMaintenance(maintCtx, client)     //nolint:errcheck
-	go rec.RunMaintenance(maintCtx, client)    //nolint:errcheck
-
-	prometheus.NewRegistry().MustRegister(engine.Metrics(), ob.Metrics(), rec.Metrics()) // your registry
+	prometheus.NewRegistry().MustRegister(client.Metrics()) // your registry
 
 	// One run per key, forever: starting it again (a second cron fire, a retried request)
 	// returns the same run.
-	run, err := workflow.Start(ctx, client, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
+	run, err := client.RunStart(ctx, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	again, _ := workflow.Start(ctx, client, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
+	again, _ := client.RunStart(ctx, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
 	fmt.Println("created:", run.Created, "then:", again.Created)
 
 	for run.Status != workflow.StatusSucceeded && run.Status != workflow.StatusFailed {
@@ -175,8 +150,10 @@ func Example() {
 	}
 	var settled int
 	_ = pool.QueryRow(ctx, "SELECT count(*) FROM settlement").Scan(&settled)
-	cp, _ := engine.Checkpoints().Get(ctx, run.Key)
-	fmt.Printf("run %s: %d merchants settled in %d steps, cursor %s\n", run.Status, settled, cp.Steps, cp.Cursor)
+	var steps int
+	var cursor string
+	_ = pool.QueryRow(ctx, "SELECT steps, cursor::text FROM stepwise_checkpoint WHERE key = $1", run.Key).Scan(&steps, &cursor)
+	fmt.Printf("run %s: %d merchants settled in %d steps, cursor %s\n", run.Status, settled, steps, cursor)
 
 	// The run is done; its payouts are done when none is left unproven.
 	deadline := time.Now().Add(time.Minute)
@@ -196,13 +173,10 @@ func Example() {
 	fmt.Printf("payouts: %d succeeded, %d of them proven by the reconciler; merchants not paid exactly once: %d\n", succeeded, wereUnknown, paidTwice)
 
 	// Shutdown (SIGTERM in a service): drain. Steps and sends in flight finish and are
-	// recorded, none begins, leases are released; then River stops.
-	engine.Quiesce()
-	ob.Quiesce()
-	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := client.Stop(stopCtx); err != nil {
-		_ = client.StopAndCancel(ctx) // past the deadline: cut, the reconciler settles
+	// recorded, none begins, leases are released; then River stops (past
+	// Config.StopTimeout: cut, and the reconciler settles the cut sends).
+	if err := client.Stop(ctx); err != nil {
+		log.Fatal(err)
 	}
 
 	// Output:

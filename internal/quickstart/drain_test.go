@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -52,7 +53,13 @@ func TestQuickStartDrainsOnSIGTERM(t *testing.T) {
 	require.NoError(t, bank.Start())
 	defer bank.Close() //nolint:errcheck
 
-	p := workflowtest.Start(t, "quickstart", "DATABASE_URL="+dbURL, "BANK_URL="+bank.URL())
+	// The README's main sizes the pool in its URL, as the error of a pool too small says:
+	// pgxpool's default (max(4, NumCPU)) cannot hold the quick start's River workers.
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	p := workflowtest.Start(t, "quickstart", "DATABASE_URL="+dbURL+sep+"pool_max_conns=30", "BANK_URL="+bank.URL())
 	// Wait until the bank holds payments it has not answered yet, then SIGTERM.
 	inFlight := 0
 	require.Eventually(t, func() bool {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
@@ -19,6 +20,15 @@ const Schema = `
 
 // Run is the README's run.
 func Run(ctx context.Context, pool *pgxpool.Pool, bank Bank) error { return run(ctx, pool, bank) }
+
+// Bank is the quick start's adapter to the external system: it pays under the operation_id
+// and looks a payment up by it (workflowtest/fakebank's Sender and Checker show the pattern).
+// Over HTTP, send through outbox/httpsend: net/http alone resends a POST carrying an
+// Idempotency-Key by itself, and its "connection refused" can follow a payment the bank made.
+type Bank interface {
+	outbox.Sender
+	reconcile.Checker
+}
 
 // FakeBank is the fake bank's client as the README's Bank: its Sender pays, its Checker
 // looks up.

@@ -14,9 +14,23 @@ import (
 // process with a message if no database can be had, as an example cannot fail otherwise.
 func ExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 	tb := &exampleTB{}
-	pool := DB(tb)
+	// Sized for a stepwise.Client with a few River workers, which refuses pgxpool's default
+	// (max(4, NumCPU) connections); pgxpool opens connections only when needed.
+	cfg, err := pgxpool.ParseConfig(DBURL(tb))
+	if err != nil {
+		tb.Fatalf("parsing the database URL: %v", err)
+	}
+	cfg.MaxConns = exampleMaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("opening pool: %v", err)
+	}
+	tb.Cleanup(pool.Close) // before the drop DBURL registered (cleanups run last-in first-out)
 	return pool, tb.cleanup
 }
+
+// exampleMaxConns is the pool size ExampleDB gives.
+const exampleMaxConns = 32
 
 // exampleTB is the part of testing.TB that testkit uses, for code outside a test.
 type exampleTB struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -22,8 +21,6 @@ import (
 	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
-
-func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 
 // opsEnv is a Client built from its components (as NewClient wires them) on a fresh
 // database, with kind "payout" whose outcome callback records each outcome in a business

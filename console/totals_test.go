@@ -112,13 +112,21 @@ func TestTotalsReadTheStatementOncePerKindAndDate(t *testing.T) {
 // once, behind the in-flight cap the sample's serve puts in front of the console (4 requests;
 // more get 503 at once), while an operator reads other pages: no other page is refused for
 // more than 2 s (a 503 is retried after 50 ms; on 42ad9da the four held every slot for their
-// whole run), and every Totals answer is the comparison or a prompt "busy, retry", never a
-// wait that outlives the server's write timeout.
+// whole run), every page is answered while the comparison still runs (not queued behind it),
+// and every Totals answer is the comparison or a prompt "busy, retry".
+//
+// The test's TotalsTimeout is minutes, not the default 20 s: the comparison under test must
+// finish however loaded the machine is (at load 50 on two cores it took longer than 20 s,
+// and the product's answer, a 503 after TotalsTimeout, is right but proves nothing about
+// starvation). TestTotalsStopBeforeTheWriteTimeout tests the timeout itself.
 func TestFourTotalsDoNotStarveOtherPages(t *testing.T) {
 	t.Parallel()
 	day := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	stmt := &countingStatement{}
-	f := newFixture(t, func(c *console.Config) { c.Statements = map[string]reconcile.Statement{"payout": stmt} })
+	f := newFixture(t, func(c *console.Config) {
+		c.Statements = map[string]reconcile.Statement{"payout": stmt}
+		c.TotalsTimeout = 10 * time.Minute
+	})
 	stmt.entries = seedDay(t, f, day, 300_000)
 	h := inFlightCap(4, f.h)
 	get := func(target string) (int, string) {
@@ -146,6 +154,7 @@ func TestFourTotalsDoNotStarveOtherPages(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the four are in first, as in the flood
 	var slowest time.Duration
 	others := 0
+	answeredWhileRunning := map[string]int{}
 	for running.Load() > 0 || others < 5 {
 		for _, page := range []string{"/console/", "/console/operations?state=MANUAL", "/console/runs"} {
 			t0 := time.Now()
@@ -160,17 +169,22 @@ func TestFourTotalsDoNotStarveOtherPages(t *testing.T) {
 			}
 			slowest = max(slowest, time.Since(t0))
 			others++
+			if running.Load() > 0 {
+				answeredWhileRunning[page]++
+			}
 		}
 	}
 	wg.Wait()
-	t.Logf("%d other pages while four totals ran; slowest %s; totals %v", others, slowest.Round(time.Millisecond), totals)
+	t.Logf("%d other pages while four totals ran; slowest %s; answered while a comparison ran %v; totals %v",
+		others, slowest.Round(time.Millisecond), answeredWhileRunning, totals)
 	for _, c := range totals {
 		require.Contains(t, []int{http.StatusOK, http.StatusServiceUnavailable}, c)
 	}
 	require.Contains(t, totals, http.StatusOK, "at least one comparison is computed")
-	// A slow answer on this shared machine is load (the comparison takes a core); a slot held
-	// is starvation, caught above.
-	require.Less(t, slowest, 5*time.Second, "another page waited behind the totals")
+	// A slow answer on this shared machine is load (the comparison takes a core); a page
+	// queued behind the totals (a slot, a pool connection or a lock held for the whole
+	// comparison) is starvation: each page must be answered while the comparison still runs.
+	require.Len(t, answeredWhileRunning, 3, "every other page is answered while the comparison runs, not after it")
 }
 
 // inFlightCap is the sample serve's cap in front of the console: at most max requests in

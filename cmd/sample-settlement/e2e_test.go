@@ -84,10 +84,7 @@ func TestServeThreeProcessesSettleADate(t *testing.T) {
 	t.Cleanup(pool.Close)
 	plan, err := settlement.Plan{Shards: 4}.Compile()
 	require.NoError(t, err)
-	waitCtx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	p, err := settlement.WaitAtRest(waitCtx, pool, plan, testDate, 200*time.Millisecond, nil)
-	require.NoError(t, err, "runs %v payouts %v", p.Runs, p.Operations)
+	waitDateAtRest(t, pool, plan, testDate)
 
 	// Metrics are gathered in the background every --metrics-interval: the next gather
 	// shows the date at rest.

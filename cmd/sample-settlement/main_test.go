@@ -105,3 +105,36 @@ func (s *syncBuffer) String() string {
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// waitDateAtRest waits until date is at rest (every run finished, every payout proven or
+// MANUAL) for as long as the database shows the processes working: steps committed, payouts
+// at rest, events written. It fails after testkit.StallTimeoutDefault with nothing moving.
+//
+// Guards against: a test that fails for time rather than for a bug. Fixed deadlines of one or
+// two minutes held on a quiet machine and expired at load 30-53 on two cores while the date
+// was still settling; only processes that stop moving must fail.
+func waitDateAtRest(t *testing.T, pool *pgxpool.Pool, plan settlement.Plan, date time.Time) *settlement.Progress {
+	t.Helper()
+	var p *settlement.Progress
+	defer func() {
+		if t.Failed() && p != nil {
+			t.Logf("%s not at rest: runs %v payouts %v", date.Format(time.DateOnly), p.Runs, p.Operations)
+		}
+	}()
+	testkit.WaitProgress(t, date.Format(time.DateOnly)+" at rest", 0, 0, func(ctx context.Context) (bool, int64, error) {
+		var err error
+		if p, err = settlement.ReadProgress(ctx, pool, plan, date); err != nil {
+			return false, 0, err
+		}
+		if p.AtRest(plan.Shards) {
+			return true, 0, nil
+		}
+		var progress int64
+		err = pool.QueryRow(ctx, `SELECT
+			(SELECT coalesce(sum(steps), 0) FROM stepwise_checkpoint) +
+			(SELECT count(*) FROM stepwise_operation WHERE state NOT IN ('PENDING', 'PROCESSING')) +
+			(SELECT count(*) FROM stepwise_event)`).Scan(&progress)
+		return false, progress, err
+	})
+	return p
+}

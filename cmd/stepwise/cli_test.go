@@ -92,6 +92,12 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	r = stepwise(t, db, "ops", "resolve", unknown.ID.String(), "--to", "FAILED_PERMANENT", "--no-callback", "--reason", "again", "--actor", "bob")
 	require.Equal(t, 1, r.code, "a settled operation is not resolved again")
 	require.Contains(t, r.stderr, "is SUCCEEDED: only MANUAL and UNKNOWN_EXTERNAL")
+	// The other lost answer, settled the same way: not left to the reconciler of the quick
+	// start's next run, whose lookup would come whenever the machine got round to it (prune
+	// below needs the run's every operation settled).
+	other := ops[1]
+	require.Equal(t, 1, bank.Effects(other.ID.String()), "the bank applied the other lost payment")
+	stepwise(t, db, "ops", "resolve", other.ID.String(), "--to", "SUCCEEDED", "--seen-version", itoa(other.Version), "--no-callback", "--actor", "bob", "--reason", "bank confirmed, ticket 4712").ok(t)
 
 	// runs cancel, then the service's worker ends the run cancelled; runs resume continues it.
 	startRun(t, pool, "settle/2026-11-30", "2026-11-30")
@@ -100,7 +106,7 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.Contains(t, r.stdout, "asked to stop")
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'settle/2026-11-30' AND kind = 'console.action'
 		AND actor = 'ana' AND detail->>'action' = 'run.cancel' AND detail->>'via' = 'stepwise command'`))
-	runQuickStart(t, db, bank, func() bool {
+	runQuickStart(t, pool, db, bank.URL(), func() bool {
 		return column(t, pool, `SELECT status FROM stepwise_run WHERE key = 'settle/2026-11-30'`) == "cancelled"
 	})
 	r = stepwise(t, db, "runs", "show", "settle/2026-11-30").ok(t)

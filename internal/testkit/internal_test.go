@@ -176,3 +176,17 @@ func deadPid(t *testing.T) int {
 	require.NoError(t, cmd.Run())
 	return cmd.ProcessState.Pid()
 }
+
+// The note before the package timeout tells time from a stall by the last WaitProgress that
+// moved: moving within StallTimeoutDefault is time, older is a stall.
+func TestTimeoutVerdict(t *testing.T) {
+	now := time.Now()
+	noteProgress("the date at rest", now.Add(-5*time.Second))
+	v := timeoutVerdict(10*time.Minute, now)
+	require.Contains(t, v, "still make progress")
+	require.Contains(t, v, `"the date at rest" moved 5s ago`)
+	require.Contains(t, v, "-timeout 40m")
+	v = timeoutVerdict(10*time.Minute, now.Add(StallTimeoutDefault+time.Minute))
+	require.Contains(t, v, "a stall")
+	require.Contains(t, v, "no WaitProgress has moved for")
+}

@@ -2,9 +2,32 @@ package testkit
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
+
+// progressSeen is the last time any WaitProgress in this process saw its progress move, and
+// what it was waiting for: Main's note before the package timeout reads it.
+var progressSeen struct {
+	sync.Mutex
+	what string
+	at   time.Time
+}
+
+func noteProgress(what string, at time.Time) {
+	progressSeen.Lock()
+	defer progressSeen.Unlock()
+	if at.After(progressSeen.at) {
+		progressSeen.what, progressSeen.at = what, at
+	}
+}
+
+func lastProgress() (what string, at time.Time) {
+	progressSeen.Lock()
+	defer progressSeen.Unlock()
+	return progressSeen.what, progressSeen.at
+}
 
 // StallTimeoutDefault is how long WaitProgress lets the work stand still before it fails.
 const StallTimeoutDefault = time.Minute
@@ -39,6 +62,7 @@ func WaitProgress(t testing.TB, what string, stall, maxWait time.Duration, check
 		lastErr = err
 		if err == nil && progress != last {
 			last, lastMoved = progress, time.Now()
+			noteProgress(what, lastMoved)
 		}
 		if since := time.Since(lastMoved); since > stall {
 			t.Fatalf("%s: no progress for %s (progress stands at %d after %s; last error: %v)",

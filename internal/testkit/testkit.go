@@ -85,13 +85,14 @@ func Main(m *testing.M) int {
 	if handled, code := workflowtest.RunRoleIfChild(); handled {
 		return code
 	}
-	raiseDefaultTimeout()
+	cancelNote := noteBeforePackageTimeout()
 	// Goroutines that exist before any test ran (started by package init functions) are
 	// not the tests' leaks.
 	preexisting := goleak.IgnoreCurrent()
 	mainRunning.Store(true)
 	code := m.Run()
 	mainRunning.Store(false)
+	cancelNote()
 
 	if err := shutdown(); err != nil {
 		fmt.Fprintf(os.Stderr, "testkit: %v\n", err)
@@ -108,25 +109,54 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// packageTimeout replaces go test's default bound on one package's tests (10 minutes).
-const packageTimeout = 40 * time.Minute
+// timeoutNoteLead is how long before the package's -timeout Main says whether the tests were
+// still moving.
+const timeoutNoteLead = 30 * time.Second
 
-// raiseDefaultTimeout lifts go test's default 10-minute bound on a package's tests to
-// packageTimeout; a -timeout other than the default is left as given. Guards against: a
-// package of fault drills failing for time on a loaded machine. Its tests wait on progress
-// (WaitProgress, the chaos harness's quiet wait), so a slow run that still moves finishes and
-// a stuck one still fails on its own stall bound; the package-wide 10 minutes was the one
-// fixed deadline left (the chaos package ran 600 s and was killed mid-test at load 20-29).
-func raiseDefaultTimeout() {
+// noteBeforePackageTimeout arranges that, timeoutNoteLead before this package's -timeout ends
+// it, stderr says whether its tests were still making progress (a WaitProgress moved within
+// StallTimeoutDefault) or had stopped, and returns a function that cancels the note.
+//
+// Guards against: a slow-but-moving package read as a hung one. go test's -timeout (10m when
+// not given) is a wall-clock bound enforced twice: by the test binary (a panic listing the
+// running tests) and, a minute later, by go test itself, which sends the binary SIGQUIT ("Test
+// killed with quit: ran too long (11m0s)"). No test binary can extend the second: an earlier
+// Main raised its own -test.timeout to 40m, so go test's SIGQUIT, a bare goroutine dump with
+// no verdict, ended the chaos and sample packages at 661 s of a run at load 30-53 whose tests
+// were still moving. The bound is go test's flag (-timeout 40m where machines are loaded, as
+// in CI); what a test can do is say, when the bound strikes, whether that was time or a stall.
+func noteBeforePackageTimeout() (cancel func()) {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
 	f := flag.Lookup("test.timeout")
 	if f == nil {
-		return
+		return func() {}
 	}
-	if d, err := time.ParseDuration(f.Value.String()); err == nil && d == 10*time.Minute {
-		_ = f.Value.Set(packageTimeout.String())
+	d, err := time.ParseDuration(f.Value.String())
+	if err != nil || d <= 2*timeoutNoteLead {
+		return func() {}
+	}
+	timer := time.AfterFunc(d-timeoutNoteLead, func() {
+		fmt.Fprintln(os.Stderr, timeoutVerdict(d, time.Now()))
+	})
+	return func() { timer.Stop() }
+}
+
+// timeoutVerdict is the note noteBeforePackageTimeout prints at now.
+func timeoutVerdict(timeout time.Duration, now time.Time) string {
+	what, at := lastProgress()
+	switch {
+	case at.IsZero():
+		return fmt.Sprintf("testkit: go test's -timeout %s ends this package in %s; no WaitProgress has run, so whether the tests still move is unknown: "+
+			"if the goroutine dump that follows shows them working, rerun with a larger -timeout (e.g. -timeout 40m)", timeout, timeoutNoteLead)
+	case now.Sub(at) <= StallTimeoutDefault:
+		return fmt.Sprintf("testkit: go test's -timeout %s ends this package in %s while its tests still make progress (%q moved %s ago): "+
+			"that is time, not a bug; rerun with a larger -timeout (e.g. -timeout 40m; go test kills a package one minute after -timeout, which no test can extend)",
+			timeout, timeoutNoteLead, what, now.Sub(at).Round(time.Second))
+	default:
+		return fmt.Sprintf("testkit: go test's -timeout %s ends this package in %s, and no WaitProgress has moved for %s (last: %q): "+
+			"a stall; the goroutine dump that follows shows where", timeout, timeoutNoteLead, now.Sub(at).Round(time.Second), what)
 	}
 }
 

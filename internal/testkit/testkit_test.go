@@ -2,7 +2,6 @@ package testkit_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -159,12 +158,4 @@ func dropTemplate(t *testing.T, name string) {
 	require.NoError(t, admin.QueryRow(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'stepwise\\_tpl\\_' || $1 || '\\_%'", name).Scan(&tpl))
 	_, err := admin.Exec(ctx, "DROP DATABASE "+pgx.Identifier{tpl}.Sanitize())
 	require.NoError(t, err)
-}
-
-// go test's default 10-minute bound on a package is lifted by Main (a -timeout other than the
-// default is left as given).
-func TestDefaultPackageTimeoutRaised(t *testing.T) {
-	v := flag.Lookup("test.timeout").Value.String()
-	require.NotEqual(t, "10m0s", v, "testkit.Main must lift go test's default 10-minute package bound")
-	t.Logf("package timeout: %s", v)
 }

@@ -64,10 +64,12 @@ func TestBankDownForTheWholeRun(t *testing.T) {
 	_, _, err = svc.StartDate(ctx, testDate)
 	require.NoError(t, err)
 
-	waitFor(t, 30*time.Second, "every payout UNKNOWN_EXTERNAL while the bank is down", func() (bool, string) {
+	waitProgress(t, pool, "every payout UNKNOWN_EXTERNAL while the bank is down", func(ctx context.Context) (bool, string, error) {
 		p, err := settlement.ReadProgress(ctx, pool, svc.Plan, testDate)
-		require.NoError(t, err)
-		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["UNKNOWN_EXTERNAL"] == expected, fmtProgress(p)
+		if err != nil {
+			return false, "", err
+		}
+		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["UNKNOWN_EXTERNAL"] == expected, fmtProgress(p), nil
 	})
 	var sent, other int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'PAYOUT_SENT'), count(*) FILTER (WHERE status <> 'PAYOUT_SENT')
@@ -81,13 +83,10 @@ func TestBankDownForTheWholeRun(t *testing.T) {
 	require.Positive(t, rep.OldestUnknown)
 
 	sw.down.Store(false)
-	waitCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	p, err := settlement.WaitAtRest(waitCtx, pool, svc.Plan, testDate, 100*time.Millisecond, nil)
-	require.NoError(t, err, fmtProgress(p))
+	p := waitAtRest(t, pool, svc.Plan, "every payout settled once the bank is back")
 	require.Zero(t, p.Operations[string(outbox.StateManual)])
 	require.Equal(t, expected, p.Operations["SUCCEEDED"]+p.Operations["FAILED_PERMANENT"])
-	res, err := settlement.CheckInvariants(ctx, pool, client, svc.Plan, testDate)
+	res, err := settlement.CheckInvariants(ctx, pool, auditor(srv.URL), svc.Plan, testDate)
 	require.NoError(t, err)
 	require.NoError(t, res.Err(), "%+v", res.Checks)
 	require.Len(t, bank.Applied(), expected)
@@ -109,21 +108,20 @@ func TestBankRefusesConnections(t *testing.T) {
 	_, _, err = svc.StartDate(ctx, testDate)
 	require.NoError(t, err)
 
-	waitFor(t, 30*time.Second, "payouts refused and waiting to be resent", func() (bool, string) {
+	waitProgress(t, pool, "payouts refused and waiting to be resent", func(ctx context.Context) (bool, string, error) {
 		p, err := settlement.ReadProgress(ctx, pool, svc.Plan, testDate)
-		require.NoError(t, err)
-		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["RETRYABLE"] == expected, fmtProgress(p)
+		if err != nil {
+			return false, "", err
+		}
+		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["RETRYABLE"] == expected, fmtProgress(p), nil
 	})
 	var unknown int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE kind = 'op.transition' AND to_state = 'UNKNOWN_EXTERNAL'`).Scan(&unknown))
 	require.Zero(t, unknown, "a refused dial proves the payment never left")
 
 	require.NoError(t, bank.SetDown(false))
-	waitCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	p, err := settlement.WaitAtRest(waitCtx, pool, svc.Plan, testDate, 100*time.Millisecond, nil)
-	require.NoError(t, err, fmtProgress(p))
-	res, err := settlement.CheckInvariants(ctx, pool, client, svc.Plan, testDate)
+	waitAtRest(t, pool, svc.Plan, "every payout settled once the bank listens again")
+	res, err := settlement.CheckInvariants(ctx, pool, auditor(bank.URL()), svc.Plan, testDate)
 	require.NoError(t, err)
 	require.NoError(t, res.Err(), "%+v", res.Checks)
 	require.Len(t, bank.Applied(), expected)

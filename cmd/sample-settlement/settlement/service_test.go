@@ -3,6 +3,7 @@ package settlement_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
@@ -32,6 +34,15 @@ func startBank(t *testing.T, cfg *fakebank.Config) (*fakebank.Bank, *fakebank.Cl
 	tr.DisableKeepAlives = true
 	t.Cleanup(tr.CloseIdleConnections)
 	return bank, fakebank.NewClient(bank.URL(), &http.Client{Timeout: 2 * time.Second, Transport: tr})
+}
+
+// auditor is a client for the checks after a run (the bank's request log, its statement):
+// not the service's payment client. Guards against: a check failing for time. The payment
+// client's timeout is seconds on purpose (a slow payment is UNKNOWN_EXTERNAL), but reading
+// the whole request log of 1,500 payouts at load 50 took longer than that, and the send
+// discipline check reported "cannot read the bank's request log" on a correct run.
+func auditor(bankURL string) *fakebank.Client {
+	return fakebank.NewClient(bankURL, &http.Client{Timeout: 2 * time.Minute})
 }
 
 func startService(t *testing.T, pool *pgxpool.Pool, cfg *settlement.ServiceConfig) *settlement.Service {
@@ -55,20 +66,61 @@ func startService(t *testing.T, pool *pgxpool.Pool, cfg *settlement.ServiceConfi
 	return svc
 }
 
-// waitFor polls cond (the database is the evidence) until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+// waitProgress polls cond (the database is the evidence) until it holds, for as long as the
+// database shows the service working: steps committed, payouts at rest, events written (every
+// payout transition writes one). It fails after testkit.StallTimeoutDefault with nothing
+// moving, naming the last state cond saw.
+//
+// Guards against: a test that fails for time rather than for a bug. A fixed 30 s deadline
+// expired at load 30-50 on two cores with half the payouts moved and more moving; only a
+// service that stops moving (a lost wake-up, a stuck dispatcher) must fail.
+func waitProgress(t *testing.T, pool *pgxpool.Pool, what string, cond func(ctx context.Context) (bool, string, error)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
+	waitProgressFor(t, pool, what, 0, cond)
+}
+
+// waitProgressFor is waitProgress with a quiet period other than the default (zero is the
+// default); a test that shows the wait still catches a stall uses a short one.
+func waitProgressFor(t *testing.T, pool *pgxpool.Pool, what string, stall time.Duration, cond func(ctx context.Context) (bool, string, error)) {
+	t.Helper()
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("%s: last: %s", what, last)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s; last: %s", what, timeout, state)
+	}()
+	testkit.WaitProgress(t, what, stall, 0, func(ctx context.Context) (bool, int64, error) {
+		done, state, err := cond(ctx)
+		if err != nil {
+			return false, 0, err
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		last = state
+		if done {
+			return true, 0, nil
+		}
+		var progress int64
+		err = pool.QueryRow(ctx, `SELECT
+			(SELECT coalesce(sum(steps), 0) FROM stepwise_checkpoint) +
+			(SELECT count(*) FROM stepwise_operation WHERE state NOT IN ('PENDING', 'PROCESSING')) +
+			(SELECT count(*) FROM stepwise_event)`).Scan(&progress)
+		return false, progress, err
+	})
+}
+
+// waitAtRest waits until date is at rest (every run finished, every payout proven or
+// MANUAL), for as long as the service makes progress.
+func waitAtRest(t *testing.T, pool *pgxpool.Pool, plan settlement.Plan, what string) *settlement.Progress {
+	t.Helper()
+	var p *settlement.Progress
+	waitProgress(t, pool, what, func(ctx context.Context) (bool, string, error) {
+		var err error
+		p, err = settlement.ReadProgress(ctx, pool, plan, testDate)
+		if err != nil {
+			return false, "", err
+		}
+		return p.AtRest(plan.Shards), fmtProgress(p), nil
+	})
+	return p
 }
 
 func TestServiceSettlesAndPaysADate(t *testing.T) {
@@ -90,12 +142,12 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	require.False(t, created)
 	require.Equal(t, runs[2].Key, again[2].Key)
 
-	waitFor(t, 30*time.Second, "every run succeeded and every payout terminal", func() (bool, string) {
+	waitProgress(t, pool, "every run succeeded and every payout terminal", func(ctx context.Context) (bool, string, error) {
 		var pending, open int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT
+		err := pool.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM stepwise_run WHERE status <> 'succeeded'),
-			(SELECT count(*) FROM stepwise_operation WHERE state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT'))`).Scan(&pending, &open))
-		return pending == 0 && open == 0, ""
+			(SELECT count(*) FROM stepwise_operation WHERE state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT'))`).Scan(&pending, &open)
+		return err == nil && pending == 0 && open == 0, fmt.Sprintf("%d runs not succeeded, %d payouts not terminal", pending, open), err
 	})
 	for _, r := range runs {
 		run, err := workflow.GetRun(ctx, pool, r.Key)
@@ -116,12 +168,12 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	require.Zero(t, ledgerSum)
 	require.Equal(t, 2*failed, reversals)
 
-	res, err := settlement.CheckInvariants(ctx, pool, client, svc.Plan, testDate)
+	res, err := settlement.CheckInvariants(ctx, pool, auditor(bank.URL()), svc.Plan, testDate)
 	require.NoError(t, err)
 	require.NoError(t, res.Err(), "%+v", res.Checks)
 	require.Len(t, res.Checks, 9) // invariants 1 (x2), 2, 3 (effects, send discipline), 4, 5, 6 and the whole-database summary
 
-	rep, err := settlement.BuildReport(ctx, pool, client, svc.Plan, testDate)
+	rep, err := settlement.BuildReport(ctx, pool, auditor(bank.URL()), svc.Plan, testDate)
 	require.NoError(t, err)
 	require.Equal(t, schedule.BatchCompleted, rep.Batch)
 	require.True(t, rep.TotalsMatch(), "%+v", rep)

@@ -16,7 +16,7 @@ import (
 
 func TestHelpOnEveryCommand(t *testing.T) {
 	t.Parallel()
-	mine := []string{"demo", "serve", "bank", "seed", "migrate", "settle", "report", "resolve", "invariants", "prune"}
+	mine := []string{"demo", "serve", "seed", "migrate", "settle", "report", "resolve", "invariants", "prune"}
 	for _, name := range mine {
 		r := runCLI(t, name, "--help")
 		require.Equal(t, 0, r.code, name)

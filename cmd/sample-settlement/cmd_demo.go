@@ -170,7 +170,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 			return err
 		}
 		svc, err := settlement.NewService(wpool, &settlement.ServiceConfig{
-			Bank: newBankClient(bank.URL(), 5*time.Second), Plan: plan, BatchSize: f.batchSize,
+			Bank: bankfake.Dial(bank.URL(), 5*time.Second), Plan: plan, BatchSize: f.batchSize,
 			PayoutConcurrency: f.payoutConcurrency, ID: fmt.Sprintf("demo-worker-%d", i+1), Logger: logger, RiverMiddleware: riverMiddleware,
 			FetchPollInterval: 200 * time.Millisecond,
 		})
@@ -232,7 +232,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	}
 
 	// 7. Report and invariants.
-	client := newBankClient(bank.URL(), 10*time.Second)
+	client := bankfake.Dial(bank.URL(), 10*time.Second)
 	rep, err := settlement.BuildReport(ctx, pool, client, plan, date)
 	if err != nil {
 		return err

@@ -18,8 +18,8 @@
 // (Sleep(1h) must hold). The bounded ones run in CI (profiles_test.go, one test each); any
 // runs from the command line at full size, and mix runs them in turn as a soak:
 //
-//	go run ./cmd/sample-settlement chaos --profile long --seed 7
-//	go run ./cmd/sample-settlement chaos --profile mix --duration 10m
+//	go run ./cmd/stepwise-lab chaos --profile long --seed 7
+//	go run ./cmd/stepwise-lab chaos --profile mix --duration 10m
 //
 // A run is reproducible from its seed (printed first, and with the first violation).
 package chaos

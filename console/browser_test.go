@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/internal/testkit"
@@ -128,7 +129,7 @@ func startSettle(t *testing.T, manual int) *settleFixture {
 
 	quiet := slog.New(slog.DiscardHandler)
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
-		Bank: client, Plan: settlement.Plan{Shards: 2}, BatchSize: 20, PayoutConcurrency: 8,
+		Bank: bankfake.New(client), Plan: settlement.Plan{Shards: 2}, BatchSize: 20, PayoutConcurrency: 8,
 		PayoutTimeout: time.Second, ReconcileInterval: time.Second, ReconcileGrace: 2 * time.Second,
 		ReconcileBackoff:  func(int) time.Duration { return 300 * time.Millisecond },
 		FetchPollInterval: 100 * time.Millisecond, Logger: quiet,

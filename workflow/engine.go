@@ -230,7 +230,7 @@ func (e *Engine) periodicJobs() []*river.PeriodicJob {
 // otherwise the first completed pass would block every later insert until River's cleaner
 // removed its row, a day later, and takeover would silently stop. ByPeriod for the same
 // reason with a job that stays 'running' because the process working it was killed
-// (measured by sample-settlement bench: the leader killed mid-pass left its job running,
+// (measured by stepwise-lab bench: the leader killed mid-pass left its job running,
 // every later insert was a duplicate of it, and no run was taken over until River's rescue
 // an hour later).
 func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {

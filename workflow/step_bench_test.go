@@ -35,7 +35,7 @@ import (
 //
 //	go test ./workflow -run '^$' -bench StepOverhead -benchtime 2000x
 //
-// The sample's own bench (sample-settlement bench) measures the same against the real
+// The sample's own bench (stepwise-lab bench) measures the same against the real
 // settlement statement and its outbox rows.
 func BenchmarkStepOverhead(b *testing.B) {
 	for _, v := range []struct {

@@ -16,7 +16,7 @@ import (
 
 func TestHelpOnEveryCommand(t *testing.T) {
 	t.Parallel()
-	mine := []string{"demo", "serve", "bank", "seed", "migrate", "settle", "report", "resolve", "invariants", "prune"}
+	mine := []string{"demo", "serve", "seed", "migrate", "settle", "report", "resolve", "invariants", "prune"}
 	for _, name := range mine {
 		r := runCLI(t, name, "--help")
 		require.Equal(t, 0, r.code, name)
@@ -99,7 +99,7 @@ func TestResolveFromStaleState(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	// One settled payout, moved to MANUAL and then (by "the reconciler") to SUCCEEDED.
-	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: newBankClient(defaultBankURL, time.Second), Logger: quietLogger()})
+	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank(defaultBankURL, time.Second), Logger: quietLogger()})
 	require.NoError(t, err)
 	_, _, err = svc.StartDate(ctx, testDate)
 	require.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
@@ -40,7 +41,7 @@ type demoFlags struct {
 	dbURL   string
 	dbName  string
 	seed    seedFlags
-	faults  faultFlags
+	faults  bankfake.FaultFlags
 	plan    planFlags
 	workers int
 
@@ -59,7 +60,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Var(secretURL{&f.dbURL}, "database-url", "use this database as is (default $DATABASE_URL; unset: a fresh database on a local or throwaway server)")
 	fs.StringVar(&f.dbName, "db-name", "stepwise_demo", "name of the fresh database the demo creates when no URL is given")
 	f.seed.register(fs)
-	f.faults.register(fs, true)
+	f.faults.Register(fs, true)
 	f.plan.register(fs)
 	fs.IntVar(&f.workers, "workers", 3, "River clients (workers) in this process, each working settle runs and delivering payouts")
 	fs.IntVar(&f.batchSize, "batch-size", settlement.BatchSizeDefault, "merchants per settle step")
@@ -75,9 +76,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	mix, err := f.faults.mix()
+	mix, err := f.faults.Mix()
 	if err != nil {
-		return err
+		return usageError("%v", err)
 	}
 	plan, err := f.plan.plan()
 	if err != nil {
@@ -169,7 +170,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 			return err
 		}
 		svc, err := settlement.NewService(wpool, &settlement.ServiceConfig{
-			Bank: newBankClient(bank.URL(), 5*time.Second), Plan: plan, BatchSize: f.batchSize,
+			Bank: bankfake.Dial(bank.URL(), 5*time.Second), Plan: plan, BatchSize: f.batchSize,
 			PayoutConcurrency: f.payoutConcurrency, ID: fmt.Sprintf("demo-worker-%d", i+1), Logger: logger, RiverMiddleware: riverMiddleware,
 			FetchPollInterval: 200 * time.Millisecond,
 		})
@@ -231,7 +232,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	}
 
 	// 7. Report and invariants.
-	client := newBankClient(bank.URL(), 10*time.Second)
+	client := bankfake.Dial(bank.URL(), 10*time.Second)
 	rep, err := settlement.BuildReport(ctx, pool, client, plan, date)
 	if err != nil {
 		return err

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 func init() {
@@ -25,7 +24,7 @@ func init() {
 // parsed and checked, and an open pool.
 type dateCommand struct {
 	pool   *pgxpool.Pool
-	bank   *fakebank.Client
+	bank   settlement.Bank
 	plan   settlement.Plan
 	date   time.Time
 	asJSON bool

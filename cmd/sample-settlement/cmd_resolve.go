@@ -73,7 +73,7 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer pool.Close()
 	// The same wiring as serve's, so the payout's outcome callback (the settlement moves with
 	// the payout) runs in the resolution's transaction. Nothing is sent or looked up here.
-	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: newBankClient(defaultBankURL, time.Second), ID: "resolve/" + *actor})
+	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank(defaultBankURL, time.Second), ID: "resolve/" + *actor})
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -17,10 +16,9 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/migrations"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
-// defaultBankURL is where "sample-settlement bank" listens by default.
+// defaultBankURL is where "stepwise-lab bank" (the fake bank's server) listens by default.
 const defaultBankURL = "http://127.0.0.1:8089"
 
 // dbFlags are the flags of every command that opens the database.
@@ -194,35 +192,6 @@ func (f *planFlags) plan() (settlement.Plan, error) {
 		return p, usageError("--shards/--schedule/--zone: %v", err)
 	}
 	return p, nil
-}
-
-// bankFlags name the bank.
-type bankFlags struct {
-	url string
-}
-
-func (f *bankFlags) register(fs *flag.FlagSet) {
-	f.url = envOr("BANK_URL", defaultBankURL)
-	fs.Var(secretURL{&f.url}, "bank-url", "base URL of the bank (\"sample-settlement bank\") ($BANK_URL)")
-}
-
-func (f *bankFlags) client(timeout time.Duration) (*fakebank.Client, error) {
-	u, err := url.Parse(f.url)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageError("--bank-url %q: want a URL such as %s", redactURL(f.url), defaultBankURL)
-	}
-	return newBankClient(f.url, timeout), nil
-}
-
-// newBankClient is the HTTP client payouts go through: keep-alive on, as a service would.
-// The fake bank's client sends through outbox/httpsend, which keeps net/http from replaying
-// the POST by itself when a kept-alive connection dies after the request was written: a
-// replay is a second request the ledger never started, and a bank that does not deduplicate
-// would pay twice.
-func newBankClient(bankURL string, timeout time.Duration) *fakebank.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 128
-	return fakebank.NewClient(bankURL, &http.Client{Timeout: timeout, Transport: tr})
 }
 
 // parseDateFlag parses --date, naming the flag in the error.

@@ -15,7 +15,6 @@ import (
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // newConsole is the operator's console of the sample service, mounted at /console/. With
@@ -41,8 +40,8 @@ func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger
 		Hosts:        sec.hosts,
 		MaxInFlight:  sec.maxInFlight,
 	}
-	if svc.Sender != nil && svc.Sender.Client != nil {
-		cfg.Statements = map[string]reconcile.Statement{settlement.PayoutKind: fakebank.Statement(svc.Sender.Client)}
+	if svc.Bank != nil {
+		cfg.Statements = map[string]reconcile.Statement{settlement.PayoutKind: settlement.StatementOf(svc.Bank)}
 	}
 	// Resume continues a failed or cancelled run from its last committed cursor, audited
 	// with the signed-in operator as actor, and only if the run is still the one the

@@ -26,7 +26,7 @@ func TestServeMountsTheConsole(t *testing.T) {
 	pool, err := pgxpool.New(ctx, seededDBURL(t))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: newBankClient("http://127.0.0.1:1", time.Second), Logger: quietLogger()})
+	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank("http://127.0.0.1:1", time.Second), Logger: quietLogger()})
 	require.NoError(t, err)
 
 	do := func(h http.Handler, method, path string) (int, string) {

@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -95,27 +92,6 @@ func TestEveryCommandOnANeverMigratedDatabase(t *testing.T) {
 		require.NotContains(t, out, "serving: ")
 		requireUntouched(t, dbURL)
 	})
-
-	// chaos and bench make databases of their own on the server the URL names (plain CREATE
-	// DATABASE, then migrate): the never-migrated database only tells them where the server is.
-	t.Run("chaos", func(t *testing.T) {
-		t.Parallel()
-		dbURL := testkit.EmptyDBURL(t)
-		// chaos re-executes its own binary as worker processes, so it runs here as the built
-		// command a user runs, not as a role of the test binary.
-		out, err := runBuilt(t, []string{"DATABASE_URL=" + dbURL}, "chaos", "--duration", "2s", "--workers", "1",
-			"--merchants", "40", "--shards", "2", "--soak=false")
-		require.NoError(t, err, out)
-		require.Contains(t, out, "invariants")
-	})
-	t.Run("bench", func(t *testing.T) {
-		t.Parallel()
-		dbURL := testkit.EmptyDBURL(t)
-		r := runCLI(t, "bench", "--database-url", dbURL, "--only", "floor,stepwise", "--rounds", "1", "--batches", "100",
-			"--merchants", "200", "--max-items-b1", "10", "--river-items", "50")
-		require.Equal(t, 0, r.code, r.stderr)
-		require.Contains(t, r.stdout, "stepwise/floor B=100:")
-	})
 }
 
 // requireCurrent: the database holds every migration this binary knows.
@@ -139,68 +115,6 @@ func requireUntouched(t *testing.T, dbURL string) {
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')`).Scan(&tables))
 	require.Zero(t, tables, "a command that refused must leave the database as it found it")
-}
-
-var (
-	builtOnce sync.Once
-	builtPath string
-	builtErr  error
-)
-
-// runBuilt runs this command as a user does: `go build` of this package (once per test
-// process), then the binary with args and env on top of this process's environment. It
-// returns the combined output.
-func runBuilt(t *testing.T, env []string, args ...string) (string, error) {
-	t.Helper()
-	builtOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sample-settlement-bin-")
-		if err != nil {
-			builtErr = err
-			return
-		}
-		builtPath = filepath.Join(dir, "sample-settlement")
-		out, err := exec.Command("go", "build", "-o", builtPath, ".").CombinedOutput()
-		if err != nil {
-			builtErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if builtErr != nil {
-		t.Fatal(builtErr)
-	}
-	// The command is killed only when it stops printing (its progress lines) for stall, or
-	// after an overall bound: a loaded machine slows it, and only a stuck command fails.
-	stall, limit := 3*time.Minute, 30*time.Minute
-	if full() {
-		limit = 3 * time.Hour
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, builtPath, args...)
-	cmd.Env = append(os.Environ(), env...)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	var err error
-	for lastLen, lastMoved := -1, time.Now(); ; {
-		select {
-		case err = <-done:
-		case <-time.After(time.Second):
-			if n := len(out.String()); n != lastLen {
-				lastLen, lastMoved = n, time.Now()
-			} else if time.Since(lastMoved) > stall {
-				cancel()
-				t.Errorf("sample-settlement %s printed nothing for %s; killed", strings.Join(args, " "), stall)
-			}
-			continue
-		}
-		break
-	}
-	t.Logf("sample-settlement %s → %v\n%s", strings.Join(args, " "), err, out.String())
-	return out.String(), err
 }
 
 // Two demos on one server: the second refuses and names the first, and the first finishes

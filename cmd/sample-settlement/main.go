@@ -24,8 +24,8 @@ type command struct {
 }
 
 // commands is the registry of subcommands, filled by register from init functions: each
-// command lives in its own cmd_<name>.go file (cmd_bench.go and cmd_chaos.go belong to the
-// bench and chaos owners). The contract, kept stable for them:
+// command lives in its own cmd_<name>.go file (cmd/stepwise-lab, the bench and the chaos
+// suite, keeps the same contract). The contract:
 //
 //   - func register(name, summary string, run func(ctx, args, stdout, stderr) error), called
 //     from an init function; names are unique (a duplicate panics at start-up);

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,9 +41,6 @@ func (e *exitError) Error() string { return fmt.Sprintf("exit code %d", e.code) 
 
 func TestMain(m *testing.M) {
 	code := testkit.Main(m)
-	if builtPath != "" { // the binary runBuilt made
-		os.RemoveAll(filepath.Dir(builtPath))
-	}
 	os.Exit(code)
 }
 

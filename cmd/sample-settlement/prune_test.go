@@ -26,7 +26,7 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	// The service registers the payout kind, as a serve process does.
-	_, err = settlement.NewService(pool, &settlement.ServiceConfig{Bank: newBankClient(defaultBankURL, time.Second), Logger: quietLogger()})
+	_, err = settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank(defaultBankURL, time.Second), Logger: quietLogger()})
 	require.NoError(t, err)
 
 	// A payout of a settlement, MANUAL after the dispatcher and the reconciler gave up.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -10,11 +9,7 @@ import (
 )
 
 // The commands the README shows to paste, run in the form it gives (docs/commands_test.go
-// checks that each one is run somewhere). Long ones run bounded on every CI run and at full
-// size with STEPWISE_FULL=1.
-
-// full reports whether the README's long commands run at the size the README gives.
-func full() bool { return os.Getenv("STEPWISE_FULL") != "" }
+// checks that each one is run somewhere). The lab's (chaos, bench) are cmd/stepwise-lab's.
 
 func TestReadmeResumeCommand(t *testing.T) { // not parallel: it sets $USER
 	dbURL := seededDBURL(t)
@@ -41,34 +36,4 @@ func TestReadmeResumeCommand(t *testing.T) { // not parallel: it sets $USER
 		WHERE subject = $1 AND kind = 'run.resume'`, key).Scan(&actor, &reason))
 	require.Equal(t, "ops-on-call", actor)
 	require.Equal(t, "bank back (INC-42)", reason)
-}
-
-func TestReadmeChaosCommand(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a chaos soak")
-	}
-	t.Parallel()
-	duration := "5s"
-	if full() {
-		duration = "10m"
-	}
-	// README: go run ./cmd/sample-settlement chaos --profile mix --duration 10m
-	out, err := runBuilt(t, nil, "chaos", "--profile", "mix", "--duration", duration)
-	require.NoError(t, err, out)
-	require.Contains(t, out, "all invariants hold")
-}
-
-func TestReadmeBenchCommand(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a benchmark")
-	}
-	t.Parallel()
-	args := []string{"bench", "--quick"}
-	if full() {
-		args = []string{"bench"}
-	}
-	// README: go run ./cmd/sample-settlement bench
-	out, err := runBuilt(t, nil, args...)
-	require.NoError(t, err, out)
-	require.Contains(t, out, "stepwise/floor B=100:")
 }

@@ -23,7 +23,7 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: newBankClient(defaultBankURL, time.Second), Logger: quietLogger()})
+	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank(defaultBankURL, time.Second), Logger: quietLogger()})
 	require.NoError(t, err)
 
 	var settlementID int64

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
@@ -56,7 +57,7 @@ func TestBankDownForTheWholeRun(t *testing.T) {
 	sw.down.Store(true)
 	srv := httptest.NewServer(sw)
 	t.Cleanup(srv.Close)
-	client := fakebank.NewClient(srv.URL, &http.Client{Timeout: time.Second})
+	client := bankfake.New(fakebank.NewClient(srv.URL, &http.Client{Timeout: time.Second}))
 	svc := startService(t, pool, fastReconcile(&settlement.ServiceConfig{Bank: client, Plan: settlement.Plan{Shards: 2}, BatchSize: 200}))
 
 	expected, err := settlement.ExpectedSettlements(ctx, pool, testDate)

@@ -30,15 +30,17 @@ can never start two sets of runs for one date.
 
 # Payouts and their outcomes
 
-The bank here is Stepwise's fake one (workflowtest/fakebank), so the sample pays through its
-adapter: fakebank.Sender pays each payout under its operation id and classifies the bank's
-answer only as far as it proves something (declined: FAILED_PERMANENT; refused before
-processing: RETRYABLE; anything else, a 5xx, a timeout, a dropped connection: UNKNOWN_EXTERNAL),
-and fakebank.Checker answers the reconciler from the bank's lookup by idempotency key. Read
-them as the pattern for your own adapter, not as a bank client: against a real provider you
-write the same two types around its client, and each branch of the classification must follow
-what that provider documents; an answer it does not document as "not processed" is unknown,
-never failed. The outcome callback OnPayoutOutcomes moves settlements in the transaction that
+The service talks to the bank through the Bank interface and nothing else: Send pays each
+payout under its operation id and classifies the bank's answer only as far as it proves
+something (declined: FAILED_PERMANENT; refused before processing: RETRYABLE; anything else, a
+5xx, a timeout, a dropped connection: UNKNOWN_EXTERNAL), Lookup answers the reconciler from the
+bank's lookup by operation id, and Statement gives the report its totals. The sample's bank is
+Stepwise's fake one, through its adapter (package bankfake, over workflowtest/fakebank's Sender
+and Checker). Read that adapter as the pattern for yours, not as a bank client: against a real
+provider you implement Bank around its client, and each branch of the classification must
+follow what that provider documents; an answer it does not document as "not processed" is
+unknown, never failed. (BankAudit, a test bank's ledger and request log, is what the invariant
+check needs beyond Bank; a real provider has none, and the checks that need it say so.) The outcome callback OnPayoutOutcomes moves settlements in the transaction that
 moves their payouts:
 
 	payout (ledger)       settlement

@@ -15,7 +15,6 @@ import (
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflowtest"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Check is one invariant of docs/design.md, checked for one date, with the evidence either way.
@@ -85,7 +84,7 @@ type InvariantOpts struct {
 // (runs finished, payouts proven or MANUAL): run it after the settlement, not during. An
 // error means a check could not run; failed invariants are in the Result (see Result.Err).
 // It is CheckInvariantsOpts with the default options.
-func CheckInvariants(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client, plan Plan, date time.Time) (*Result, error) {
+func CheckInvariants(ctx context.Context, pool *pgxpool.Pool, bank Bank, plan Plan, date time.Time) (*Result, error) {
 	return CheckInvariantsOpts(ctx, pool, bank, plan, date, nil)
 }
 
@@ -93,7 +92,7 @@ func CheckInvariants(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Cli
 // send discipline against the bank's request log (invariant 3): no two requests for one payout
 // in flight at once, none after the ledger recorded it terminal, not-found believed only after
 // the previous request ended plus the grace, every effect one payout's with its amount.
-func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client, plan Plan, date time.Time, opts *InvariantOpts) (*Result, error) {
+func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank Bank, plan Plan, date time.Time, opts *InvariantOpts) (*Result, error) {
 	grace := time.Minute
 	if opts != nil && opts.Grace > 0 {
 		grace = opts.Grace
@@ -177,12 +176,13 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 		claims, runs, backwards, staleFinish, suffix(offenders))
 
 	// 3. One bank effect per operation id; no reference paid under two keys.
-	var ledger *fakebank.Ledger
-	var bankErr error
-	if bank == nil {
-		bankErr = fmt.Errorf("no bank given")
-	} else {
-		ledger, bankErr = bank.Ledger(ctx)
+	// Both need what only a test bank tells (BankAudit): every payment it applied, and every
+	// request it received. Against a bank without them these checks fail, saying so: a check
+	// that cannot run must not read as passed.
+	var ledger *BankLedger
+	bankAudit, bankErr := audit(bank)
+	if bankErr == nil {
+		ledger, bankErr = bankAudit.Ledger(ctx)
 	}
 	localByID := map[string]payoutRow{}
 	for _, p := range payouts {
@@ -195,16 +195,16 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 		effects := map[string]int{}
 		var twice, strangers, dupRefs []string
 		for _, p := range applied {
-			effects[p.IdempotencyKey]++
-			if effects[p.IdempotencyKey] == 2 {
-				twice = append(twice, p.IdempotencyKey)
+			effects[p.OperationID]++
+			if effects[p.OperationID] == 2 {
+				twice = append(twice, p.OperationID)
 			}
-			if l, ok := localByID[p.IdempotencyKey]; !ok || l.key != p.Reference {
-				strangers = append(strangers, p.Reference+" under "+p.IdempotencyKey)
+			if l, ok := localByID[p.OperationID]; !ok || l.key != p.Reference {
+				strangers = append(strangers, p.Reference+" under "+p.OperationID)
 			}
 		}
 		marker := "/" + res.Date + "/"
-		for ref, ks := range ledger.DuplicateReferences() {
+		for ref, ks := range ledger.DuplicateReferences {
 			if strings.Contains(ref, marker) {
 				dupRefs = append(dupRefs, fmt.Sprintf("%s under %d keys", ref, len(ks)))
 			}
@@ -216,17 +216,17 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank *fakebank
 
 	// 3b. The send discipline, against what reached the bank (its request log): a bank that
 	// deduplicates hides a second send, its log does not.
-	if bank == nil {
-		add(3, SendDiscipline, false, "cannot ask the bank: no bank given")
-	} else if reqs, err := bank.Requests(ctx); err != nil {
+	if bankAudit == nil {
+		_, err := audit(bank)
+		add(3, SendDiscipline, false, "cannot ask the bank: %v", err)
+	} else if reqs, err := bankAudit.Requests(ctx); err != nil {
 		add(3, SendDiscipline, false, "cannot read the bank's request log: %v", err)
 	} else {
 		marker := "/" + res.Date + "/"
 		var mine []workflowtest.Request
 		for _, r := range reqs {
 			if _, ok := localByID[r.OperationID]; ok || strings.Contains(r.Reference, marker) {
-				mine = append(mine, workflowtest.Request{OperationID: r.OperationID, Amount: r.Amount,
-					Arrived: r.Arrived, Decided: r.Decided, Ended: r.Ended(), Effect: r.Effect})
+				mine = append(mine, r.Request)
 			}
 		}
 		vs, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Requests: mine, Grace: grace, Runs: keys})
@@ -314,7 +314,7 @@ const invariant4LapsedSQL = `SELECT count(*) FROM stepwise_operation WHERE run_k
 // checkMoney checks invariant 6: transactions = settlements per currency; the ledger entries
 // balance and each settlement has exactly its own; settlement statuses agree with their
 // payouts; paid settlements = SUCCEEDED payouts = the bank's statement.
-func checkMoney(ctx context.Context, pool *pgxpool.Pool, bank *fakebank.Client, plan Plan, date time.Time, keys []string, add func(int, string, bool, string, ...any)) error {
+func checkMoney(ctx context.Context, pool *pgxpool.Pool, bank Bank, plan Plan, date time.Time, keys []string, add func(int, string, bool, string, ...any)) error {
 	const name = "money balances: transactions = settlements = ledger = bank statement"
 	rep, err := BuildReport(ctx, pool, bank, plan, date)
 	if err != nil {

@@ -3,12 +3,12 @@ package settlement
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Settlement statuses, as stored in settlement.status.
@@ -95,7 +95,12 @@ func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOu
 // starts, for code that settles (and so enqueues payouts) where no Service has run yet:
 // outbox.Enqueue refuses a kind no outbox registered, since nothing would ever send it.
 func RegisterPayoutKind(ctx context.Context, db outbox.DB) error {
-	ob, err := outbox.New(db, &outbox.Config{ID: "settlement", Kinds: map[string]*outbox.KindConfig{PayoutKind: {Sender: fakebank.Sender{}}}})
+	// The outbox is only registered, never run: its sender refuses, so a payout can never go
+	// out through it without a bank.
+	noSend := outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
+		return outbox.Receipt{}, outbox.NotSent(errors.New("RegisterPayoutKind's outbox sends nothing; a Service sends payouts"))
+	})
+	ob, err := outbox.New(db, &outbox.Config{ID: "settlement", Kinds: map[string]*outbox.KindConfig{PayoutKind: {Sender: noSend}}})
 	if err != nil {
 		return err
 	}

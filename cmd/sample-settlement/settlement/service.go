@@ -19,13 +19,13 @@ import (
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // ServiceConfig configures a Service.
 type ServiceConfig struct {
-	// Bank is the client payouts are sent and looked up with. Required.
-	Bank *fakebank.Client
+	// Bank is the bank payouts are sent to and looked up at (the fake bank's adapter is
+	// package bankfake; yours implements the same interface). Required.
+	Bank Bank
 
 	// Plan maps dates to runs. Defaults to Plan{}.WithDefaults().
 	Plan Plan
@@ -122,7 +122,7 @@ func (c *ServiceConfig) WithDefaults() *ServiceConfig {
 func (c *ServiceConfig) validate() error {
 	switch {
 	case c.Bank == nil:
-		return errors.New("ServiceConfig.Bank is nil; give it fakebank.NewClient(bankURL, nil)")
+		return errors.New("ServiceConfig.Bank is nil; give it your bank's adapter (the sample's: bankfake.Dial(bankURL, timeout))")
 	case c.BatchSize < 1:
 		return fmt.Errorf("ServiceConfig.BatchSize is %d; want at least 1", c.BatchSize)
 	case c.SettleWorkers < 1:
@@ -152,7 +152,7 @@ type Service struct {
 	Reconciler *reconcile.Reconciler
 	Scheduler  *schedule.Scheduler // nil unless ServiceConfig.Schedule
 	Plan       Plan
-	Sender     *fakebank.Sender
+	Bank       Bank
 
 	cfg *ServiceConfig
 }
@@ -178,13 +178,12 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	sender := &fakebank.Sender{Client: cfg.Bank}
 	ob, err := outbox.New(pool, &outbox.Config{
 		ID:     cfg.ID,
 		Logger: cfg.Logger,
 		Kinds: map[string]*outbox.KindConfig{
 			PayoutKind: {
-				Sender:         sender,
+				Sender:         cfg.Bank, // pays under the operation id, classifies the answer
 				OnOutcomeBatch: OnPayoutOutcomes,
 				Concurrency:    cfg.PayoutConcurrency,
 				Timeout:        cfg.PayoutTimeout,
@@ -203,7 +202,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		Logger:   cfg.Logger,
 		Kinds: map[string]*reconcile.KindConfig{
 			PayoutKind: {
-				Checker:      fakebank.Checker{Client: cfg.Bank},
+				Checker:      cfg.Bank, // looks the operation id up
 				Timeout:      cfg.PayoutTimeout,
 				Grace:        cfg.ReconcileGrace,
 				CheckBackoff: cfg.ReconcileBackoff,
@@ -260,7 +259,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the River client: %w", err)
 	}
-	return &Service{Pool: pool, Client: client, Engine: engine, Outbox: ob, Reconciler: rec, Scheduler: sched, Plan: plan, Sender: sender, cfg: cfg}, nil
+	return &Service{Pool: pool, Client: client, Engine: engine, Outbox: ob, Reconciler: rec, Scheduler: sched, Plan: plan, Bank: cfg.Bank, cfg: cfg}, nil
 }
 
 // Start starts the River client: settle runs, payout delivery, maintenance and (if

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/schedule"
@@ -22,10 +23,10 @@ import (
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// startBank starts an in-process fake bank and a client for it without keep-alive. (A
+// startBank starts an in-process fake bank and the sample's adapter to it, without keep-alive. (A
 // dropped answer is seen as one either way: the fake bank's client sends through
 // outbox/httpsend, so net/http never resends a payment on a reused connection that died.)
-func startBank(t *testing.T, cfg *fakebank.Config) (*fakebank.Bank, *fakebank.Client) {
+func startBank(t *testing.T, cfg *fakebank.Config) (*fakebank.Bank, *bankfake.Bank) {
 	t.Helper()
 	bank := fakebank.New(cfg)
 	require.NoError(t, bank.Start())
@@ -33,7 +34,7 @@ func startBank(t *testing.T, cfg *fakebank.Config) (*fakebank.Bank, *fakebank.Cl
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DisableKeepAlives = true
 	t.Cleanup(tr.CloseIdleConnections)
-	return bank, fakebank.NewClient(bank.URL(), &http.Client{Timeout: 2 * time.Second, Transport: tr})
+	return bank, bankfake.New(fakebank.NewClient(bank.URL(), &http.Client{Timeout: 2 * time.Second, Transport: tr}))
 }
 
 // auditor is a client for the checks after a run (the bank's request log, its statement):
@@ -41,8 +42,8 @@ func startBank(t *testing.T, cfg *fakebank.Config) (*fakebank.Bank, *fakebank.Cl
 // client's timeout is seconds on purpose (a slow payment is UNKNOWN_EXTERNAL), but reading
 // the whole request log of 1,500 payouts at load 50 took longer than that, and the send
 // discipline check reported "cannot read the bank's request log" on a correct run.
-func auditor(bankURL string) *fakebank.Client {
-	return fakebank.NewClient(bankURL, &http.Client{Timeout: 2 * time.Minute})
+func auditor(bankURL string) *bankfake.Bank {
+	return bankfake.New(fakebank.NewClient(bankURL, &http.Client{Timeout: 2 * time.Minute}))
 }
 
 func startService(t *testing.T, pool *pgxpool.Pool, cfg *settlement.ServiceConfig) *settlement.Service {

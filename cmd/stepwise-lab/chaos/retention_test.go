@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
+	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/chaos"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
@@ -21,7 +21,7 @@ import (
 // retention checks: no run key restarts from zero, no slot evidence lost, every manual
 // decision still attributable. The full size is the command's:
 //
-//	go run ./cmd/sample-settlement chaos --profile mix --retention --duration 10m
+//	go run ./cmd/stepwise-lab chaos --profile mix --retention --duration 10m
 //
 // STEPWISE_CHAOS_SEED repeats a run; STEPWISE_RETENTION_PROFILE runs another bounded profile
 // (long, paused-dispatcher, sleepers) under it.

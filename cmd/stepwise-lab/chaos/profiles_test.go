@@ -9,14 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
+	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/chaos"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
 // The bounded chaos profiles: each runs in well under a minute against the strict bank and is
 // judged by every invariant, the request-log and needless-takeover checks included. Run one
-// with e.g. `go test ./cmd/sample-settlement/chaos/ -run TestProfileLong -v`;
+// with e.g. `go test ./cmd/stepwise-lab/chaos/ -run TestProfileLong -v`;
 // STEPWISE_CHAOS_SEED repeats a run.
 
 func TestProfileLong(t *testing.T)             { runProfile(t, "long") }

@@ -18,8 +18,8 @@
 // (Sleep(1h) must hold). The bounded ones run in CI (profiles_test.go, one test each); any
 // runs from the command line at full size, and mix runs them in turn as a soak:
 //
-//	go run ./cmd/sample-settlement chaos --profile long --seed 7
-//	go run ./cmd/sample-settlement chaos --profile mix --duration 10m
+//	go run ./cmd/stepwise-lab chaos --profile long --seed 7
+//	go run ./cmd/stepwise-lab chaos --profile mix --duration 10m
 //
 // A run is reproducible from its seed (printed first, and with the first violation).
 package chaos
@@ -40,6 +40,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
@@ -556,7 +557,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		return res, nil
 	}
 	for _, d := range dates {
-		inv, err := settlement.CheckInvariantsOpts(ctx, pool, bankClient, plan, d, &settlement.InvariantOpts{Grace: cfg.ReconcileGrace})
+		inv, err := settlement.CheckInvariantsOpts(ctx, pool, bankfake.New(bankClient), plan, d, &settlement.InvariantOpts{Grace: cfg.ReconcileGrace})
 		if err != nil {
 			return res, err
 		}
@@ -721,7 +722,7 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	defer pool.Close()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
-		Bank:              fakebank.NewClient(env["BANK_URL"], nil),
+		Bank:              bankfake.New(fakebank.NewClient(env["BANK_URL"], nil)),
 		Plan:              settlement.Plan{Shards: shards},
 		BatchSize:         batch,
 		ID:                workerID(os.Getpid()),

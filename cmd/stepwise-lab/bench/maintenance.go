@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -159,7 +160,7 @@ func maintenancePlans(ctx context.Context, dbURL string, svc *settlement.Service
 	if err := pool.Ping(ctx); err != nil {
 		return "", err
 	}
-	explained, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Logger: quietLogger(), ID: "bench-explain"})
+	explained, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: bankfake.New(bank), Logger: quietLogger(), ID: "bench-explain"})
 	if err != nil {
 		return "", err
 	}

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bench"
+	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/bench"
 )
 
 // Main with a few flags: settle 300 merchants with the hand-written loop and with Stepwise,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
@@ -62,7 +63,7 @@ func pendingPayouts(ctx context.Context, pool *pgxpool.Pool, dates *dateSeq, n i
 // the sample's delivery and reconciliation wiring (fakebank.Sender, OnPayoutOutcomes, fakebank.Checker,
 // the sample's concurrency and timeouts), driven here on demand.
 func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*settlement.Service, error) {
-	return settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Logger: quietLogger(), ID: "bench"})
+	return settlement.NewService(pool, &settlement.ServiceConfig{Bank: bankfake.New(bank), Logger: quietLogger(), ID: "bench"})
 }
 
 // sampleSection is what the delivery and reconcile sections start from: the section's

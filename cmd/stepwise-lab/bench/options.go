@@ -52,7 +52,7 @@ type options struct {
 	historyWindow, historyPruneFor                           time.Duration
 }
 
-const usageText = `Usage: sample-settlement bench [flags]
+const usageText = `Usage: stepwise-lab bench [flags]
 
 Measures Stepwise against the plain-pgx floor, in one process, on a fresh database of its
 own (created on the server pgserver finds: $TEST_DATABASE_URL, $DATABASE_URL, 127.0.0.1:5432,

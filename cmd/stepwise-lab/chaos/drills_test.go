@@ -13,8 +13,9 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/chaos"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
@@ -81,7 +82,7 @@ func (b *drillBundle) requireInvariants(t *testing.T) {
 	vs, err := workflowtest.CheckInvariants(ctx, b.pool, &workflowtest.CheckOpts{Quiet: true})
 	require.NoError(t, err)
 	require.Empty(t, vs, workflowtest.FormatViolations(vs))
-	res, err := settlement.CheckInvariants(ctx, b.pool, b.bank, b.plan, chaos.Date)
+	res, err := settlement.CheckInvariants(ctx, b.pool, bankfake.New(b.bank), b.plan, chaos.Date)
 	require.NoError(t, err)
 	require.NoError(t, res.Err())
 }

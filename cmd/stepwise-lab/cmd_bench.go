@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bench"
+	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/bench"
 )
 
 func init() {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
+	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/chaos"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/retention"
@@ -114,7 +115,7 @@ func newRetentionSoak(ctx context.Context, pool *pgxpool.Pool, cfg *Config, bank
 	s := &retentionSoak{cfg: r, pool: pool, bank: bank, logf: cfg.Logf, stop: make(chan struct{}), done: make(chan struct{}),
 		used: map[string]runRow{}}
 	if cfg.Workload == "settle" {
-		svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Plan: plan,
+		svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: bankfake.New(bank), Plan: plan,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			return nil, fmt.Errorf("chaos: the operator's service: %w", err)

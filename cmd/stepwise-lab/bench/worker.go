@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -70,7 +71,7 @@ func runRole(ctx context.Context, role string, stdout, _ io.Writer) error {
 	bank, closeIdle := bankClient(os.Getenv(workerBankEnv))
 	defer closeIdle()
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
-		Bank:          bank,
+		Bank:          bankfake.New(bank),
 		BatchSize:     batch,
 		SettleWorkers: slots,
 		Workflow:      &workflow.Config{Lease: lease, Logger: quietLogger()},

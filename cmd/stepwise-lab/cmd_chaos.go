@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/chaos"
+	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/chaos"
 	"github.com/stepwise-go/stepwise/workflowtest"
 	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
 )
@@ -42,7 +42,7 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		"then check that no run key restarts from zero, no slot evidence is lost and every manual decision is still attributable")
 	fs.BoolVar(&flags.Soak, "soak", true, "keep the load up for the whole --duration: when a date is at rest, seed and settle the next one (false: one date)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: sample-settlement chaos [--profile NAME] [flags]
+		fmt.Fprintf(stderr, `Usage: stepwise-lab chaos [--profile NAME] [flags]
 
 Runs worker processes of the sample service while a killer SIGKILLs and SIGSTOPs them, against a
 strict bank that never deduplicates (every request it receives is a payment) and logs every
@@ -239,9 +239,9 @@ func runChaosWorker(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := flag.NewFlagSet("chaos-worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, `Usage: sample-settlement chaos-worker
+		fmt.Fprintln(stderr, `Usage: stepwise-lab chaos-worker
 
-One worker process of "sample-settlement chaos", which starts it; not meant to be run by
+One worker process of "stepwise-lab chaos", which starts it; not meant to be run by
 hand. It reads DATABASE_URL, BANK_URL and the CHAOS_* settings (see chaos.WorkerMain) from the
 environment and runs the settlement service until SIGTERM.`)
 	}

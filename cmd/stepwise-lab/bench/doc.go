@@ -1,4 +1,4 @@
-// Package bench is "sample-settlement bench": it measures what Stepwise costs against the
+// Package bench is "stepwise-lab bench": it measures what Stepwise costs against the
 // loop a settlement team would write by hand in pgx, on one machine, in one run, and prints
 // the table (README.md in this directory says how to read it).
 //
@@ -48,9 +48,9 @@
 //
 // # Example
 //
-//	sample-settlement bench --quick                 # every section, small: about a minute
-//	sample-settlement bench                         # the full table: several minutes
-//	sample-settlement bench --only floor,stepwise --batches 100 --trace
+//	stepwise-lab bench --quick                 # every section, small: about a minute
+//	stepwise-lab bench                         # the full table: several minutes
+//	stepwise-lab bench --only floor,stepwise --batches 100 --trace
 //
 // The last lines are "stepwise/floor B=<n>: <ratio>", one per batch size, then
 // "stepwise/floor concurrent=8: <ratio>", for scripts.

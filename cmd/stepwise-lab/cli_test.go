@@ -1,0 +1,155 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+)
+
+func TestHelpOnEveryCommand(t *testing.T) {
+	t.Parallel()
+	mine := []string{"bank", "bench", "chaos", "chaos-worker"}
+	for _, name := range mine {
+		r := runCLI(t, name, "--help")
+		require.Equal(t, 0, r.code, name)
+		require.Contains(t, strings.ToLower(r.stderr), "usage: stepwise-lab "+name, name)
+	}
+	r := runCLI(t, "help")
+	require.Equal(t, 0, r.code)
+	for _, name := range mine {
+		require.Contains(t, r.stdout, "  "+name+" ")
+	}
+	r = runCLI(t, "chaso")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `unknown command "chaso"`)
+}
+
+// Every command's bad flags are refused before anything runs, with exit code 2 and a message
+// naming the flag; none panics (a panic here would end the test binary).
+func TestBadFlagsOfEveryCommand(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want string // in stderr
+	}{
+		{[]string{"bank", "--refuse", "NaN"}, "--refuse"},
+		{[]string{"bank", "--drop-after", "-0.5"}, "--drop-after"},
+		{[]string{"bank", "--addr", "nonsense"}, "--addr"},
+		{[]string{"bench", "--rounds", "0"}, "--rounds"},
+		{[]string{"bench", "--rounds", "-5"}, "--rounds"},
+		{[]string{"bench", "--rounds", "9223372036854775807"}, "--rounds"},
+		{[]string{"bench", "--rounds", "many"}, "rounds"},
+		{[]string{"bench", "--merchants", "0"}, "--merchants"},
+		{[]string{"bench", "--merchants", "-1"}, "--merchants"},
+		{[]string{"bench", "--merchants", "9223372036854775807"}, "--merchants"},
+		{[]string{"bench", "--batches", "0,abc"}, "--batches"},
+		{[]string{"bench", "--batches", "0"}, "--batches"},
+		{[]string{"bench", "--batches", "-100"}, "--batches"},
+		{[]string{"bench", "--batches", ","}, "--batches"},
+		{[]string{"bench", "--batches", "100000000"}, "--batches"},
+		{[]string{"bench", "--batches", "9223372036854775807k"}, "--batches"},
+		{[]string{"bench", "--sizes", "0"}, "--sizes"},
+		{[]string{"bench", "--sizes", "1e9"}, "--sizes"},
+		{[]string{"bench", "--sizes", "9223372036854775807M"}, "--sizes"},
+		{[]string{"bench", "--sizes", "-10k"}, "--sizes"},
+		{[]string{"bench", "--size-batch", "0"}, "--size-batch"},
+		{[]string{"bench", "--takeover-procs", "0"}, "--takeover-procs"},
+		{[]string{"bench", "--takeover-procs", "1"}, "--takeover-procs"},
+		{[]string{"bench", "--takeover-procs", "100000"}, "--takeover-procs"},
+		{[]string{"bench", "--takeover-maintenance", "nowhere"}, "--takeover-maintenance"},
+		{[]string{"bench", "--kills", "0"}, "--kills"},
+		{[]string{"bench", "--kills", "1000000"}, "--kills"},
+		{[]string{"bench", "--lease", "-1s"}, "--lease"},
+		{[]string{"bench", "--lease", "1ns"}, "--lease"},
+		{[]string{"bench", "--lease", "1000h"}, "--lease"},
+		{[]string{"bench", "--delivery-ops", "0"}, "--delivery-ops"},
+		{[]string{"bench", "--reconcile-ops", "-1"}, "--reconcile-ops"},
+		{[]string{"bench", "--river-items", "0"}, "--river-items"},
+		{[]string{"bench", "--river-workers", "0"}, "--river-workers"},
+		{[]string{"bench", "--max-items-b1", "0"}, "--max-items-b1"},
+		{[]string{"bench", "--scale-procs", "0"}, "--scale-procs"},
+		{[]string{"bench", "--scale-procs", "1,x"}, "--scale-procs"},
+		{[]string{"bench", "--scale-procs", "1000"}, "--scale-procs"},
+		{[]string{"bench", "--scale-shards", "0"}, "--scale-shards"},
+		{[]string{"bench", "--scale-shards", "8", "--scale-merchants", "4"}, "--scale-merchants"},
+		{[]string{"bench", "--only", "flor"}, "--only"},
+		{[]string{"bench", "now"}, "unexpected argument"},
+		{[]string{"bench", "--bogus"}, "bogus"},
+		{[]string{"chaos", "--workers", "0"}, "--workers"},
+		{[]string{"chaos", "--workers", "100000"}, "--workers"},
+		{[]string{"chaos", "--duration", "-1s"}, "--duration"},
+		{[]string{"chaos", "--merchants", "9223372036854775807"}, "--merchants"},
+		{[]string{"chaos", "--bogus"}, "bogus"},
+		{[]string{"chaos-worker", "--bogus"}, "bogus"},
+	}
+	for _, tt := range tests {
+		r := runCLI(t, tt.args...)
+		name := strings.Join(tt.args, " ")
+		if r.code != 2 {
+			t.Errorf("%s: exit %d, want 2 (usage); stderr:\n%s", name, r.code, truncateForLog(r.stderr))
+			continue
+		}
+		if !strings.Contains(r.stderr, tt.want) {
+			t.Errorf("%s: the message does not name %q:\n%s", name, tt.want, truncateForLog(r.stderr))
+		}
+	}
+}
+
+// chaos and bench make databases of their own on the server the URL names (plain CREATE
+// DATABASE, then migrate): a never-migrated database only tells them where the server is.
+// Guards against: a schema guard that refuses the database a user's first run names.
+func TestChaosAndBenchOnANeverMigratedDatabase(t *testing.T) {
+	t.Run("chaos", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testkit.EmptyDBURL(t)
+		out, err := runBuilt(t, []string{"DATABASE_URL=" + dbURL}, "chaos", "--duration", "2s", "--workers", "1",
+			"--merchants", "40", "--shards", "2", "--soak=false")
+		require.NoError(t, err, out)
+		require.Contains(t, out, "invariants")
+	})
+	t.Run("bench", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testkit.EmptyDBURL(t)
+		r := runCLI(t, "bench", "--database-url", dbURL, "--only", "floor,stepwise", "--rounds", "1", "--batches", "100",
+			"--merchants", "200", "--max-items-b1", "10", "--river-items", "50")
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Contains(t, r.stdout, "stepwise/floor B=100:")
+	})
+}
+
+// The README's lab commands, run in the form it gives (docs/commands_test.go checks that each
+// one is run somewhere): bounded on every CI run, at full size with STEPWISE_FULL=1.
+
+func TestReadmeChaosCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a chaos soak")
+	}
+	t.Parallel()
+	duration := "5s"
+	if full() {
+		duration = "10m"
+	}
+	// README: go run ./cmd/stepwise-lab chaos --profile mix --duration 10m
+	out, err := runBuilt(t, nil, "chaos", "--profile", "mix", "--duration", duration)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "all invariants hold")
+}
+
+func TestReadmeBenchCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a benchmark")
+	}
+	t.Parallel()
+	// README: go run ./cmd/stepwise-lab bench --quick
+	args := []string{"bench", "--quick"}
+	if full() {
+		// README: go run ./cmd/stepwise-lab bench
+		args = []string{"bench"}
+	}
+	out, err := runBuilt(t, nil, args...)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "stepwise/floor B=100:")
+}

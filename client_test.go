@@ -131,7 +131,7 @@ func TestClientEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, run.Created)
 	run = waitRun(t, c, "client/e2e")
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	require.Eventually(t, func() bool {
 		n, err := outbox.UnfinishedForRuns(ctx, pool, "client/e2e")
 		require.NoError(t, err)

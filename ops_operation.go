@@ -172,7 +172,7 @@ func (c *Client) OperationResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID
 		// outbox's poll.
 		ctx = outbox.ContextWithClient(ctx, c.river)
 	}
-	out, err := rec.ResolveTx(ctx, tx, &reconcile.ResolveParams{
+	out, err := rec.ResolveTx(ctx, tx, &reconcile.ResolveOpts{
 		OperationID: id, Outcome: opts.Outcome, ExpectedState: from, ExpectedVersion: opts.ExpectedVersion,
 		Actor: opts.Actor, Reason: opts.Reason, ExternalRef: opts.ExternalRef,
 	})

@@ -56,7 +56,7 @@ func newOpsEnv(t *testing.T) *opsEnv {
 	require.NoError(t, other.Register(ctx))
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{
 		"payout": {Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
 		})},
 	}})
 	require.NoError(t, err)
@@ -119,27 +119,27 @@ func TestRunGetAndList(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newOpsEnv(t)
-	e.addRun(t, "settle/a", workflow.StatusFailed)
-	e.addRun(t, "settle/b", workflow.StatusRunning)
-	e.addRun(t, "other/c", workflow.StatusFailed)
+	e.addRun(t, "settle/a", workflow.RunStatusFailed)
+	e.addRun(t, "settle/b", workflow.RunStatusRunning)
+	e.addRun(t, "other/c", workflow.RunStatusFailed)
 
 	run, err := e.c.RunGet(ctx, "settle/a")
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	require.NoError(t, pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		run, err := e.c.RunGetTx(ctx, tx, "settle/b")
 		require.NoError(t, err)
-		require.Equal(t, workflow.StatusRunning, run.Status)
+		require.Equal(t, workflow.RunStatusRunning, run.Status)
 		return nil
 	}))
 	_, err = e.c.RunGet(ctx, "nope")
 	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
 	require.ErrorIs(t, err, workflow.ErrRunNotFound, "the package's own sentinel still matches")
 
-	runs, err := e.c.RunList(ctx, &RunListParams{Status: workflow.StatusFailed})
+	runs, err := e.c.RunList(ctx, &RunListParams{Status: workflow.RunStatusFailed})
 	require.NoError(t, err)
 	require.Len(t, runs, 2)
-	runs, err = e.c.RunList(ctx, &RunListParams{KeyPrefix: "settle/", Status: workflow.StatusFailed})
+	runs, err = e.c.RunList(ctx, &RunListParams{KeyPrefix: "settle/", Status: workflow.RunStatusFailed})
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
 	require.Equal(t, "settle/a", runs[0].Key)
@@ -160,8 +160,8 @@ func TestRunCancel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newOpsEnv(t)
-	e.addRun(t, "settle/live", workflow.StatusPending)
-	e.addRun(t, "settle/done", workflow.StatusSucceeded)
+	e.addRun(t, "settle/live", workflow.RunStatusPending)
+	e.addRun(t, "settle/done", workflow.RunStatusSucceeded)
 	seen, err := e.c.RunGet(ctx, "settle/live")
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'running' WHERE key = 'settle/live'`)
@@ -208,7 +208,7 @@ func TestRunResume(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newOpsEnv(t)
-	e.addRun(t, "settle/x", workflow.StatusFailed)
+	e.addRun(t, "settle/x", workflow.RunStatusFailed)
 	seen, err := e.c.RunGet(ctx, "settle/x")
 	require.NoError(t, err)
 	// Someone resumed it meanwhile; it ran and failed again.
@@ -244,13 +244,13 @@ func TestRunResume(t *testing.T) {
 	require.NoError(t, err)
 	run, err := e.c.RunResumeTx(ctx, tx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: now.Version})
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusPending, run.Status)
+	require.Equal(t, workflow.RunStatusPending, run.Status)
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, before, e.snapshot(t))
 
 	run, err = e.c.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "INC-7: bank back", ExpectedVersion: now.Version})
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusPending, run.Status)
+	require.Equal(t, workflow.RunStatusPending, run.Status)
 	require.NotNil(t, run.RiverJobID)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM stepwise_event WHERE subject = 'settle/x' AND kind = 'run.resume' AND actor = 'ana'
 		AND detail->>'reason' = 'INC-7: bank back' AND (detail->>'seen_version')::bigint = $1`, now.Version))
@@ -430,10 +430,10 @@ func TestNewOperatorClient(t *testing.T) {
 	id, v := e.enqueueManual(t, "payout", "p-1", "")
 	_, err = oc.OperationResolve(ctx, id, &OperationResolveOpts{Outcome: outbox.StateSucceeded, ExpectedVersion: v, Actor: "ana", Reason: "x"})
 	require.ErrorIs(t, err, ErrKindWithoutConfig)
-	e.addRun(t, "settle/x", workflow.StatusFailed)
+	e.addRun(t, "settle/x", workflow.RunStatusFailed)
 	run, err := oc.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: 1})
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusPending, run.Status)
+	require.Equal(t, workflow.RunStatusPending, run.Status)
 	require.Empty(t, oc.OperationKinds())
 
 	// With the kinds the operator says have no callback, it resolves them as they are.

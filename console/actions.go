@@ -85,7 +85,7 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.fail(w, r, http.StatusBadRequest, "key: the run's key is required")
 		return
 	}
-	if seen != string(workflow.StatusPending) && seen != string(workflow.StatusRunning) {
+	if seen != string(workflow.RunStatusPending) && seen != string(workflow.RunStatusRunning) {
 		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: only a pending or running run can be cancelled; the form sends the status you saw", seen)
 		return
 	}
@@ -155,7 +155,7 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.fail(w, r, http.StatusBadRequest, "key: the run's key is required")
 		return
 	}
-	if seen != string(workflow.StatusFailed) && seen != string(workflow.StatusCancelled) {
+	if seen != string(workflow.RunStatusFailed) && seen != string(workflow.RunStatusCancelled) {
 		h.fail(w, r, http.StatusBadRequest, "seen=%.40q: only a failed or cancelled run can be resumed; the form sends the status you saw", seen)
 		return
 	}
@@ -318,7 +318,7 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 			}); err != nil {
 				return err
 			}
-		} else if _, err := h.cfg.Reconciler.ResolveTx(ctx, tx, &reconcile.ResolveParams{
+		} else if _, err := h.cfg.Reconciler.ResolveTx(ctx, tx, &reconcile.ResolveOpts{
 			OperationID: id, Outcome: outcome, ExpectedState: seen, ExpectedVersion: version, Actor: v.Actor, Reason: reason, ExternalRef: ref,
 		}); err != nil {
 			return err

@@ -28,8 +28,8 @@ func TestConsoleWithClient(t *testing.T) {
 	f.cfg.Client = client
 	f.h, err = console.New(f.pool, f.cfg)
 	require.NoError(t, err)
-	f.addRun(t, "r/live", "wf", workflow.StatusRunning, "")
-	f.addRun(t, "r/failed", "wf", workflow.StatusFailed, "")
+	f.addRun(t, "r/live", "wf", workflow.RunStatusRunning, "")
+	f.addRun(t, "r/failed", "wf", workflow.RunStatusFailed, "")
 
 	// Cancel: the form carries the version seen; a run that moved since is refused.
 	page := f.get(t, "/console/run?key=r/live")

@@ -29,9 +29,9 @@ func TestEveryPageAndFilter(t *testing.T) {
 		})}
 	})
 	ctx := context.Background()
-	f.addRun(t, "settle/2026-03-01/0", "settle", workflow.StatusRunning, "daily")
-	f.addRun(t, "settle/2026-03-01/1", "settle", workflow.StatusFailed, "daily")
-	f.addRun(t, "adhoc/1", "backfill", workflow.StatusSucceeded, "")
+	f.addRun(t, "settle/2026-03-01/0", "settle", workflow.RunStatusRunning, "daily")
+	f.addRun(t, "settle/2026-03-01/1", "settle", workflow.RunStatusFailed, "daily")
+	f.addRun(t, "adhoc/1", "backfill", workflow.RunStatusSucceeded, "")
 	f.enqueue(t, "a", "settle/2026-03-01/0", 3)
 	f.enqueue(t, "b", "settle/2026-03-01/1", 2)
 	f.setState(t, "a-0", outbox.StateManual, "mismatch: the bank holds 990 EUR")
@@ -118,7 +118,7 @@ func TestKeysetPagination(t *testing.T) {
 	for _, k := range []string{"p-1", "p-4"} {
 		f.setState(t, k, outbox.StateSucceeded, "")
 	}
-	for i, st := range []workflow.RunStatus{workflow.StatusPending, workflow.StatusRunning, workflow.StatusFailed, workflow.StatusSucceeded, workflow.StatusRunning} {
+	for i, st := range []workflow.RunStatus{workflow.RunStatusPending, workflow.RunStatusRunning, workflow.RunStatusFailed, workflow.RunStatusSucceeded, workflow.RunStatusRunning} {
 		f.addRun(t, "r/"+string(rune('a'+i)), "wf", st, "")
 	}
 	nextRE := regexp.MustCompile(`id="next" href="/console/([^"]+)"`)
@@ -315,9 +315,9 @@ func TestCancelAndResumeFromTheConsole(t *testing.T) {
 			return nil
 		}
 	})
-	f.addRun(t, "r/live", "wf", workflow.StatusRunning, "")
-	f.addRun(t, "r/failed", "wf", workflow.StatusFailed, "")
-	f.addRun(t, "r/done", "wf", workflow.StatusSucceeded, "")
+	f.addRun(t, "r/live", "wf", workflow.RunStatusRunning, "")
+	f.addRun(t, "r/failed", "wf", workflow.RunStatusFailed, "")
+	f.addRun(t, "r/done", "wf", workflow.RunStatusSucceeded, "")
 	page := f.get(t, "/console/run?key=r/live")
 	tok := csrf(t, page)
 	require.NotContains(t, page, "resume-form")

@@ -29,7 +29,7 @@ func TestResumeHidesAdapterInternals(t *testing.T) {
 			return errors.New(`resuming run "r/failed": failed to connect to ` + "`user=settle_admin database=settlement_prod`" + `: 10.20.0.5:5432 (db-primary.internal): dial error: connection refused`)
 		}
 	})
-	f.addRun(t, "r/failed", "wf", workflow.StatusFailed, "")
+	f.addRun(t, "r/failed", "wf", workflow.RunStatusFailed, "")
 	page := f.get(t, "/console/run?key=r/failed")
 	fm := url.Values{"csrf": {csrf(t, page)}, "key": {"r/failed"}, "reason": {"bank back up"}}
 	for k, v := range form(page, "resume-form") {
@@ -80,7 +80,7 @@ func TestReasonRefusesInvisibleAndBidiCharacters(t *testing.T) {
 func TestCursorWithNULIsABadRequest(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	f.addRun(t, "r/1", "wf", workflow.StatusFailed, "")
+	f.addRun(t, "r/1", "wf", workflow.RunStatusFailed, "")
 	for _, raw := range []string{"1700000000000000000\x00a\x00b", "1700000000000000000\x00a\x01b"} {
 		after := base64.RawURLEncoding.EncodeToString([]byte(raw))
 		res := f.do(t, request{target: "/console/runs?after=" + after, auth: true})

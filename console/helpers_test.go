@@ -53,7 +53,7 @@ func newReconciler(t testing.TB, pool *pgxpool.Pool) *reconcile.Reconciler {
 	require.NoError(t, ob.Register(context.Background()))
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{
 		"payout": {Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
 		})},
 	}})
 	require.NoError(t, err)

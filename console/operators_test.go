@@ -75,7 +75,7 @@ func newDesk(t *testing.T, resume bool) *desk {
 	rec, err := reconcile.New(d.pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{
 		"payout": {
 			Checker: reconcile.CheckerFunc(func(_ context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
-				return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: "bank-" + op.ID.String()[:8],
+				return reconcile.LookupResult{Status: reconcile.LookupFoundSucceeded, ExternalRef: "bank-" + op.ID.String()[:8],
 					Amount: d.found.Load(), Currency: "EUR"}, nil
 			}),
 			CheckBackoff: func(int) time.Duration { return 0 },
@@ -259,8 +259,8 @@ func (d *desk) addFailedRun(t testing.TB, key, lastError string) {
 	require.NoError(t, err)
 	_, err = d.pool.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input) VALUES ($1, 'settle', '{}')`, key)
 	require.NoError(t, err)
-	d.workerMoves(t, key, workflow.StatusRunning, "")
-	d.workerMoves(t, key, workflow.StatusFailed, lastError)
+	d.workerMoves(t, key, workflow.RunStatusRunning, "")
+	d.workerMoves(t, key, workflow.RunStatusFailed, lastError)
 }
 
 // workerMoves moves a run as a worker does (claim: running; a step error on its last attempt:
@@ -305,8 +305,8 @@ func TestStaleResumeFormIsRefused(t *testing.T) {
 	status, body, err := bob.do(http.MethodPost, "/console/run/resume", bobForm)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusSeeOther, status, body)
-	d.workerMoves(t, "settle/aba", workflow.StatusRunning, "")
-	d.workerMoves(t, "settle/aba", workflow.StatusFailed, "bank refuses account acct-9: frozen by compliance")
+	d.workerMoves(t, "settle/aba", workflow.RunStatusRunning, "")
+	d.workerMoves(t, "settle/aba", workflow.RunStatusFailed, "bank refuses account acct-9: frozen by compliance")
 
 	aliceForm.Set("reason", "INC-1: the bank is back")
 	status, body, err = alice.do(http.MethodPost, "/console/run/resume", aliceForm)
@@ -315,7 +315,7 @@ func TestStaleResumeFormIsRefused(t *testing.T) {
 	require.Contains(t, body, "frozen by compliance", "the refusal shows the new evidence")
 	run, err := workflow.GetRun(context.Background(), d.pool, "settle/aba")
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 }
 
 // daySize is the number of payouts and runs of TestOperatorsDay: small in CI, larger with
@@ -389,9 +389,9 @@ func TestOperatorsDay(t *testing.T) {
 				return x, err
 			})
 			for _, r := range live {
-				to, msg := workflow.StatusRunning, ""
+				to, msg := workflow.RunStatusRunning, ""
 				if r.s == "running" {
-					to, msg = workflow.StatusFailed, "bank refuses: attempt "+strconv.Itoa(rand.IntN(1000))
+					to, msg = workflow.RunStatusFailed, "bank refuses: attempt "+strconv.Itoa(rand.IntN(1000))
 				}
 				if err := d.moveRun(ctx, r.k, to, msg); err != nil && ctx.Err() == nil {
 					machineErr.Store(err)

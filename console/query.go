@@ -117,7 +117,7 @@ func (f runFilter) query() url.Values {
 	return q
 }
 
-var runStatuses = []string{string(workflow.StatusPending), string(workflow.StatusRunning), string(workflow.StatusSucceeded), string(workflow.StatusFailed), string(workflow.StatusCancelled)}
+var runStatuses = []string{string(workflow.RunStatusPending), string(workflow.RunStatusRunning), string(workflow.RunStatusSucceeded), string(workflow.RunStatusFailed), string(workflow.RunStatusCancelled)}
 
 func parseRunFilter(q url.Values) (*runFilter, error) {
 	if err := onlyParams(q, "status", "workflow", "schedule", "after"); err != nil {

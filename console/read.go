@@ -391,9 +391,9 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 		d.Events = events[:h.cfg.PageSize]
 		d.Next = template.URL(url.Values{"key": {key}, "before": {strconv.FormatInt(d.Events[len(d.Events)-1].ID, 10)}}.Encode())
 	}
-	unfinished := run.Status == workflow.StatusPending || run.Status == workflow.StatusRunning
+	unfinished := run.Status == workflow.RunStatusPending || run.Status == workflow.RunStatusRunning
 	d.CanCancel = v.CanAct() && unfinished && run.CancelRequestedAt == nil
-	d.CanResume = v.CanAct() && h.canResume() && (run.Status == workflow.StatusFailed || run.Status == workflow.StatusCancelled)
+	d.CanResume = v.CanAct() && h.canResume() && (run.Status == workflow.RunStatusFailed || run.Status == workflow.RunStatusCancelled)
 	d.Operations = template.URL(url.Values{"run": {key}}.Encode())
 	h.render(w, r, v, "run", "Run "+key, d)
 }
@@ -791,7 +791,7 @@ func (h *Handler) renderTotals(w http.ResponseWriter, r *http.Request, v *viewer
 		d.Rows = append(d.Rows, totalsRow{Currency: c, Here: t.Here[c], There: t.There[c], Differs: t.Here[c] != t.There[c]})
 	}
 	sort.Slice(d.Rows, func(i, j int) bool { return d.Rows[i].Currency < d.Rows[j].Currency })
-	for _, kind := range []reconcile.DifferenceKind{reconcile.AmountDiffers, reconcile.OnlyHere, reconcile.Duplicate, reconcile.OnlyThere} {
+	for _, kind := range []reconcile.DifferenceKind{reconcile.DifferenceAmountDiffers, reconcile.DifferenceOnlyHere, reconcile.DifferenceDuplicate, reconcile.DifferenceOnlyThere} {
 		if n := t.Counts[kind]; n > 0 {
 			d.Counts = append(d.Counts, differenceCount{Kind: kind, Count: n})
 		}

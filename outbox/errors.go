@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // ErrOperationConflict is returned by Enqueue when an operation with the same id, or the same
@@ -23,11 +25,11 @@ var ErrPayloadTooLarge = errors.New("operation payload too large")
 var ErrInvalidOperation = errors.New("invalid operation")
 
 // ErrNotFound is returned by Get when no operation has the id.
-var ErrNotFound = errors.New("operation not found")
+var ErrNotFound = stepwisetype.NotFound("operation not found")
 
 // ErrStateChanged is returned (by reconcile.Resolve, say) when an operation is no longer in
 // the state the caller expected: somebody else moved it first. Read it again and decide again.
-var ErrStateChanged = errors.New("operation state changed")
+var ErrStateChanged = stepwisetype.Changed("operation state changed")
 
 // ErrInvalidTransition is returned (by reconcile.Resolve, say) for a move the state machine
 // does not allow, such as SUCCEEDED to RETRYABLE.

@@ -124,7 +124,7 @@ func (o *Outbox) addWorkers(workers *river.Workers) error {
 	if err := river.AddWorkerSafely[DispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
 		return fmt.Errorf("outbox: Install: adding the dispatcher: %w", err)
 	}
-	if err := river.AddWorkerSafely[PollArgs](workers, &pollWorker{o: o}); err != nil {
+	if err := river.AddWorkerSafely[pollArgs](workers, &pollWorker{o: o}); err != nil {
 		return fmt.Errorf("outbox: Install: adding the poll: %w", err)
 	}
 	return nil
@@ -138,7 +138,7 @@ func (o *Outbox) periodicJobs() []*river.PeriodicJob {
 		river.PeriodicInterval(o.config.PollInterval),
 		func() (river.JobArgs, *river.InsertOpts) {
 			// One poll per period even if two leaders overlap for a moment.
-			return PollArgs{Kinds: kinds}, &river.InsertOpts{
+			return pollArgs{Kinds: kinds}, &river.InsertOpts{
 				Queue: PollQueue, MaxAttempts: 1,
 				UniqueOpts: river.UniqueOpts{ByPeriod: o.config.PollInterval},
 			}
@@ -215,30 +215,30 @@ func (w *dispatchWorker) Work(ctx context.Context, job *river.Job[DispatchArgs])
 	return w.o.dispatch(ctx, job)
 }
 
-// PollArgs is the periodic River job that wakes dispatchers for due work nobody woke them for.
-type PollArgs struct {
+// pollArgs is the periodic River job that wakes dispatchers for due work nobody woke them for.
+type pollArgs struct {
 	Kinds []string `json:"kinds"`
 }
 
 // Kind is the River job kind.
-func (PollArgs) Kind() string { return "stepwise_outbox_poll" }
+func (pollArgs) Kind() string { return "stepwise_outbox_poll" }
 
 // InsertOpts puts the poll in PollQueue. It is deliberately not unique by state: River
 // keeps the job of a killed process "running" until its rescuer runs (an hour by default),
 // and a poll unique among running jobs would then be skipped for that hour, and with it
 // every takeover. Install's periodic job makes it unique per poll period instead.
-func (PollArgs) InsertOpts() river.InsertOpts {
+func (pollArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{Queue: PollQueue, MaxAttempts: 1}
 }
 
 type pollWorker struct {
-	river.WorkerDefaults[PollArgs]
+	river.WorkerDefaults[pollArgs]
 	o *Outbox
 }
 
-func (w *pollWorker) Timeout(*river.Job[PollArgs]) time.Duration { return 30 * time.Second }
+func (w *pollWorker) Timeout(*river.Job[pollArgs]) time.Duration { return 30 * time.Second }
 
-func (w *pollWorker) Work(ctx context.Context, job *river.Job[PollArgs]) error {
+func (w *pollWorker) Work(ctx context.Context, job *river.Job[pollArgs]) error {
 	_, err := w.o.poll(ctx, job.Args.Kinds)
 	return err
 }

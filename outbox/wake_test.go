@@ -115,16 +115,16 @@ func TestConcurrentRunsDoNotWaitOnEachOthersWake(t *testing.T) {
 	for deadline := time.Now().Add(patience); ; time.Sleep(20 * time.Millisecond) {
 		b, err = workflow.GetRun(ctx, pool, runB.Key)
 		require.NoError(t, err)
-		if b.Status == workflow.StatusSucceeded || time.Now().After(deadline) {
+		if b.Status == workflow.RunStatusSucceeded || time.Now().After(deadline) {
 			break
 		}
 	}
 	a, err := workflow.GetRun(ctx, pool, runA.Key)
 	require.NoError(t, err)
 	t.Logf("run B %s %s after its start, while run A's step held its transaction (A is %s)", b.Status, time.Since(startB).Round(time.Millisecond), a.Status)
-	require.Equal(t, workflow.StatusSucceeded, b.Status,
+	require.Equal(t, workflow.RunStatusSucceeded, b.Status,
 		"run B's step waited %s on run A's open transaction: Enqueue holds a lock shared between runs", patience)
-	require.NotEqual(t, workflow.StatusSucceeded, a.Status, "run A is still held")
+	require.NotEqual(t, workflow.RunStatusSucceeded, a.Status, "run A is still held")
 
 	// And both payouts are delivered once A commits.
 	release()

@@ -133,7 +133,7 @@ func TestWorkflowStepFailsThenRetries(t *testing.T) {
 		require.NoError(t, err)
 		n, err := outbox.UnfinishedForRuns(ctx, pool, run.Key)
 		require.NoError(t, err)
-		if run.Status == workflow.StatusSucceeded && n == 0 {
+		if run.Status == workflow.RunStatusSucceeded && n == 0 {
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "run %s, %d operations unfinished", run.Status, n)
@@ -219,7 +219,7 @@ func TestEnqueueInStepTakesRunKey(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		r, err := workflow.GetRun(ctx, pool, run.Key)
 		require.NoError(t, err)
-		if r.Status == workflow.StatusSucceeded {
+		if r.Status == workflow.RunStatusSucceeded {
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "run %s", r.Status)

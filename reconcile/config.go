@@ -14,25 +14,25 @@ import (
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
-// Status is what the external system says about an operation_id.
-type Status string
+// LookupStatus is what the external system says about an operation_id.
+type LookupStatus string
 
 const (
-	// FoundSucceeded: the external system applied the operation. LookupResult carries its
+	// LookupFoundSucceeded: the external system applied the operation. LookupResult carries its
 	// reference, amount and currency.
-	FoundSucceeded Status = "found_succeeded"
-	// FoundFailed: the external system holds the operation as definitely failed (declined).
-	FoundFailed Status = "found_failed"
-	// Pending: the external system has it and has not decided yet.
-	Pending Status = "pending"
-	// NotFound: the external system has no operation under this id, yet. A request still in
+	LookupFoundSucceeded LookupStatus = "found_succeeded"
+	// LookupFoundFailed: the external system holds the operation as definitely failed (declined).
+	LookupFoundFailed LookupStatus = "found_failed"
+	// LookupPending: the external system has it and has not decided yet.
+	LookupPending LookupStatus = "pending"
+	// LookupNotFound: the external system has no operation under this id, yet. A request still in
 	// flight may land later; the reconciler waits out the grace period before resending.
-	NotFound Status = "not_found"
+	LookupNotFound LookupStatus = "not_found"
 )
 
 // LookupResult is the answer of a Checker.
 type LookupResult struct {
-	Status Status
+	Status LookupStatus
 	// ExternalRef is the external system's reference for a found operation.
 	ExternalRef string
 	// Amount (minor units) and Currency are what the external system holds for a

@@ -40,7 +40,7 @@ func decide(op *outbox.Operation, res LookupResult, lookupErr error, now time.Ti
 	switch {
 	case lookupErr != nil:
 		d = decision{stay: true, next: backoff(), result: "error", lookup: "lookup failed: " + lookupErr.Error()}
-	case res.Status == FoundSucceeded:
+	case res.Status == LookupFoundSucceeded:
 		d.lookup = fmt.Sprintf("found succeeded: ref %q, %d %s", res.ExternalRef, res.Amount, res.Currency)
 		d.result = "succeeded"
 		if op.Currency != "" && (res.Amount != op.Amount || res.Currency != op.Currency) {
@@ -51,13 +51,13 @@ func decide(op *outbox.Operation, res LookupResult, lookupErr error, now time.Ti
 		}
 		d.to, d.ref = outbox.StateSucceeded, res.ExternalRef
 		return d
-	case res.Status == FoundFailed:
+	case res.Status == LookupFoundFailed:
 		d = decision{to: outbox.StateFailedPermanent, result: "failed",
 			lookup: "found failed: " + res.Reason, err: "failed at the external system: " + res.Reason}
 		return d
-	case res.Status == Pending:
+	case res.Status == LookupPending:
 		d = decision{stay: true, next: backoff(), result: "pending", lookup: "pending at the external system"}
-	case res.Status == NotFound:
+	case res.Status == LookupNotFound:
 		d = decision{result: "not_found", lookup: "not found"}
 		if graceEnd := graceFrom(op).Add(k.Grace); now.Before(graceEnd) {
 			// The request may still be in flight: resending now could apply it twice.

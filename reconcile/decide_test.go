@@ -29,7 +29,7 @@ func TestDecide(t *testing.T) {
 		}
 		return o
 	}
-	found := LookupResult{Status: FoundSucceeded, ExternalRef: "p-1", Amount: 1000, Currency: "EUR"}
+	found := LookupResult{Status: LookupFoundSucceeded, ExternalRef: "p-1", Amount: 1000, Currency: "EUR"}
 
 	cases := []struct {
 		name       string
@@ -43,28 +43,28 @@ func TestDecide(t *testing.T) {
 		wantReason string
 	}{
 		{name: "found succeeded", op: op(nil), res: found, wantTo: outbox.StateSucceeded},
-		{name: "found, amount differs", op: op(nil), res: LookupResult{Status: FoundSucceeded, Amount: 999, Currency: "EUR"},
+		{name: "found, amount differs", op: op(nil), res: LookupResult{Status: LookupFoundSucceeded, Amount: 999, Currency: "EUR"},
 			wantTo: outbox.StateManual, wantReason: "mismatch: the external system holds 999 EUR"},
-		{name: "found, currency differs", op: op(nil), res: LookupResult{Status: FoundSucceeded, Amount: 1000, Currency: "USD"},
+		{name: "found, currency differs", op: op(nil), res: LookupResult{Status: LookupFoundSucceeded, Amount: 1000, Currency: "USD"},
 			wantTo: outbox.StateManual, wantReason: "mismatch"},
 		{name: "found, no money on the operation", op: op(func(o *outbox.Operation) { o.Amount, o.Currency = 0, "" }),
-			res: LookupResult{Status: FoundSucceeded}, wantTo: outbox.StateSucceeded},
-		{name: "found failed", op: op(nil), res: LookupResult{Status: FoundFailed, Reason: "closed"}, wantTo: outbox.StateFailedPermanent},
-		{name: "pending", op: op(nil), res: LookupResult{Status: Pending}, wantStay: true, wantNext: now.Add(time.Minute)},
+			res: LookupResult{Status: LookupFoundSucceeded}, wantTo: outbox.StateSucceeded},
+		{name: "found failed", op: op(nil), res: LookupResult{Status: LookupFoundFailed, Reason: "closed"}, wantTo: outbox.StateFailedPermanent},
+		{name: "pending", op: op(nil), res: LookupResult{Status: LookupPending}, wantStay: true, wantNext: now.Add(time.Minute)},
 		{name: "lookup error", op: op(func(o *outbox.Operation) { o.Checks = 3 }), err: errors.New("timeout"),
 			wantStay: true, wantNext: now.Add(3 * time.Minute)},
 		{name: "unknown status is an error", op: op(nil), res: LookupResult{Status: "maybe"}, wantStay: true, wantNext: now.Add(time.Minute)},
 		{name: "not found inside grace", op: op(func(o *outbox.Operation) { o.LastSentAt, o.InFlightUntil = ago(time.Minute), ago(time.Minute) }),
-			res: LookupResult{Status: NotFound}, wantStay: true, wantNext: now.Add(4 * time.Minute)},
-		{name: "not found after grace", op: op(nil), res: LookupResult{Status: NotFound}, wantTo: outbox.StateRetryable},
+			res: LookupResult{Status: LookupNotFound}, wantStay: true, wantNext: now.Add(4 * time.Minute)},
+		{name: "not found after grace", op: op(nil), res: LookupResult{Status: LookupNotFound}, wantTo: outbox.StateRetryable},
 		{name: "not found after grace, out of attempts", op: op(func(o *outbox.Operation) { o.Attempts = 5 }),
-			res: LookupResult{Status: NotFound}, maxAttempt: 5, wantTo: outbox.StateManual, wantReason: "not found after 5 attempts"},
+			res: LookupResult{Status: LookupNotFound}, maxAttempt: 5, wantTo: outbox.StateManual, wantReason: "not found after 5 attempts"},
 		{name: "pending, too old", op: op(func(o *outbox.Operation) { o.UnknownSince = ago(73 * time.Hour) }),
-			res: LookupResult{Status: Pending}, wantTo: outbox.StateManual, wantReason: "gave up: unknown for 73h0m0s"},
+			res: LookupResult{Status: LookupPending}, wantTo: outbox.StateManual, wantReason: "gave up: unknown for 73h0m0s"},
 		{name: "error, too many checks", op: op(func(o *outbox.Operation) { o.Checks = 10 }), err: errors.New("503"),
 			wantTo: outbox.StateManual, wantReason: "gave up: 10 checks (MaxChecks 10); last lookup: lookup failed: 503"},
 		{name: "not found after grace, too old", op: op(func(o *outbox.Operation) { o.UnknownSince = ago(100 * time.Hour) }),
-			res: LookupResult{Status: NotFound}, wantTo: outbox.StateManual, wantReason: "gave up"},
+			res: LookupResult{Status: LookupNotFound}, wantTo: outbox.StateManual, wantReason: "gave up"},
 		{name: "found, however old", op: op(func(o *outbox.Operation) { o.UnknownSince, o.Checks = ago(1000*time.Hour), 99 }),
 			res: found, wantTo: outbox.StateSucceeded},
 	}

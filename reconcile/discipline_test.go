@@ -70,9 +70,9 @@ func (b *slowBank) Lookup(_ context.Context, op *outbox.Operation) (reconcile.Lo
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.applied[op.ID] {
-		return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+		return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
 	}
-	return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: "slow-" + op.ID.String()[:8],
+	return reconcile.LookupResult{Status: reconcile.LookupFoundSucceeded, ExternalRef: "slow-" + op.ID.String()[:8],
 		Amount: op.Amount, Currency: op.Currency}, nil
 }
 

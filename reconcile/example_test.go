@@ -41,9 +41,9 @@ func (b *memoryBank) Lookup(ctx context.Context, op *outbox.Operation) (reconcil
 	defer b.mu.Unlock()
 	e, ok := b.payments[op.IdempotencyKey()]
 	if !ok {
-		return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+		return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
 	}
-	return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency}, nil
+	return reconcile.LookupResult{Status: reconcile.LookupFoundSucceeded, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency}, nil
 }
 
 func (b *memoryBank) Entries(ctx context.Context, from, to time.Time) ([]reconcile.StatementEntry, error) {

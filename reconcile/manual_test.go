@@ -55,7 +55,7 @@ func TestMismatchAndGiveUpGoToManualThenResolve(t *testing.T) {
 	require.Len(t, manual, 2)
 
 	// A person accepts the bank's amount for the mismatch ...
-	got, err := b.rec.Resolve(ctx, &reconcile.ResolveParams{
+	got, err := b.rec.Resolve(ctx, &reconcile.ResolveOpts{
 		OperationID: mismatchID, Outcome: outbox.StateSucceeded, ExpectedState: outbox.StateManual,
 		Actor: "alice", Reason: "TICKET-42: the bank confirms 990 EUR paid; difference refunded by hand",
 		ExternalRef: "pay-found-by-alice",
@@ -71,7 +71,7 @@ func TestMismatchAndGiveUpGoToManualThenResolve(t *testing.T) {
 	require.Contains(t, reason, "TICKET-42")
 
 	// ... and a colleague who looked at the same screen a minute ago is refused.
-	_, err = b.rec.Resolve(ctx, &reconcile.ResolveParams{
+	_, err = b.rec.Resolve(ctx, &reconcile.ResolveOpts{
 		OperationID: mismatchID, Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual,
 		Actor: "bob", Reason: "looked unpaid to me",
 	})
@@ -80,7 +80,7 @@ func TestMismatchAndGiveUpGoToManualThenResolve(t *testing.T) {
 	require.Equal(t, outbox.StateSucceeded, b.get(t, mismatch.BusinessKey).State)
 
 	// The given-up one is sent again, under the same id, on a person's word.
-	_, err = b.rec.Resolve(ctx, &reconcile.ResolveParams{
+	_, err = b.rec.Resolve(ctx, &reconcile.ResolveOpts{
 		OperationID: g.ID, Outcome: outbox.StateRetryable, ExpectedState: outbox.StateManual,
 		Actor: "alice", Reason: "the bank confirms it never arrived",
 	})
@@ -97,16 +97,16 @@ func TestResolveRejectsWhatAPersonMayNotDecide(t *testing.T) {
 	op := payout("k", "acct", 1)
 	b.unknown(t, op)
 	id := outbox.OperationID("payout", "k")
-	valid := reconcile.ResolveParams{OperationID: id, Outcome: outbox.StateSucceeded, ExpectedState: outbox.StateUnknownExternal, Actor: "a", Reason: "r"}
+	valid := reconcile.ResolveOpts{OperationID: id, Outcome: outbox.StateSucceeded, ExpectedState: outbox.StateUnknownExternal, Actor: "a", Reason: "r"}
 	cases := []struct {
 		name string
-		mod  func(*reconcile.ResolveParams)
+		mod  func(*reconcile.ResolveOpts)
 	}{
-		{"outcome PENDING", func(p *reconcile.ResolveParams) { p.Outcome = outbox.StatePending }},
-		{"outcome MANUAL", func(p *reconcile.ResolveParams) { p.Outcome = outbox.StateManual }},
-		{"expected SUCCEEDED", func(p *reconcile.ResolveParams) { p.ExpectedState = outbox.StateSucceeded }},
-		{"no actor", func(p *reconcile.ResolveParams) { p.Actor = "" }},
-		{"no reason", func(p *reconcile.ResolveParams) { p.Reason = "" }},
+		{"outcome PENDING", func(p *reconcile.ResolveOpts) { p.Outcome = outbox.StatePending }},
+		{"outcome MANUAL", func(p *reconcile.ResolveOpts) { p.Outcome = outbox.StateManual }},
+		{"expected SUCCEEDED", func(p *reconcile.ResolveOpts) { p.ExpectedState = outbox.StateSucceeded }},
+		{"no actor", func(p *reconcile.ResolveOpts) { p.Actor = "" }},
+		{"no reason", func(p *reconcile.ResolveOpts) { p.Reason = "" }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

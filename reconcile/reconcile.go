@@ -359,24 +359,24 @@ func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops 
 	return moved, waiting, nil
 }
 
-// ReconcileArgs is the periodic River job that runs a reconciliation pass.
-type ReconcileArgs struct{}
+// reconcileArgs is the periodic River job that runs a reconciliation pass.
+type reconcileArgs struct{}
 
 // Kind is the River job kind.
-func (ReconcileArgs) Kind() string { return "stepwise_reconcile" }
+func (reconcileArgs) Kind() string { return "stepwise_reconcile" }
 
 // InsertOpts puts the pass in Queue.
-func (ReconcileArgs) InsertOpts() river.InsertOpts {
+func (reconcileArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{Queue: Queue, MaxAttempts: 5}
 }
 
 type reconcileWorker struct {
-	river.WorkerDefaults[ReconcileArgs]
+	river.WorkerDefaults[reconcileArgs]
 	r *Reconciler
 }
 
 // Timeout covers a slice plus the longest batch in flight when it ends.
-func (w *reconcileWorker) Timeout(*river.Job[ReconcileArgs]) time.Duration {
+func (w *reconcileWorker) Timeout(*river.Job[reconcileArgs]) time.Duration {
 	longest := time.Duration(0)
 	for _, ks := range w.r.kinds {
 		longest = max(longest, claimHold(ks.cfg))
@@ -384,7 +384,7 @@ func (w *reconcileWorker) Timeout(*river.Job[ReconcileArgs]) time.Duration {
 	return w.r.config.Slice + longest + time.Minute
 }
 
-func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[ReconcileArgs]) error {
+func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[reconcileArgs]) error {
 	_, err := w.r.run(ctx, &RunOpts{}, time.Now().Add(w.r.config.Slice))
 	if errors.Is(err, errSliceOver) || (err != nil && ctx.Err() != nil) {
 		return river.JobSnooze(0) // more is due: go on right away, without counting an attempt
@@ -394,7 +394,7 @@ func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[ReconcileArgs
 
 // addWorkers registers the reconciliation worker on workers.
 func (r *Reconciler) addWorkers(workers *river.Workers) error {
-	if err := river.AddWorkerSafely[ReconcileArgs](workers, &reconcileWorker{r: r}); err != nil {
+	if err := river.AddWorkerSafely[reconcileArgs](workers, &reconcileWorker{r: r}); err != nil {
 		return fmt.Errorf("reconcile: Install: adding the reconciler: %w", err)
 	}
 	return nil
@@ -409,7 +409,7 @@ func (r *Reconciler) periodicJobs() []*river.PeriodicJob {
 		func() (river.JobArgs, *river.InsertOpts) {
 			// Unique per period, not per state: a pass of a killed process stays "running"
 			// in River for an hour and must not block the next ones.
-			return ReconcileArgs{}, &river.InsertOpts{Queue: Queue, MaxAttempts: 5,
+			return reconcileArgs{}, &river.InsertOpts{Queue: Queue, MaxAttempts: 5,
 				UniqueOpts: river.UniqueOpts{ByPeriod: interval}}
 		},
 		&river.PeriodicJobOpts{ID: "stepwise_reconcile", RunOnStart: true},

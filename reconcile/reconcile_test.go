@@ -36,24 +36,28 @@ func TestEachLookupResult(t *testing.T) {
 	ctx := context.Background()
 	answers := map[string]func() (reconcile.LookupResult, error){
 		"found-succeeded": func() (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: "pay-1", Amount: 100, Currency: "EUR"}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupFoundSucceeded, ExternalRef: "pay-1", Amount: 100, Currency: "EUR"}, nil
 		},
 		"found-failed": func() (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.FoundFailed, Reason: "account closed"}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupFoundFailed, Reason: "account closed"}, nil
 		},
-		"pending": func() (reconcile.LookupResult, error) { return reconcile.LookupResult{Status: reconcile.Pending}, nil },
+		"pending": func() (reconcile.LookupResult, error) {
+			return reconcile.LookupResult{Status: reconcile.LookupPending}, nil
+		},
 		"lookup-error": func() (reconcile.LookupResult, error) {
 			return reconcile.LookupResult{}, errors.New("503 from the lookup API")
 		},
-		"not-found": func() (reconcile.LookupResult, error) { return reconcile.LookupResult{Status: reconcile.NotFound}, nil },
+		"not-found": func() (reconcile.LookupResult, error) {
+			return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
+		},
 		"not-found-after-grace": func() (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
 		},
 		"amount-differs": func() (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: "pay-2", Amount: 101, Currency: "EUR"}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupFoundSucceeded, ExternalRef: "pay-2", Amount: 101, Currency: "EUR"}, nil
 		},
 		"currency-differs": func() (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: "pay-3", Amount: 100, Currency: "USD"}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupFoundSucceeded, ExternalRef: "pay-3", Amount: 100, Currency: "USD"}, nil
 		},
 	}
 	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {

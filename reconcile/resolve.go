@@ -13,8 +13,8 @@ import (
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
-// ResolveParams is a person's decision about an operation the reconciler could not settle.
-type ResolveParams struct {
+// ResolveOpts is a person's decision about an operation the reconciler could not settle.
+type ResolveOpts struct {
 	// OperationID is the operation decided on. Required.
 	OperationID uuid.UUID
 	// Outcome is the decision: SUCCEEDED (it happened), FAILED_PERMANENT (it did not and
@@ -48,7 +48,7 @@ type ResolveParams struct {
 // otherwise, an *outbox.StateChangedError saying what it is now). A RETRYABLE decision also wakes the
 // dispatcher when ctx carries a River client (see outbox.ContextWithClient); otherwise the
 // outbox's poll sends it.
-func (r *Reconciler) Resolve(ctx context.Context, params *ResolveParams) (*outbox.Operation, error) {
+func (r *Reconciler) Resolve(ctx context.Context, params *ResolveOpts) (*outbox.Operation, error) {
 	var op *outbox.Operation
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		var err error
@@ -60,7 +60,7 @@ func (r *Reconciler) Resolve(ctx context.Context, params *ResolveParams) (*outbo
 
 // ResolveTx is Resolve in the caller's transaction, for a tool that records the decision
 // beside its own writes (a support ticket's state, say).
-func (r *Reconciler) ResolveTx(ctx context.Context, tx pgx.Tx, params *ResolveParams) (*outbox.Operation, error) {
+func (r *Reconciler) ResolveTx(ctx context.Context, tx pgx.Tx, params *ResolveOpts) (*outbox.Operation, error) {
 	if params == nil {
 		return nil, fmt.Errorf("%w: params are nil", ErrInvalidResolution)
 	}

@@ -38,7 +38,7 @@ func TestResolveWithExpectedVersionRefusesAnotherEpisode(t *testing.T) {
 	seen := b.get(t, p.BusinessKey)
 	require.Equal(t, int64(4), seen.Version, "PENDING 1, PROCESSING 2, UNKNOWN_EXTERNAL 3, MANUAL 4")
 
-	_, err := b.rec.Resolve(ctx, &reconcile.ResolveParams{OperationID: id, Outcome: outbox.StateRetryable, ExpectedState: outbox.StateManual,
+	_, err := b.rec.Resolve(ctx, &reconcile.ResolveOpts{OperationID: id, Outcome: outbox.StateRetryable, ExpectedState: outbox.StateManual,
 		ExpectedVersion: seen.Version, Actor: "bob", Reason: "INC-5: the bank is back, send again"})
 	require.NoError(t, err)
 	// Meanwhile the key was paid at the bank with another amount (a bug elsewhere): the
@@ -48,7 +48,7 @@ func TestResolveWithExpectedVersionRefusesAnotherEpisode(t *testing.T) {
 	toManual()
 	require.Contains(t, b.get(t, p.BusinessKey).ManualReason, "999 EUR")
 
-	_, err = b.rec.Resolve(ctx, &reconcile.ResolveParams{OperationID: id, Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual,
+	_, err = b.rec.Resolve(ctx, &reconcile.ResolveOpts{OperationID: id, Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual,
 		ExpectedVersion: seen.Version, Actor: "alice", Reason: "never sent"})
 	var changed *outbox.StateChangedError
 	require.True(t, errors.As(err, &changed), "%v", err)
@@ -60,7 +60,7 @@ func TestResolveWithExpectedVersionRefusesAnotherEpisode(t *testing.T) {
 	require.Equal(t, outbox.StateManual, now.State)
 	require.Equal(t, seen.Version+4, now.Version)
 
-	for _, bad := range []reconcile.ResolveParams{
+	for _, bad := range []reconcile.ResolveOpts{
 		{Actor: "alice\nroot", Reason: "x"}, {Actor: "alice", Reason: "ok \u202etxet"}, {Actor: "alice", Reason: "a\u200bb"},
 		{Actor: "alice", Reason: "x", ExpectedVersion: -1},
 	} {
@@ -69,7 +69,7 @@ func TestResolveWithExpectedVersionRefusesAnotherEpisode(t *testing.T) {
 		require.ErrorIs(t, err, reconcile.ErrInvalidResolution, "%+v", bad)
 	}
 
-	got, err := b.rec.Resolve(ctx, &reconcile.ResolveParams{OperationID: id, Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual,
+	got, err := b.rec.Resolve(ctx, &reconcile.ResolveOpts{OperationID: id, Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual,
 		ExpectedVersion: now.Version, Actor: "alice", Reason: "TICKET-8: the bank confirms it never arrived"})
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateFailedPermanent, got.State)

@@ -76,21 +76,21 @@ type Sum struct {
 type DifferenceKind string
 
 const (
-	// OnlyHere: SUCCEEDED in the ledger, missing from the statement.
-	OnlyHere DifferenceKind = "only_here"
-	// OnlyThere: on the statement, not SUCCEEDED in the ledger (OurState says what the ledger
+	// DifferenceOnlyHere: SUCCEEDED in the ledger, missing from the statement.
+	DifferenceOnlyHere DifferenceKind = "only_here"
+	// DifferenceOnlyThere: on the statement, not SUCCEEDED in the ledger (OurState says what the ledger
 	// holds, if anything: UNKNOWN_EXTERNAL means the reconciler has yet to find it).
-	OnlyThere DifferenceKind = "only_there"
-	// AmountDiffers: on both, with different amounts or currencies.
-	AmountDiffers DifferenceKind = "amount_differs"
-	// Duplicate: on the statement again under a key it already lists: the external system
+	DifferenceOnlyThere DifferenceKind = "only_there"
+	// DifferenceAmountDiffers: on both, with different amounts or currencies.
+	DifferenceAmountDiffers DifferenceKind = "amount_differs"
+	// DifferenceDuplicate: on the statement again under a key it already lists: the external system
 	// applied the effect more than once (OurState is the ledger's, "" when it has no such
 	// operation).
-	Duplicate DifferenceKind = "duplicate"
+	DifferenceDuplicate DifferenceKind = "duplicate"
 )
 
 // differenceKinds is the order Totals lists differences in.
-var differenceKinds = []DifferenceKind{AmountDiffers, OnlyHere, Duplicate, OnlyThere}
+var differenceKinds = []DifferenceKind{DifferenceAmountDiffers, DifferenceOnlyHere, DifferenceDuplicate, DifferenceOnlyThere}
 
 // Difference is one effect the ledger and the statement disagree on.
 type Difference struct {
@@ -166,17 +166,17 @@ func (t *Totals) String() string {
 	fmt.Fprintf(&b, "  %d differences:\n", t.DifferenceCount())
 	for _, d := range t.Differences {
 		switch d.Kind {
-		case OnlyHere:
+		case DifferenceOnlyHere:
 			fmt.Fprintf(&b, "  only here:      %s %q %d %s\n", d.Key, d.BusinessKey, d.OurAmount, d.OurCurrency)
-		case OnlyThere:
+		case DifferenceOnlyThere:
 			state := string(d.OurState)
 			if state == "" {
 				state = "not in the ledger"
 			}
 			fmt.Fprintf(&b, "  only there:     %s ref %q %d %s (%s)\n", d.Key, d.ExternalRef, d.Amount, d.Currency, state)
-		case AmountDiffers:
+		case DifferenceAmountDiffers:
 			fmt.Fprintf(&b, "  amount differs: %s %q here %d %s, there %d %s\n", d.Key, d.BusinessKey, d.OurAmount, d.OurCurrency, d.Amount, d.Currency)
-		case Duplicate:
+		case DifferenceDuplicate:
 			fmt.Fprintf(&b, "  duplicate:      %s ref %q %d %s applied again\n", d.Key, d.ExternalRef, d.Amount, d.Currency)
 		}
 	}
@@ -244,9 +244,9 @@ func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, par
 	for i, e := range idx.entries {
 		switch {
 		case i > 0 && e.Key == idx.entries[i-1].Key:
-			diffs.add(Difference{Kind: Duplicate, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
+			diffs.add(Difference{Kind: DifferenceDuplicate, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
 		case !idx.isMatched(i):
-			diffs.add(Difference{Kind: OnlyThere, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
+			diffs.add(Difference{Kind: DifferenceOnlyThere, Key: e.Key, ExternalRef: e.ExternalRef, Amount: e.Amount, Currency: e.Currency})
 		}
 	}
 	if err := diffs.describe(ctx, q); err != nil {
@@ -415,12 +415,12 @@ func streamLedger(ctx context.Context, q stepwisetype.DBTX, params *TotalsParams
 		key := keyText(&text, id)
 		i := idx.find(key)
 		if i < 0 {
-			diffs.add(Difference{Kind: OnlyHere, Key: strings.Clone(key), OurState: outbox.StateSucceeded, OurAmount: amount, OurCurrency: sums[k].currency})
+			diffs.add(Difference{Kind: DifferenceOnlyHere, Key: strings.Clone(key), OurState: outbox.StateSucceeded, OurAmount: amount, OurCurrency: sums[k].currency})
 			continue
 		}
 		idx.match(i)
 		if e := idx.entries[i]; e.Amount != amount || e.Currency != sums[k].currency {
-			diffs.add(Difference{Kind: AmountDiffers, Key: e.Key, OurState: outbox.StateSucceeded, ExternalRef: e.ExternalRef,
+			diffs.add(Difference{Kind: DifferenceAmountDiffers, Key: e.Key, OurState: outbox.StateSucceeded, ExternalRef: e.ExternalRef,
 				OurAmount: amount, OurCurrency: sums[k].currency, Amount: e.Amount, Currency: e.Currency})
 		}
 	}
@@ -512,9 +512,9 @@ func (ds *differences) describe(ctx context.Context, q stepwisetype.DBTX) error 
 			}
 			d.BusinessKey = o.businessKey
 			switch k {
-			case OnlyHere:
+			case DifferenceOnlyHere:
 				d.ExternalRef = o.ref
-			case OnlyThere, Duplicate:
+			case DifferenceOnlyThere, DifferenceDuplicate:
 				d.OurState, d.OurAmount, d.OurCurrency = o.state, o.amount, o.currency
 			}
 		}

@@ -94,7 +94,7 @@ func TestTotalsBoundTheDifferencesListed(t *testing.T) {
 		&reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now().Add(time.Minute), MaxDifferences: 5})
 	require.NoError(t, err)
 	t.Log("\n" + totals.String())
-	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.OnlyHere: 20, reconcile.OnlyThere: 25, reconcile.Duplicate: 1}, totals.Counts)
+	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.DifferenceOnlyHere: 20, reconcile.DifferenceOnlyThere: 25, reconcile.DifferenceDuplicate: 1}, totals.Counts)
 	require.Len(t, totals.Differences, 11)
 	require.Equal(t, 46, totals.DifferenceCount())
 	require.Equal(t, 35, totals.Omitted())
@@ -103,10 +103,10 @@ func TestTotalsBoundTheDifferencesListed(t *testing.T) {
 	require.Equal(t, 36, totals.There["EUR"].Count)
 	for _, d := range totals.Differences {
 		switch d.Kind {
-		case reconcile.OnlyHere:
+		case reconcile.DifferenceOnlyHere:
 			require.NotEmpty(t, d.BusinessKey)
 			require.Equal(t, outbox.StateSucceeded, d.OurState)
-		case reconcile.Duplicate:
+		case reconcile.DifferenceDuplicate:
 			require.Equal(t, stmt[0].Key, d.Key)
 			require.NotEmpty(t, d.BusinessKey)
 		}
@@ -143,7 +143,7 @@ func TestTotalsKeysOfAnotherSpelling(t *testing.T) {
 	}), &reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now().Add(time.Minute)})
 	require.NoError(t, err)
 	t.Log("\n" + totals.String())
-	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.OnlyThere: 4}, totals.Counts)
+	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.DifferenceOnlyThere: 4}, totals.Counts)
 	for _, d := range totals.Differences {
 		if d.Key == upper {
 			require.Equal(t, outbox.StateSucceeded, d.OurState, "the id it spells is ours")

@@ -33,7 +33,7 @@ func TestTotalsListEveryDifference(t *testing.T) {
 	missing := payout("settle/missing", "acct-x", 300)
 	b.unknown(t, missing)
 	missingID := outbox.OperationID("payout", missing.BusinessKey)
-	_, err := b.rec.Resolve(ctx, &reconcile.ResolveParams{OperationID: missingID, Outcome: outbox.StateSucceeded,
+	_, err := b.rec.Resolve(ctx, &reconcile.ResolveOpts{OperationID: missingID, Outcome: outbox.StateSucceeded,
 		ExpectedState: outbox.StateUnknownExternal, Actor: "carol", Reason: "assumed paid"})
 	require.NoError(t, err)
 
@@ -49,7 +49,7 @@ func TestTotalsListEveryDifference(t *testing.T) {
 	require.NoError(t, err)
 	b.enqueue(t, differs)
 	b.drain(t)
-	_, err = b.rec.Resolve(ctx, &reconcile.ResolveParams{OperationID: differsID, Outcome: outbox.StateSucceeded,
+	_, err = b.rec.Resolve(ctx, &reconcile.ResolveOpts{OperationID: differsID, Outcome: outbox.StateSucceeded,
 		ExpectedState: outbox.StateUnknownExternal, Actor: "carol", Reason: "paid, amount to be checked"})
 	require.NoError(t, err)
 
@@ -67,14 +67,14 @@ func TestTotalsListEveryDifference(t *testing.T) {
 	}
 	require.Len(t, totals.Differences, 3)
 	require.Len(t, byKind, 3)
-	require.Equal(t, missingID.String(), byKind[reconcile.OnlyHere].Key)
-	require.Equal(t, int64(300), byKind[reconcile.OnlyHere].OurAmount)
-	require.Equal(t, extraKey, byKind[reconcile.OnlyThere].Key)
-	require.Equal(t, int64(4200), byKind[reconcile.OnlyThere].Amount)
-	require.Equal(t, outbox.State(""), byKind[reconcile.OnlyThere].OurState, "not in the ledger at all")
-	require.Equal(t, differsID.String(), byKind[reconcile.AmountDiffers].Key)
-	require.Equal(t, int64(1000), byKind[reconcile.AmountDiffers].OurAmount)
-	require.Equal(t, int64(990), byKind[reconcile.AmountDiffers].Amount)
+	require.Equal(t, missingID.String(), byKind[reconcile.DifferenceOnlyHere].Key)
+	require.Equal(t, int64(300), byKind[reconcile.DifferenceOnlyHere].OurAmount)
+	require.Equal(t, extraKey, byKind[reconcile.DifferenceOnlyThere].Key)
+	require.Equal(t, int64(4200), byKind[reconcile.DifferenceOnlyThere].Amount)
+	require.Equal(t, outbox.State(""), byKind[reconcile.DifferenceOnlyThere].OurState, "not in the ledger at all")
+	require.Equal(t, differsID.String(), byKind[reconcile.DifferenceAmountDiffers].Key)
+	require.Equal(t, int64(1000), byKind[reconcile.DifferenceAmountDiffers].OurAmount)
+	require.Equal(t, int64(990), byKind[reconcile.DifferenceAmountDiffers].Amount)
 	require.Contains(t, totals.String(), "3 differences")
 }
 

@@ -171,7 +171,7 @@ func TestPruneKeepsRunKeysAndResumability(t *testing.T) {
 	run, err := workflow.Start(ctx, w.client, key, args, nil)
 	require.NoError(t, err)
 	require.True(t, run.Created)
-	w.waitRun(t, key, workflow.StatusFailed)
+	w.waitRun(t, key, workflow.RunStatusFailed)
 	require.Equal(t, map[int]int{0: 1, 1: 1}, w.effects(t, key), "two items committed before the failure")
 
 	// A succeeded run of another key, whose history retention may prune.
@@ -179,7 +179,7 @@ func TestPruneKeepsRunKeysAndResumability(t *testing.T) {
 	w.worker.failAt.Store(-1)
 	_, err = workflow.Start(ctx, w.client, done, args, nil)
 	require.NoError(t, err)
-	w.waitRun(t, done, workflow.StatusSucceeded)
+	w.waitRun(t, done, workflow.RunStatusSucceeded)
 	w.worker.failAt.Store(2)
 
 	pruneAMonthLater(t, w.pool, retention.Config{})
@@ -187,7 +187,7 @@ func TestPruneKeepsRunKeysAndResumability(t *testing.T) {
 	// The failed run is still there, with its cursor: it can be resumed.
 	got, err := workflow.GetRun(ctx, w.pool, key)
 	if assert.NoError(t, err, "retention forgot failed run %q", key) {
-		require.Equal(t, workflow.StatusFailed, got.Status)
+		require.Equal(t, workflow.RunStatusFailed, got.Status)
 	}
 
 	// Start with the used key is the same run, not a new one from cursor zero.
@@ -197,13 +197,13 @@ func TestPruneKeepsRunKeysAndResumability(t *testing.T) {
 	again, err = workflow.Start(ctx, w.client, done, args, nil)
 	require.NoError(t, err)
 	assert.False(t, again.Created, "Start after Prune created a new run %q: its committed steps would run again", done)
-	require.Equal(t, workflow.StatusSucceeded, again.Status)
+	require.Equal(t, workflow.RunStatusSucceeded, again.Status)
 	require.NotNil(t, again.HistoryPrunedAt, "the succeeded run's history was pruned, and it says so")
 
 	w.worker.failAt.Store(-1)
 	assert.NoError(t, workflow.Resume(ctx, w.client, key, "alice", "TICKET-9: the bank's file arrived"))
-	w.waitRun(t, key, workflow.StatusSucceeded)
-	w.waitRun(t, done, workflow.StatusSucceeded)
+	w.waitRun(t, key, workflow.RunStatusSucceeded)
+	w.waitRun(t, done, workflow.RunStatusSucceeded)
 	require.Equal(t, map[int]int{0: 1, 1: 1, 2: 1, 3: 1}, w.effects(t, key), "every item once: nothing redone")
 	require.Equal(t, map[int]int{0: 1, 1: 1, 2: 1, 3: 1}, w.effects(t, done))
 
@@ -215,7 +215,7 @@ func TestPruneKeepsRunKeysAndResumability(t *testing.T) {
 	again, err = workflow.Start(ctx, w.client, key, args, nil)
 	require.NoError(t, err)
 	require.False(t, again.Created)
-	require.Equal(t, workflow.StatusSucceeded, again.Status)
+	require.Equal(t, workflow.RunStatusSucceeded, again.Status)
 }
 
 // A failed or cancelled run is resumable, so its history (why it failed) stays until the
@@ -253,7 +253,7 @@ func TestPruneFailedRunsOnlyByName(t *testing.T) {
 	require.Equal(t, []string{"f/1", "f/2", "f/3", "live"}, keys(t, pool), "runs are never deleted")
 	run, err := workflow.GetRun(ctx, pool, "f/1")
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	require.NotNil(t, run.HistoryPrunedAt)
 	require.Equal(t, 4, count(t, pool, `SELECT count(*) FROM stepwise_checkpoint`))
 	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'f/2'`), "an unnamed failed run keeps its history")
@@ -291,7 +291,7 @@ func TestPruneKeepsSlotEvidence(t *testing.T) {
 	setClock(day.Add(time.Minute))
 	require.Equal(t, []time.Time{day}, tick().Materialized)
 	for shard := range 2 {
-		w.waitRun(t, schedule.RunKey("settle", day, shard), workflow.StatusSucceeded)
+		w.waitRun(t, schedule.RunKey("settle", day, shard), workflow.RunStatusSucceeded)
 	}
 	executions := func() int { return count(t, pool, `SELECT count(*) FROM ret_effect`) }
 	require.Equal(t, 6, executions())
@@ -320,7 +320,7 @@ func TestPruneKeepsSlotEvidence(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // a run started again would have stepped by now
 	for _, r := range runs {
-		w.waitRun(t, r.Key, workflow.StatusSucceeded)
+		w.waitRun(t, r.Key, workflow.RunStatusSucceeded)
 	}
 	require.Equal(t, 6, executions(), "the date was settled a second time")
 
@@ -356,7 +356,7 @@ func TestPruneKeepsWhoDecided(t *testing.T) {
 	require.NoError(t, ob.Register(ctx))
 	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Logger: discard, Kinds: map[string]*reconcile.KindConfig{
 		"payout": {Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+			return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
 		})},
 	}})
 	require.NoError(t, err)
@@ -379,7 +379,7 @@ func TestPruneKeepsWhoDecided(t *testing.T) {
 
 	// A person decides, through the resolver and (as the console does) with its audit row.
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := rec.ResolveTx(ctx, tx, &reconcile.ResolveParams{OperationID: id, Outcome: outbox.StateSucceeded,
+		if _, err := rec.ResolveTx(ctx, tx, &reconcile.ResolveOpts{OperationID: id, Outcome: outbox.StateSucceeded,
 			ExpectedState: outbox.StateManual, Actor: "alice", Reason: "TICKET-7: the bank confirms the payment", ExternalRef: "bank-77"}); err != nil {
 			return err
 		}

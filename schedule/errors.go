@@ -1,17 +1,21 @@
 package schedule
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/stepwise-go/stepwise/stepwisetype"
+)
 
 // ErrInvalid is matched (errors.Is) by every error Add returns for a schedule it cannot
 // accept; the message names the schedule, the field and the fix.
 var ErrInvalid = errors.New("schedule: invalid schedule")
 
 // ErrNotFound is returned for a schedule name that has no row (it was never ticked).
-var ErrNotFound = errors.New("schedule: schedule not found")
+var ErrNotFound = stepwisetype.NotFound("schedule: schedule not found")
 
 // ErrSlotNotFound is returned by SlotStatus for a slot no tick has decided: not due yet, not
 // a slot of the schedule's spec, or due but not yet ticked.
-var ErrSlotNotFound = errors.New("schedule: slot not found")
+var ErrSlotNotFound = stepwisetype.NotFound("schedule: slot not found")
 
 // ErrSlotRunsMissing is returned by StartSlot for a slot that was materialized and whose runs
 // are no longer there (deleted by hand, or by a retention.Prune older than the one that keeps

@@ -349,8 +349,8 @@ func TestScheduleOverlap(t *testing.T) {
 		b.tick(t, "ov")
 		b.clock.Set(a)
 		require.Equal(t, []time.Time{a}, b.tick(t, "ov").Materialized)
-		setRunStatus(t, b.pool, "ov", a, workflow.StatusRunning) // A is still going...
-		b.clock.Set(bSlot)                                       // ...when B comes due
+		setRunStatus(t, b.pool, "ov", a, workflow.RunStatusRunning) // A is still going...
+		b.clock.Set(bSlot)                                          // ...when B comes due
 		return b
 	}
 
@@ -366,7 +366,7 @@ func TestScheduleOverlap(t *testing.T) {
 		st := b.tick(t, "ov")
 		require.Empty(t, st.Materialized)
 		require.Equal(t, []schedule.SkippedSlot{{Slot: bSlot, Reason: schedule.ReasonOverlapSkip}}, st.Skipped)
-		setRunStatus(t, b.pool, "ov", a, workflow.StatusSucceeded)
+		setRunStatus(t, b.pool, "ov", a, workflow.RunStatusSucceeded)
 		b.clock.Set(c)
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized, "the next slot after A finished runs")
 	})
@@ -377,7 +377,7 @@ func TestScheduleOverlap(t *testing.T) {
 		b.clock.Set(c)
 		st := b.tick(t, "ov")
 		require.Equal(t, []schedule.SkippedSlot{{Slot: c, Reason: schedule.ReasonOverlapBufferFull}}, st.Skipped)
-		setRunStatus(t, b.pool, "ov", a, workflow.StatusSucceeded)
+		setRunStatus(t, b.pool, "ov", a, workflow.RunStatusSucceeded)
 		b.clock.Add(time.Second)
 		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Materialized, "the buffered slot starts once A ended")
 		requireOneRunPerSlotShard(t, b.pool, "ov")
@@ -391,10 +391,10 @@ func TestScheduleOverlap(t *testing.T) {
 		b.clock.Add(time.Second)
 		require.Empty(t, b.tick(t, "ov").Materialized, "A still runs")
 
-		setRunStatus(t, b.pool, "ov", a, workflow.StatusFailed) // finished, even if badly
+		setRunStatus(t, b.pool, "ov", a, workflow.RunStatusFailed) // finished, even if badly
 		require.Equal(t, []time.Time{bSlot}, b.tick(t, "ov").Materialized, "strictly serial: B, not C")
 		require.Empty(t, b.tick(t, "ov").Materialized, "C waits for B")
-		setRunStatus(t, b.pool, "ov", bSlot, workflow.StatusSucceeded)
+		setRunStatus(t, b.pool, "ov", bSlot, workflow.RunStatusSucceeded)
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized)
 		requireOneRunPerSlotShard(t, b.pool, "ov")
 		rep, err := schedule.SlotStatus(context.Background(), b.pool, "ov", a)
@@ -420,7 +420,7 @@ func TestScheduleOverlap(t *testing.T) {
 		require.Equal(t, []schedule.SkippedSlot{{Slot: bSlot, Reason: schedule.ReasonOverlapSuperseded}}, st.Skipped)
 		require.Equal(t, []time.Time{c}, st.Buffered)
 
-		setRunStatus(t, b.pool, "ov", a, workflow.StatusCancelled) // the worker honoured it
+		setRunStatus(t, b.pool, "ov", a, workflow.RunStatusCancelled) // the worker honoured it
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized)
 		status, reason := slotDecision(t, b.pool, "ov", bSlot)
 		require.Equal(t, "skipped", status)
@@ -493,8 +493,8 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	require.Equal(t, []string{keyA}, st.CancelRequested)
 	require.Equal(t, []time.Time{bSlot}, st.Buffered)
 
-	run := waitRun(t, pool, keyA, 15*time.Second, workflow.StatusCancelled, workflow.StatusFailed, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusCancelled, run.Status)
+	run := waitRun(t, pool, keyA, 15*time.Second, workflow.RunStatusCancelled, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusCancelled, run.Status)
 	require.Contains(t, *run.LastError, "OverlapCancelOther")
 	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = $1 AND kind = 'run.finish' AND to_state = 'cancelled'`, keyA))
 
@@ -510,7 +510,7 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, schedule.BatchCancelled, rep.Status)
 	require.NoError(t, workflow.CancelRun(ctx, pool, schedule.RunKey("cancel", bSlot, 0), "test over"))
-	waitRun(t, pool, schedule.RunKey("cancel", bSlot, 0), 15*time.Second, workflow.StatusCancelled)
+	waitRun(t, pool, schedule.RunKey("cancel", bSlot, 0), 15*time.Second, workflow.RunStatusCancelled)
 }
 
 // Two schedulers on separate pools tick concurrently through an hour of simulated time: no
@@ -734,7 +734,7 @@ func TestSlotStatusByEvidence(t *testing.T) {
 
 	rep := status()
 	require.Equal(t, schedule.BatchRunning, rep.Status)
-	require.Equal(t, map[string]int{string(workflow.StatusPending): 2}, rep.Runs)
+	require.Equal(t, map[string]int{string(workflow.RunStatusPending): 2}, rep.Runs)
 	require.Empty(t, rep.Operations, "no operations is not an error")
 
 	insertOperations(t, b.pool, k0, "SUCCEEDED", "UNKNOWN_EXTERNAL", "PENDING")

@@ -130,11 +130,11 @@ func DeriveBatchStatus(decision string, shards int, runs map[string]int, operati
 		}
 	}
 	switch {
-	case runs[string(workflow.StatusFailed)] > 0 || present < shards || runs[RunMissing] > 0:
+	case runs[string(workflow.RunStatusFailed)] > 0 || present < shards || runs[RunMissing] > 0:
 		return BatchFailed
-	case runs[string(workflow.StatusCancelled)] > 0:
+	case runs[string(workflow.RunStatusCancelled)] > 0:
 		return BatchCancelled
-	case runs[string(workflow.StatusPending)] > 0 || runs[string(workflow.StatusRunning)] > 0:
+	case runs[string(workflow.RunStatusPending)] > 0 || runs[string(workflow.RunStatusRunning)] > 0:
 		return BatchRunning
 	case operations[outbox.StateManual] > 0:
 		return BatchNeedsAttention

@@ -20,18 +20,18 @@ import (
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
-// TickArgs are the args of the Scheduler's tick job.
-type TickArgs struct{}
+// tickArgs are the args of the Scheduler's tick job.
+type tickArgs struct{}
 
 // Kind is the River job kind of the tick job.
-func (TickArgs) Kind() string { return "stepwise_schedule_tick" }
+func (tickArgs) Kind() string { return "stepwise_schedule_tick" }
 
 type tickWorker struct {
-	river.WorkerDefaults[TickArgs]
+	river.WorkerDefaults[tickArgs]
 	s *Scheduler
 }
 
-func (w *tickWorker) Work(ctx context.Context, _ *river.Job[TickArgs]) error {
+func (w *tickWorker) Work(ctx context.Context, _ *river.Job[tickArgs]) error {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
 		return err
@@ -52,7 +52,7 @@ func (s *Scheduler) Install(rc *river.Config) error {
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
-	if err := river.AddWorkerSafely[TickArgs](rc.Workers, &tickWorker{s: s}); err != nil {
+	if err := river.AddWorkerSafely[tickArgs](rc.Workers, &tickWorker{s: s}); err != nil {
 		return fmt.Errorf("schedule.Scheduler.Install: %w (install one Scheduler per river.Config)", err)
 	}
 	rc.PeriodicJobs = append(rc.PeriodicJobs, s.periodicJobs()...)
@@ -100,7 +100,7 @@ func (s *Scheduler) periodicJobs() []*river.PeriodicJob {
 				// cleaner removed it (a day by default). ByPeriod, so that a tick left
 				// 'running' by a killed process blocks its own period only, not every tick
 				// until River rescues it an hour later.
-				return TickArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
+				return tickArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
 					ByArgs:   true,
 					ByPeriod: max(s.cfg.TickInterval, time.Second), // River's minimum period
 

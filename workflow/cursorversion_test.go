@@ -52,11 +52,11 @@ func (w *countWorkerV2) UpgradeCursor(from int, raw json.RawMessage) (countCurso
 	return countCursorV2{Done: v1.Next}, nil
 }
 
-func (w *countWorkerV2) StepOptions() *workflow.StepOptions {
+func (w *countWorkerV2) StepOptions() *workflow.StepOpts {
 	if w.slice == 0 {
 		return nil
 	}
-	return &workflow.StepOptions{Slice: w.slice}
+	return &workflow.StepOpts{Slice: w.slice}
 }
 
 func (w *countWorkerV2) Step(ctx context.Context, s *workflow.Step[countArgs, countCursorV2]) (workflow.Next, error) {
@@ -190,7 +190,7 @@ func TestOldWorkerReleasesNewerCursorUntouched(t *testing.T) {
 	require.NotNil(t, run.Awaiting, "the run says what it waits for")
 	require.Equal(t, 2, run.Awaiting.CursorVersion)
 	require.Contains(t, run.Awaiting.String(), "waiting for a worker that reads cursor version 2")
-	require.Equal(t, workflow.StatusPending, run.Status, "never marked running by a worker that cannot read it")
+	require.Equal(t, workflow.RunStatusPending, run.Status, "never marked running by a worker that cannot read it")
 	require.Zero(t, run.Failures, "no failure recorded")
 	require.Nil(t, run.Retry, "not a retry")
 	require.Nil(t, run.LastError)
@@ -221,8 +221,8 @@ func TestOldWorkerReleasesNewerCursorUntouched(t *testing.T) {
 
 	// A new worker reads it: the run finishes, nothing lost, nothing done twice.
 	workerClient[countCursorV2](t, e.pool, nil, &countWorkerV2{})
-	done := waitRun(t, e.pool, key, 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, done.Status, "last error: %s", deref(done.LastError))
+	done := waitRun(t, e.pool, key, 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, done.Status, "last error: %s", deref(done.LastError))
 	require.Nil(t, done.Awaiting)
 	require.Zero(t, done.Failures)
 	perN, _ := itemCounts(t, e.pool, "items", key)
@@ -241,8 +241,8 @@ func TestNewWorkerUpgradesOlderCursor(t *testing.T) {
 	committedMidway(t, e, key, `{"next": 20}`, 1)
 
 	workerClient[countCursorV2](t, e.pool, nil, &countWorkerV2{})
-	run := waitRun(t, e.pool, key, 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
+	run := waitRun(t, e.pool, key, 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
 	perN, _ := itemCounts(t, e.pool, "items", key)
 	requireExactlyOnce(t, perN, 50)
 	st, err := e.engine.Checkpoints().Get(ctx, key)
@@ -263,8 +263,8 @@ func TestOlderCursorWithoutUpgradeFailsNamingVersions(t *testing.T) {
 	committedMidway(t, e, key, `{"next": 20}`, 1)
 
 	workerClient[countCursorV2](t, e.pool, nil, &countWorkerV2{noUpgrade: true})
-	run := waitRun(t, e.pool, key, 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	run := waitRun(t, e.pool, key, 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	msg := deref(run.LastError)
 	t.Logf("last error: %s", msg)
 	for _, want := range []string{"committed cursor is version 1", "reads version 2", "no upgrade from version 1", "UpgradeCursor", "workflow.Resume", `{"next": 20}`} {
@@ -287,8 +287,8 @@ func TestSameVersionUndecodableCursorNamesTheFix(t *testing.T) {
 	committedMidway(t, e, key, `{"done": 20, "steps": 2}`, 1)
 
 	workerClient[countCursor](t, e.pool, nil, &countWorker{})
-	run := waitRun(t, e.pool, key, 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	run := waitRun(t, e.pool, key, 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	require.Contains(t, deref(run.LastError), "does not decode")
 	require.Contains(t, deref(run.LastError), "declare a higher CursorVersion and an UpgradeCursor")
 }
@@ -307,8 +307,8 @@ func TestCancelWhileAwaitingNewerWorker(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.NoError(t, workflow.CancelRun(ctx, e.pool, key, "deploy rolled back"))
-	run := waitRun(t, e.pool, key, 30*time.Second, workflow.StatusCancelled, workflow.StatusFailed, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusCancelled, run.Status)
+	run := waitRun(t, e.pool, key, 30*time.Second, workflow.RunStatusCancelled, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusCancelled, run.Status)
 	require.Nil(t, run.Awaiting, "a finished run waits for nothing")
 	st, err := e.engine.Checkpoints().Get(ctx, key)
 	require.NoError(t, err)

@@ -80,8 +80,8 @@ func TestRollingDeployChangesCursorShape(t *testing.T) {
 	deployTook := time.Since(deployStart)
 
 	for _, k := range keys {
-		run := waitRun(t, e.pool, k, 90*time.Second, workflow.StatusSucceeded, workflow.StatusFailed, workflow.StatusCancelled)
-		require.Equal(t, workflow.StatusSucceeded, run.Status, "run %s: %s", k, deref(run.LastError))
+		run := waitRun(t, e.pool, k, 90*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed, workflow.RunStatusCancelled)
+		require.Equal(t, workflow.RunStatusSucceeded, run.Status, "run %s: %s", k, deref(run.LastError))
 		require.Nil(t, run.Awaiting, "run %s finished", k)
 	}
 	settled := time.Since(began)

@@ -39,8 +39,8 @@ func TestDrillConnectionCut(t *testing.T) {
 	line, err := healthy.WaitForLine(waitCtx(t, 30*time.Second), "step run=cut")
 	require.NoError(t, err)
 	t.Logf("taken over %s after the cut: %s", time.Since(cutAt).Round(time.Millisecond), line)
-	run := waitRun(t, e.pool, "cut", 60*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run := waitRun(t, e.pool, "cut", 60*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 
 	perN, _ := itemCounts(t, e.pool, "items", "cut")
 	requireExactlyOnce(t, perN, 2000)
@@ -76,13 +76,13 @@ func TestDrillHotFailingRun(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for i := 0; i < 5; i++ {
-		run := waitRun(t, pool, fmt.Sprintf("healthy/%d", i), 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-		require.Equal(t, workflow.StatusSucceeded, run.Status)
+		run := waitRun(t, pool, fmt.Sprintf("healthy/%d", i), 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+		require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 		perN, _ := itemCounts(t, pool, "items", run.Key)
 		requireExactlyOnce(t, perN, 500)
 	}
-	hot := waitRun(t, pool, "hot", 30*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusFailed, hot.Status)
+	hot := waitRun(t, pool, "hot", 30*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusFailed, hot.Status)
 	require.Equal(t, 6, hot.Attempts)
 	require.Contains(t, *hot.LastError, "6 failures in a row without progress (the job's max attempts): upstream file for hot is corrupt")
 	// The run is failed in the last attempt; the worker cancels its job (River would discard it).

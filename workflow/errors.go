@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
+
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // ErrFenced is returned when a step's commit was refused because another worker claimed the
@@ -16,7 +18,7 @@ var ErrFenced = checkpoint.ErrFenced
 var ErrRunConflict = errors.New("workflow: run key already used for a different run")
 
 // ErrRunNotFound is returned for a run key that does not exist.
-var ErrRunNotFound = errors.New("workflow: run not found")
+var ErrRunNotFound = stepwisetype.NotFound("workflow: run not found")
 
 // errLeaseLost is the cause set on a step's context when its heartbeat could not keep the
 // lease; the step's transaction is abandoned and River retries the job.
@@ -30,7 +32,7 @@ var ErrRunNotResumable = errors.New("workflow: run is not resumable")
 
 // ErrRunChanged is returned (as a *RunChangedError) by ResumeIfUnchanged when the run moved
 // since the person read it, and by Resume when it moved while being resumed.
-var ErrRunChanged = errors.New("workflow: run changed since it was read")
+var ErrRunChanged = stepwisetype.Changed("workflow: run changed since it was read")
 
 // RunChangedError says what a run is now, for the person who decided on an older view of it.
 type RunChangedError struct {

@@ -142,7 +142,7 @@ func Example() {
 	again, _ := client.RunStart(ctx, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
 	fmt.Println("created:", run.Created, "then:", again.Created)
 
-	for run.Status != workflow.StatusSucceeded && run.Status != workflow.StatusFailed {
+	for run.Status != workflow.RunStatusSucceeded && run.Status != workflow.RunStatusFailed {
 		time.Sleep(20 * time.Millisecond)
 		if run, err = workflow.GetRun(ctx, pool, run.Key); err != nil {
 			log.Fatal(err)

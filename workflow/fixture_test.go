@@ -48,11 +48,11 @@ type countWorker struct {
 	slice time.Duration
 }
 
-func (w *countWorker) StepOptions() *workflow.StepOptions {
+func (w *countWorker) StepOptions() *workflow.StepOpts {
 	if w.slice == 0 {
 		return nil
 	}
-	return &workflow.StepOptions{Slice: w.slice}
+	return &workflow.StepOpts{Slice: w.slice}
 }
 
 func (w *countWorker) Step(ctx context.Context, s *workflow.Step[countArgs, countCursor]) (workflow.Next, error) {

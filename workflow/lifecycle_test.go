@@ -93,7 +93,7 @@ func TestMaintenanceRaceRenewingWorker(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("maintenance: failed %v, taken over %v; run %s", r.res.Failed, r.res.TakenOver, run.Status)
 	require.Empty(t, r.res.Failed, "a run whose worker renewed was failed")
-	require.Equal(t, workflow.StatusRunning, run.Status)
+	require.Equal(t, workflow.RunStatusRunning, run.Status)
 }
 
 // A takeover records the River client that had last fetched the run's job, and when, as the
@@ -166,7 +166,7 @@ func TestMaintenanceRaceFinishingWorker(t *testing.T) {
 	finishes := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'finisher' AND kind = 'run.finish'`)
 	perN, _ := itemCounts(t, pool, "items", "finisher")
 	t.Logf("run %s, %d finish events, %d items committed", run.Status, finishes, len(perN))
-	require.Equal(t, workflow.StatusFailed, run.Status, "a failed run flipped to %s", run.Status)
+	require.Equal(t, workflow.RunStatusFailed, run.Status, "a failed run flipped to %s", run.Status)
 	require.Equal(t, 1, finishes)
 	require.Empty(t, perN, "the step of a failed run committed its writes")
 }
@@ -236,9 +236,9 @@ func TestStepMisuseIsRefused(t *testing.T) {
 	} {
 		_, err := workflow.Start(ctx, e.client, tc.mode, misuseArgs{Mode: tc.mode}, &workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 2}})
 		require.NoError(t, err)
-		run := waitRun(t, pool, tc.mode, 15*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
+		run := waitRun(t, pool, tc.mode, 15*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
 		t.Logf("%s: %s after %d steps: %s", tc.mode, run.Status, steps.Load(), deref(run.LastError))
-		require.Equal(t, workflow.StatusFailed, run.Status)
+		require.Equal(t, workflow.RunStatusFailed, run.Status)
 		require.Contains(t, deref(run.LastError), tc.want)
 	}
 	var tables int
@@ -283,7 +283,7 @@ func TestCancelSleepingRun(t *testing.T) {
 	run, err = workflow.GetRun(ctx, pool, "dozer")
 	require.NoError(t, err)
 	t.Logf("after one pass: run %s, cancelled %v", run.Status, res.Cancelled)
-	require.Equal(t, workflow.StatusCancelled, run.Status)
+	require.Equal(t, workflow.RunStatusCancelled, run.Status)
 	require.Contains(t, deref(run.LastError), "merchant closed")
 	job, err := e.client.JobGet(ctx, *run.RiverJobID)
 	require.NoError(t, err)
@@ -320,15 +320,15 @@ func TestResumeFailedRun(t *testing.T) {
 	_, err := workflow.Start(ctx, e.client, "resumable", countArgs{Total: 50, Batch: 10, Table: "items"},
 		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 2}})
 	require.NoError(t, err)
-	run := waitRun(t, pool, "resumable", 10*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	run := waitRun(t, pool, "resumable", 10*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 
 	err = workflow.Resume(ctx, e.client, "resumable", "", "x")
 	require.ErrorContains(t, err, "actor")
 	broken.Store(false)
 	require.NoError(t, workflow.Resume(ctx, e.client, "resumable", "alice@ops", "bank is back (INC-42)"))
-	run = waitRun(t, pool, "resumable", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run = waitRun(t, pool, "resumable", 10*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	perN, _ := itemCounts(t, pool, "items", "resumable")
 	requireExactlyOnce(t, perN, 50)
 	var actor, reason string
@@ -434,7 +434,7 @@ func TestCrashLoopGuardCountsFailuresWithoutProgress(t *testing.T) {
 				require.NoError(t, err)
 				t.Logf("kill %d: taken over %v, failed %v; status %s, failures %d", kill, res.TakenOver, res.Failed, run.Status, run.Failures)
 				if tc.progress {
-					require.Equal(t, workflow.StatusRunning, run.Status, "kill %d: a run progressing between crashes is not a crash loop", kill)
+					require.Equal(t, workflow.RunStatusRunning, run.Status, "kill %d: a run progressing between crashes is not a crash loop", kill)
 					require.Equal(t, []string{"flaky"}, res.TakenOver, "kill %d", kill)
 					failures = append(failures, run.Failures)
 					continue
@@ -445,7 +445,7 @@ func TestCrashLoopGuardCountsFailuresWithoutProgress(t *testing.T) {
 					continue
 				}
 				require.Equal(t, []string{"flaky"}, res.Failed, "kill %d", kill)
-				require.Equal(t, workflow.StatusFailed, run.Status)
+				require.Equal(t, workflow.RunStatusFailed, run.Status)
 				require.Equal(t, maxAttempts, run.Failures)
 				require.Contains(t, *run.LastError, "a crash loop")
 				return
@@ -473,7 +473,7 @@ func TestCrashLoopGuardStepErrors(t *testing.T) {
 		require.NoError(t, err)
 		status, err := workflow.MarkStepErrorForTest(ctx, e.engine, "erring", *run.RiverJobID, "flaky upstream", maxFailures)
 		require.NoError(t, err)
-		require.Equal(t, workflow.StatusRunning, status, "error %d, after progress", i)
+		require.Equal(t, workflow.RunStatusRunning, status, "error %d, after progress", i)
 		got, err := workflow.GetRun(ctx, e.pool, "erring")
 		require.NoError(t, err)
 		require.Equal(t, 1, got.Failures, "error %d, after progress", i)
@@ -485,9 +485,9 @@ func TestCrashLoopGuardStepErrors(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, i, got.Failures)
 		if i < maxFailures {
-			require.Equal(t, workflow.StatusRunning, status)
+			require.Equal(t, workflow.RunStatusRunning, status)
 		} else {
-			require.Equal(t, workflow.StatusFailed, status, "errors in a row without progress are a crash loop")
+			require.Equal(t, workflow.RunStatusFailed, status, "errors in a row without progress are a crash loop")
 		}
 	}
 }
@@ -521,11 +521,11 @@ func TestStepErrorsWithProgressOutliveTheJobsAttempts(t *testing.T) {
 	_, err := workflow.Start(ctx, e.client, "hiccups", countArgs{Total: 10, Batch: 1, Table: "items"},
 		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 3}})
 	require.NoError(t, err)
-	run := waitRun(t, pool, "hiccups", 60*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	run := waitRun(t, pool, "hiccups", 60*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	mu.Lock()
 	t.Logf("run %s after %d step errors; last error: %v", run.Status, errorsSeen, ptrString(run.LastError))
 	mu.Unlock()
-	require.Equal(t, workflow.StatusSucceeded, run.Status, "a run progressing between step errors was failed by River's attempt budget")
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a run progressing between step errors was failed by River's attempt budget")
 	perN, _ := itemCounts(t, pool, "items", "hiccups")
 	requireExactlyOnce(t, perN, 10)
 }

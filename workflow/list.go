@@ -61,5 +61,5 @@ func ListRuns(ctx context.Context, q stepwisetype.DBTX, params *ListRunsParams) 
 }
 
 func (s RunStatus) valid() bool {
-	return s == StatusPending || s == StatusRunning || s.Finished()
+	return s == RunStatusPending || s == RunStatusRunning || s.Finished()
 }

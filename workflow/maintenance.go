@@ -238,7 +238,7 @@ func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pg
 		return errors.Join(err, errSkip)
 	}
 	if reason != "" {
-		ok, err := finishByMaintenance(ctx, tx, s.seenRun, StatusFailed, reason)
+		ok, err := finishByMaintenance(ctx, tx, s.seenRun, RunStatusFailed, reason)
 		if err != nil || !ok {
 			return errors.Join(err, errSkip)
 		}
@@ -306,7 +306,7 @@ func (e *Engine) cancelIdle(ctx context.Context, client *river.Client[pgx.Tx], r
 			if err != nil || !ok {
 				return errors.Join(err, errSkip)
 			}
-			ok, err = finishByMaintenance(ctx, tx, s, StatusCancelled, "cancelled while idle: "+cancelReason(ctx, tx, s.key))
+			ok, err = finishByMaintenance(ctx, tx, s, RunStatusCancelled, "cancelled while idle: "+cancelReason(ctx, tx, s.key))
 			if err != nil || !ok {
 				return errors.Join(err, errSkip)
 			}

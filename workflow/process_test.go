@@ -84,8 +84,8 @@ func TestZombieCommitIsFenced(t *testing.T) {
 	// The zombie is now SIGSTOPped with step 3's rows written but not committed.
 
 	rescuer := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, time.Minute)...)
-	run := waitRun(t, e.pool, "zombie", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run := waitRun(t, e.pool, "zombie", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 
 	zombie.Cont()
 	_, err = zombie.WaitForLine(waitCtx(t, 20*time.Second), "commit refused")
@@ -120,8 +120,8 @@ func TestStalledStepIsKilledByServer(t *testing.T) {
 
 	started := time.Now()
 	rescuer := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, lease)...)
-	run := waitRun(t, e.pool, "stall", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run := waitRun(t, e.pool, "stall", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	t.Logf("run finished %s after the stall began (lease %s)", time.Since(started).Round(time.Millisecond), lease)
 
 	// The server ends the frozen transaction StallTimeout (the lease, 1 s) after it went
@@ -193,8 +193,8 @@ func TestKill9ResumesFromCheckpoint(t *testing.T) {
 		require.Greater(t, cursor, 0, "resumed from zero instead of the checkpoint")
 		active, standby = standby, workflowtest.Start(t, "wf-worker", workerEnv(url, lease, lease, extra...)...)
 	}
-	run := waitRun(t, e.pool, "crashy", 60*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run := waitRun(t, e.pool, "crashy", 60*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	perN, _ := itemCounts(t, e.pool, "items", "crashy")
 	requireExactlyOnce(t, perN, total)
 	requireStrictlyIncreasing(t, claimTokens(t, e, "crashy"))

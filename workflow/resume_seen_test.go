@@ -37,15 +37,15 @@ func TestResumeIfUnchangedRefusesARunThatFailedAgain(t *testing.T) {
 	_, err := workflow.Start(ctx, e.client, "aba", countArgs{Total: 50, Batch: 10, Table: "items"},
 		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
 	require.NoError(t, err)
-	seen := waitRun(t, pool, "aba", 10*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusFailed, seen.Status)
+	seen := waitRun(t, pool, "aba", 10*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusFailed, seen.Status)
 	require.GreaterOrEqual(t, seen.Version, int64(3), "pending, running, failed: one version per status change")
 
 	// Bob resumes on what he saw; the run fails again, for another reason.
 	failure.Store("bank refuses account acct-9: frozen by compliance")
 	require.NoError(t, workflow.ResumeIfUnchanged(ctx, e.client, "aba", seen.Version, "bob", "INC-1: the bank is back"))
-	again := waitRun(t, pool, "aba", 10*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusFailed, again.Status)
+	again := waitRun(t, pool, "aba", 10*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusFailed, again.Status)
 	require.Greater(t, again.Version, seen.Version)
 
 	err = workflow.ResumeIfUnchanged(ctx, e.client, "aba", seen.Version, "alice", "INC-1: the bank is back")
@@ -56,7 +56,7 @@ func TestResumeIfUnchangedRefusesARunThatFailedAgain(t *testing.T) {
 	require.Contains(t, err.Error(), "frozen by compliance", "the refusal says what the run is now")
 	now, err := workflow.GetRun(ctx, pool, "aba")
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusFailed, now.Status)
+	require.Equal(t, workflow.RunStatusFailed, now.Status)
 	require.Equal(t, again.Version, now.Version, "nothing moved")
 	var resumes int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE subject = 'aba' AND kind = 'run.resume'`).Scan(&resumes))
@@ -74,8 +74,8 @@ func TestResumeIfUnchangedRefusesARunThatFailedAgain(t *testing.T) {
 	// With the version alice reads now, she decides again, and the resume goes through.
 	failure.Store("")
 	require.NoError(t, workflow.ResumeIfUnchanged(ctx, e.client, "aba", now.Version, "alice", "INC-2: compliance released acct-9"))
-	done := waitRun(t, pool, "aba", 10*time.Second, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusSucceeded, done.Status)
+	done := waitRun(t, pool, "aba", 10*time.Second, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusSucceeded, done.Status)
 	perN, _ := itemCounts(t, pool, "items", "aba")
 	requireExactlyOnce(t, perN, 50)
 }

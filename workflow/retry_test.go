@@ -86,11 +86,11 @@ func TestLastAttemptNonStepErrorDoesNotFailTheRun(t *testing.T) {
 	_, err := workflow.Start(ctx, e.client, "blip", countArgs{Total: 5, Batch: 1, Table: "items"},
 		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
 	require.NoError(t, err)
-	run := waitRun(t, pool, "blip", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	run := waitRun(t, pool, "blip", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	blips := queryInt(t, pool, `SELECT last_value FROM test_blips`)
 	t.Logf("run %s; markRunning writes the trigger saw: %d (the first refused); failures %d; last error: %v", run.Status, blips, run.Failures, ptrString(run.LastError))
 	require.GreaterOrEqual(t, blips, 1, "the blip was never injected")
-	require.Equal(t, workflow.StatusSucceeded, run.Status, "a database blip on the job's last attempt failed a run that never failed")
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a database blip on the job's last attempt failed a run that never failed")
 	require.Zero(t, run.Failures, "a blip outside the step is not the run's failure")
 	perN, _ := itemCounts(t, pool, "items", "blip")
 	requireExactlyOnce(t, perN, 5)
@@ -135,7 +135,7 @@ func TestBackoffFollowsFailuresInARowUnderRiversDefaultPolicy(t *testing.T) {
 			mu.Lock()
 			t.Logf("run %s after %d step errors in %s", run.Status, errorsSeen, time.Since(start).Round(100*time.Millisecond))
 			mu.Unlock()
-			require.Equal(t, workflow.StatusSucceeded, run.Status)
+			require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 			break
 		}
 		if time.Now().After(deadline) {
@@ -191,12 +191,12 @@ func TestUserRetryPolicySeesFailuresInARow(t *testing.T) {
 		_, err := workflow.Start(ctx, e.client, "hiccups", countArgs{Total: 10, Batch: 1, Table: "items"},
 			&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 3}})
 		require.NoError(t, err)
-		run := waitRun(t, pool, "hiccups", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+		run := waitRun(t, pool, "hiccups", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 		mu.Lock()
 		n := errorsSeen
 		mu.Unlock()
 		t.Logf("run %s after %d step errors; the policy was asked with counts %v", run.Status, n, policy.counts())
-		require.Equal(t, workflow.StatusSucceeded, run.Status)
+		require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 		want := make([]int, n)
 		for i := range want {
 			want[i] = 1
@@ -215,7 +215,7 @@ func TestUserRetryPolicySeesFailuresInARow(t *testing.T) {
 		_, err := workflow.Start(ctx, e.client, "poison", countArgs{Total: 10, Batch: 1, Table: "items"},
 			&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 4}})
 		require.NoError(t, err)
-		run := waitRun(t, pool, "poison", 30*time.Second, workflow.StatusFailed)
+		run := waitRun(t, pool, "poison", 30*time.Second, workflow.RunStatusFailed)
 		t.Logf("run %s, failures %d; the policy was asked with counts %v", run.Status, run.Failures, policy.counts())
 		require.Equal(t, 4, run.Failures)
 		require.Equal(t, []int{1, 2, 3}, policy.counts(), "a crash loop backs off by its failures in a row; the 4th fails the run")
@@ -269,7 +269,7 @@ func TestRetryingRunIsVisible(t *testing.T) {
 	require.NoError(t, err)
 	_, err = workflow.Start(ctx, e.client, "healthy", countArgs{Total: 3, Batch: 1, Table: "items"}, nil)
 	require.NoError(t, err)
-	waitRun(t, pool, "healthy", 20*time.Second, workflow.StatusSucceeded)
+	waitRun(t, pool, "healthy", 20*time.Second, workflow.RunStatusSucceeded)
 
 	var run *workflow.Run
 	require.Eventually(t, func() bool {
@@ -278,7 +278,7 @@ func TestRetryingRunIsVisible(t *testing.T) {
 		return run.Retry != nil && run.Retry.NextTryAt != nil
 	}, 20*time.Second, 20*time.Millisecond, "the run never showed as retrying")
 	t.Logf("looping: status %s, retry %+v, next try in %s", run.Status, *run.Retry, time.Until(*run.Retry.NextTryAt).Round(time.Second))
-	require.Equal(t, workflow.StatusRunning, run.Status)
+	require.Equal(t, workflow.RunStatusRunning, run.Status)
 	require.Equal(t, 1, run.FailuresInARow)
 	require.Equal(t, 1, run.Retry.FailuresInARow)
 	require.Equal(t, 25, run.Retry.MaxFailures)
@@ -308,7 +308,7 @@ func TestRetryingRunIsVisible(t *testing.T) {
 	mu.Unlock()
 	_, err = e.client.JobRetry(ctx, *run.RiverJobID)
 	require.NoError(t, err)
-	run = waitRun(t, pool, "looping", 20*time.Second, workflow.StatusSucceeded)
+	run = waitRun(t, pool, "looping", 20*time.Second, workflow.RunStatusSucceeded)
 	require.Nil(t, run.Retry)
 	require.Zero(t, run.FailuresInARow)
 }
@@ -325,7 +325,7 @@ func TestGetRunWithoutItsJob(t *testing.T) {
 	require.NoError(t, err)
 	got, err := workflow.GetRun(ctx, e.pool, "jobless")
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusPending, got.Status)
+	require.Equal(t, workflow.RunStatusPending, got.Status)
 	require.Nil(t, got.Retry)
 	_, err = e.pool.Exec(ctx, `UPDATE stepwise_run SET failures = 2 WHERE key = 'jobless'`)
 	require.NoError(t, err)
@@ -385,9 +385,9 @@ func TestLastAttemptHardStopDoesNotFailTheRun(t *testing.T) {
 	t.Logf("after the hard stop the job is %s", state)
 
 	newPolicyEnv(t, pool, &workflow.Config{Lease: time.Second, MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, fastRetry{})
-	run := waitRun(t, pool, "stopped", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	run := waitRun(t, pool, "stopped", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	t.Logf("run %s; failures %d; last error: %v", run.Status, run.Failures, ptrString(run.LastError))
-	require.Equal(t, workflow.StatusSucceeded, run.Status, "a hard stop on the job's last attempt failed the run")
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop on the job's last attempt failed the run")
 	perN, _ := itemCounts(t, pool, "items", "stopped")
 	requireExactlyOnce(t, perN, 5)
 }
@@ -407,9 +407,9 @@ func TestRepeatedNonStepErrorsBackOff(t *testing.T) {
 	_, err := workflow.Start(ctx, e.client, "refused", countArgs{Total: 3, Batch: 1, Table: "items"},
 		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
 	require.NoError(t, err)
-	run := waitRun(t, pool, "refused", 30*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
+	run := waitRun(t, pool, "refused", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	t.Logf("run %s, failures %d; the policy was asked with counts %v", run.Status, run.Failures, policy.counts())
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	require.Zero(t, run.Failures)
 	require.Equal(t, []int{1, 2, 3}, policy.counts(), "three refusals in a row back off as 1, 2, 3")
 }

@@ -502,7 +502,7 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 	if seenVersion != 0 && run.Version != seenVersion {
 		return &RunChangedError{Key: key, SeenVersion: seenVersion, Status: run.Status, Version: run.Version, LastError: run.LastError}
 	}
-	if run.Status != StatusFailed && run.Status != StatusCancelled {
+	if run.Status != RunStatusFailed && run.Status != RunStatusCancelled {
 		return fmt.Errorf("%w: workflow.Resume(%q): the run is %s; only a failed or cancelled run can be resumed", ErrRunNotResumable, key, run.Status)
 	}
 	opts := &river.InsertOpts{}

@@ -90,16 +90,16 @@ type RunStatus string
 
 // Run statuses.
 const (
-	StatusPending   RunStatus = "pending"
-	StatusRunning   RunStatus = "running"
-	StatusSucceeded RunStatus = "succeeded"
-	StatusFailed    RunStatus = "failed"
-	StatusCancelled RunStatus = "cancelled"
+	RunStatusPending   RunStatus = "pending"
+	RunStatusRunning   RunStatus = "running"
+	RunStatusSucceeded RunStatus = "succeeded"
+	RunStatusFailed    RunStatus = "failed"
+	RunStatusCancelled RunStatus = "cancelled"
 )
 
 // Finished reports whether s is a final status (succeeded, failed or cancelled).
 func (s RunStatus) Finished() bool {
-	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled
+	return s == RunStatusSucceeded || s == RunStatusFailed || s == RunStatusCancelled
 }
 
 // errRunMoved is returned by a transition whose guard no longer holds: the run finished, or

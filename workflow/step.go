@@ -63,11 +63,11 @@ type Stepper[A river.JobArgs, C any] interface {
 	Step(ctx context.Context, s *Step[A, C]) (Next, error)
 
 	// StepOptions returns per-worker options, or nil for the Engine's defaults.
-	StepOptions() *StepOptions
+	StepOptions() *StepOpts
 }
 
-// StepOptions are per-worker overrides of the Engine's configuration.
-type StepOptions struct {
+// StepOpts are per-worker overrides of the Engine's configuration.
+type StepOpts struct {
 	// Slice overrides Config.Slice for this worker.
 	Slice time.Duration
 }
@@ -78,7 +78,7 @@ type StepOptions struct {
 type StepperDefaults[A river.JobArgs, C any] struct{}
 
 // StepOptions returns nil: the Engine's configuration applies.
-func (StepperDefaults[A, C]) StepOptions() *StepOptions { return nil }
+func (StepperDefaults[A, C]) StepOptions() *StepOpts { return nil }
 
 // StepFunc adapts a function into a Stepper, like river.WorkFunc.
 func StepFunc[A river.JobArgs, C any](f func(ctx context.Context, s *Step[A, C]) (Next, error)) Stepper[A, C] {

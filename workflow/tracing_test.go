@@ -89,10 +89,10 @@ func TestTraceOfASettleWithALostAnswer(t *testing.T) {
 		require.NoError(t, err)
 		n, err := outbox.UnfinishedForRuns(ctx, pool, key)
 		require.NoError(t, err)
-		if run.Status == workflow.StatusSucceeded && n == 0 {
+		if run.Status == workflow.RunStatusSucceeded && n == 0 {
 			break
 		}
-		require.NotEqual(t, workflow.StatusFailed, run.Status)
+		require.NotEqual(t, workflow.RunStatusFailed, run.Status)
 		require.True(t, time.Now().Before(deadline), "run %s with %d payouts unfinished after 2 minutes", run.Status, n)
 		time.Sleep(50 * time.Millisecond)
 	}

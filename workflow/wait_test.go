@@ -239,7 +239,7 @@ func TestWaitSignalWakesByCommit(t *testing.T) {
 		require.NotNil(t, l.woken.Signal)
 		require.Equal(t, "id-1", l.woken.Signal.ID)
 		require.JSONEq(t, fmt.Sprintf(`{"i":%d}`, i), string(l.woken.Signal.Payload))
-		waitRun(t, pool, key, 10*time.Second, workflow.StatusSucceeded)
+		waitRun(t, pool, key, 10*time.Second, workflow.RunStatusSucceeded)
 	}
 	r := func(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
 	t.Logf("signal wake latency (signal commit to woken step) over %d waits: p50 %s p99 %s max %s; baseline, River's start to first step in the same process: p50 %s p99 %s",
@@ -258,7 +258,7 @@ func TestWaitSignalBeforeWaitAndDuplicate(t *testing.T) {
 	l := waitLog(t, pool, "early", 10*time.Second)
 	require.NotNil(t, l.woken.Signal)
 	require.JSONEq(t, `"first"`, string(l.woken.Signal.Payload))
-	waitRun(t, pool, "early", 10*time.Second, workflow.StatusSucceeded)
+	waitRun(t, pool, "early", 10*time.Second, workflow.RunStatusSucceeded)
 
 	// The duplicate was stored once and is taken: a second run's wait on the same key is
 	// not satisfied by it. (A run key names one run; here the count is read directly.)
@@ -278,7 +278,7 @@ func TestWaitTimeout(t *testing.T) {
 	l := waitLog(t, pool, "late", 20*time.Second)
 	require.True(t, l.woken.TimedOut)
 	require.Nil(t, l.woken.Signal)
-	waitRun(t, pool, "late", 10*time.Second, workflow.StatusSucceeded)
+	waitRun(t, pool, "late", 10*time.Second, workflow.RunStatusSucceeded)
 }
 
 // Operations: the run waits, holding no worker, while its operations are out (Run.Wait says
@@ -299,7 +299,7 @@ func TestWaitOperations(t *testing.T) {
 	l := waitLog(t, pool, "ops", 20*time.Second)
 	require.False(t, l.woken.TimedOut)
 	require.Equal(t, map[string]int{"SUCCEEDED": 27, "FAILED_PERMANENT": 3}, l.woken.Operations)
-	waitRun(t, pool, "ops", 10*time.Second, workflow.StatusSucceeded)
+	waitRun(t, pool, "ops", 10*time.Second, workflow.RunStatusSucceeded)
 }
 
 // Children: the step starts them in its own transaction and waits; the last child's finish
@@ -316,7 +316,7 @@ func TestWaitChildren(t *testing.T) {
 		cr := waitingRun(t, pool, child)
 		require.Equal(t, "parent", *cr.Parent)
 		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
-		waitRun(t, pool, child, 10*time.Second, workflow.StatusSucceeded)
+		waitRun(t, pool, child, 10*time.Second, workflow.RunStatusSucceeded)
 		if i < 2 {
 			run, err := workflow.GetRun(ctx, pool, "parent")
 			require.NoError(t, err)
@@ -328,9 +328,9 @@ func TestWaitChildren(t *testing.T) {
 	require.False(t, l.woken.TimedOut)
 	require.Len(t, l.woken.Children, 3)
 	for _, st := range l.woken.Children {
-		require.Equal(t, workflow.StatusSucceeded, st)
+		require.Equal(t, workflow.RunStatusSucceeded, st)
 	}
-	waitRun(t, pool, "parent", 10*time.Second, workflow.StatusSucceeded)
+	waitRun(t, pool, "parent", 10*time.Second, workflow.RunStatusSucceeded)
 }
 
 // Cancelling a parent reaches its children; resuming it resumes them.
@@ -348,7 +348,7 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 	_, err := we.engine.Maintain(ctx, we.client)
 	require.NoError(t, err)
 	for _, k := range []string{"cp", "cp/child-0", "cp/child-1"} {
-		r := waitRun(t, pool, k, 10*time.Second, workflow.StatusCancelled)
+		r := waitRun(t, pool, k, 10*time.Second, workflow.RunStatusCancelled)
 		if k != "cp" {
 			require.Contains(t, deref(r.LastError), "cancelled with its parent run cp")
 		}
@@ -360,11 +360,11 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
 	}
 	for i := range 2 {
-		waitRun(t, pool, fmt.Sprintf("cp/child-%d", i), 10*time.Second, workflow.StatusSucceeded)
+		waitRun(t, pool, fmt.Sprintf("cp/child-%d", i), 10*time.Second, workflow.RunStatusSucceeded)
 	}
 	l := waitLog(t, pool, "cp", 20*time.Second)
 	require.False(t, l.woken.TimedOut)
-	waitRun(t, pool, "cp", 10*time.Second, workflow.StatusSucceeded)
+	waitRun(t, pool, "cp", 10*time.Second, workflow.RunStatusSucceeded)
 }
 
 // The backstop: a satisfier that does not know waits (an UPDATE by hand, an older binary)
@@ -549,7 +549,7 @@ func TestWaitOperationsManualUntilResolved(t *testing.T) {
 		})},
 	}})
 	require.NoError(t, err)
-	_, err = rec.Resolve(ctx, &reconcile.ResolveParams{OperationID: outbox.OperationID(waitOpKind, "man/0/manual"),
+	_, err = rec.Resolve(ctx, &reconcile.ResolveOpts{OperationID: outbox.OperationID(waitOpKind, "man/0/manual"),
 		Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual, Actor: "tester", Reason: "test: never sent"})
 	require.NoError(t, err)
 	l := waitLog(t, pool, "man", 10*time.Second)

@@ -360,7 +360,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 			return stepResult{}, err
 		}
 	case nextDone:
-		if err := finishByWorker(ctx, tx, a.key, a.actor(), StatusSucceeded, nil, a.lease.Steps); err != nil {
+		if err := finishByWorker(ctx, tx, a.key, a.actor(), RunStatusSucceeded, nil, a.lease.Steps); err != nil {
 			return stepResult{}, err
 		}
 		// River's JobCompleteTx does not fence, and on a job that already left 'running'
@@ -383,7 +383,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 		if next.err != nil {
 			msg = next.err.Error()
 		}
-		if err := finishByWorker(ctx, tx, a.key, a.actor(), StatusFailed, &msg, a.lease.Steps); err != nil {
+		if err := finishByWorker(ctx, tx, a.key, a.actor(), RunStatusFailed, &msg, a.lease.Steps); err != nil {
 			return stepResult{}, err
 		}
 	}
@@ -398,9 +398,9 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 	e.metrics.steps.WithLabelValues(a.job.Kind).Inc()
 	switch next.kind {
 	case nextDone:
-		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusSucceeded)).Inc()
+		e.metrics.finished.WithLabelValues(a.job.Kind, string(RunStatusSucceeded)).Inc()
 	case nextFail:
-		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusFailed)).Inc()
+		e.metrics.finished.WithLabelValues(a.job.Kind, string(RunStatusFailed)).Inc()
 	}
 	if err := faultpoint.Hit(faultpoint.AfterStepCommit); err != nil {
 		return stepResult{}, err
@@ -475,7 +475,7 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 	)
 	err := pgx.BeginFunc(cctx, e.pool, func(tx pgx.Tx) error {
 		var err error
-		if status, failures, err = markStepError(cctx, tx, a.key, a.actor(), *truncate(&msg), a.job.MaxAttempts); err != nil || status != StatusFailed {
+		if status, failures, err = markStepError(cctx, tx, a.key, a.actor(), *truncate(&msg), a.job.MaxAttempts); err != nil || status != RunStatusFailed {
 			return err
 		}
 		// The run ended failed: a parent waiting for its children wakes with this commit.
@@ -495,8 +495,8 @@ func (a *attempt[A, C]) stepFailed(ctx context.Context, stepErr error) error {
 			streak = run.FailuresInARow
 		}
 		return &retryError{err: stepErr, failures: streak + 1, step: true}
-	case status == StatusFailed:
-		e.metrics.finished.WithLabelValues(a.job.Kind, string(StatusFailed)).Inc()
+	case status == RunStatusFailed:
+		e.metrics.finished.WithLabelValues(a.job.Kind, string(RunStatusFailed)).Inc()
 		e.logger.WarnContext(ctx, "stepwise: run failed: its failures in a row reached the job's max attempts", "run", a.key, "max_attempts", a.job.MaxAttempts)
 		return river.JobCancel(stepErr) // River must not retry a run that has ended
 	}
@@ -703,7 +703,7 @@ func (a *attempt[A, C]) finishCancelled(ctx context.Context) error {
 		if err := e.store.Advance(cctx, tx, a.lease, a.lease.Cursor, &checkpoint.AdvanceOpts{Release: true, CursorVersion: a.lease.CursorVersion}); err != nil {
 			return err
 		}
-		return finishByWorker(cctx, tx, a.key, a.actor(), StatusCancelled, nil, a.lease.Steps)
+		return finishByWorker(cctx, tx, a.key, a.actor(), RunStatusCancelled, nil, a.lease.Steps)
 	})
 	if errors.Is(err, errRunMoved) || errors.Is(err, checkpoint.ErrFenced) {
 		return nil // finished or taken over meanwhile (e.g. maintenance cancelled it)
@@ -730,7 +730,7 @@ func (a *attempt[A, C]) failTerminal(ctx context.Context, cause error) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	err := pgx.BeginFunc(cctx, e.pool, func(tx pgx.Tx) error {
-		return finishByWorker(cctx, tx, a.key, a.actor(), StatusFailed, &msg, a.lease.Steps)
+		return finishByWorker(cctx, tx, a.key, a.actor(), RunStatusFailed, &msg, a.lease.Steps)
 	})
 	if err != nil && !errors.Is(err, errRunMoved) {
 		return fmt.Errorf("recording terminal failure of run %q (%v): %w", a.key, cause, err)

@@ -82,8 +82,8 @@ type sliceWorker struct {
 	slice time.Duration
 }
 
-func (w *sliceWorker) StepOptions() *workflow.StepOptions {
-	return &workflow.StepOptions{Slice: w.slice}
+func (w *sliceWorker) StepOptions() *workflow.StepOpts {
+	return &workflow.StepOpts{Slice: w.slice}
 }
 
 func (w *sliceWorker) Step(context.Context, *workflow.Step[countArgs, countCursor]) (workflow.Next, error) {
@@ -100,10 +100,10 @@ func TestRunsToDone(t *testing.T) {
 	run, err := workflow.Start(ctx, e.client, "count/1", countArgs{Total: 1000, Batch: 100, Table: "items"}, nil)
 	require.NoError(t, err)
 	require.True(t, run.Created)
-	require.Equal(t, workflow.StatusPending, run.Status)
+	require.Equal(t, workflow.RunStatusPending, run.Status)
 
-	run = waitRun(t, pool, "count/1", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run = waitRun(t, pool, "count/1", 10*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	require.NotNil(t, run.FinishedAt)
 	perN, _ := itemCounts(t, pool, "items", "count/1")
 	requireExactlyOnce(t, perN, 1000)
@@ -178,8 +178,8 @@ func TestStepErrorRollsBackAndResumes(t *testing.T) {
 			e := newEnv(t, pool, nil, w, map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 1}})
 			_, err := workflow.Start(ctx, e.client, "r", countArgs{Total: 50, Batch: 10, Table: "items"}, nil)
 			require.NoError(t, err)
-			run := waitRun(t, pool, "r", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-			require.Equal(t, workflow.StatusSucceeded, run.Status)
+			run := waitRun(t, pool, "r", 10*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+			require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 			perN, _ := itemCounts(t, pool, "items", "r")
 			requireExactlyOnce(t, perN, 50)
 			// Resumed from the last committed cursor: step 3 ran again, steps 1-2 did not.
@@ -207,8 +207,8 @@ func TestUndecodableCursorFailsRunAndKeepsCursor(t *testing.T) {
 	require.NoError(t, err)
 
 	newEnv(t, pool, nil, &countWorker{}, nil)
-	run := waitRun(t, pool, "old", 10*time.Second, workflow.StatusFailed, workflow.StatusSucceeded)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	run := waitRun(t, pool, "old", 10*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	require.Contains(t, *run.LastError, `run "old"`)
 	require.Contains(t, *run.LastError, "workflow_test.countCursor")
 	require.Contains(t, *run.LastError, `{"after_item": 30}`)
@@ -231,8 +231,8 @@ func TestSliceSnoozesAndResumes(t *testing.T) {
 	e := newEnv(t, pool, &workflow.Config{Slice: 100 * time.Millisecond}, w, nil)
 	_, err := workflow.Start(ctx, e.client, "sliced", countArgs{Total: 400, Batch: 20, Table: "items"}, nil)
 	require.NoError(t, err)
-	run := waitRun(t, pool, "sliced", 20*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run := waitRun(t, pool, "sliced", 20*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	require.GreaterOrEqual(t, run.Attempts, 3, "20 steps of 20ms in slices of 100ms need several attempts")
 	perN, _ := itemCounts(t, pool, "items", "sliced")
 	requireExactlyOnce(t, perN, 400)
@@ -289,13 +289,13 @@ func TestOutcomes(t *testing.T) {
 	_, err = workflow.Start(ctx, e.client, "dead", outcomeArgs{Mode: "error"}, &workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 3}})
 	require.NoError(t, err)
 
-	run := waitRun(t, pool, "sleep", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusSucceeded, run.Status)
+	run := waitRun(t, pool, "sleep", 10*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
 	require.Equal(t, 2, run.Attempts)
 
-	run = waitRun(t, pool, "fail", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	run = waitRun(t, pool, "fail", 10*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	require.Equal(t, "merchant 42 has no bank account", *run.LastError)
 	require.Equal(t, 1, run.Attempts, "Fail is terminal: no retry")
 	// The run is failed in the step's commit; River records the job's cancel right after.
@@ -305,8 +305,8 @@ func TestOutcomes(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond)
 
 	// An always-failing run backs off through River's attempts and ends dead, visibly.
-	run = waitRun(t, pool, "dead", 10*time.Second, workflow.StatusSucceeded, workflow.StatusFailed)
-	require.Equal(t, workflow.StatusFailed, run.Status)
+	run = waitRun(t, pool, "dead", 10*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	require.Contains(t, *run.LastError, "3 failures in a row without progress (the job's max attempts): always failing")
 	require.Equal(t, 3, run.Attempts)
 }
@@ -350,7 +350,7 @@ func TestRunKeyFromArgs(t *testing.T) {
 	// Inserted with plain River, no workflow.Start: the args name the run.
 	_, err = e.client.Insert(ctx, keyedArgs{Date: "2026-11-29"}, nil)
 	require.NoError(t, err)
-	run := waitRun(t, pool, "settle/2026-11-29", 10*time.Second, workflow.StatusSucceeded)
+	run := waitRun(t, pool, "settle/2026-11-29", 10*time.Second, workflow.RunStatusSucceeded)
 	require.Equal(t, "test_keyed", run.Workflow)
 }
 
@@ -386,7 +386,7 @@ func TestMetrics(t *testing.T) {
 
 	_, err := workflow.Start(ctx, e.client, "m", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
 	require.NoError(t, err)
-	waitRun(t, pool, "m", 10*time.Second, workflow.StatusSucceeded)
+	waitRun(t, pool, "m", 10*time.Second, workflow.RunStatusSucceeded)
 	// A run nobody works, with a lease that expired a minute ago: visible as a stale lease.
 	_, err = workflow.Start(ctx, e.client, "orphan", countArgs{Total: 30, Batch: 10, Table: "items"},
 		&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: "nobody_works_this"}})

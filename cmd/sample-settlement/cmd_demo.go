@@ -211,7 +211,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	waitCtx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	p, waitErr := settlement.WaitAtRest(waitCtx, pool, plan, date, 200*time.Millisecond, func(p *settlement.Progress) {
-		if runsDoneAt == 0 && p.Runs[string(workflow.StatusSucceeded)]+p.Runs[string(workflow.StatusFailed)] == plan.Shards {
+		if runsDoneAt == 0 && p.Runs[string(workflow.RunStatusSucceeded)]+p.Runs[string(workflow.RunStatusFailed)] == plan.Shards {
 			runsDoneAt = time.Since(start)
 		}
 		bar.update(p)
@@ -281,7 +281,7 @@ func demoDatabase(ctx context.Context, f *demoFlags, step func(string, ...any)) 
 		step("database: the one DATABASE_URL names (used as is; the demo drops nothing)")
 		return f.dbURL, func() {}, nil
 	}
-	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{}})
+	srv, err := pgserver.Find(ctx, &pgserver.Opts{EnvVars: []string{}})
 	if err != nil {
 		return "", nil, err
 	}

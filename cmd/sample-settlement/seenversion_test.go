@@ -89,5 +89,5 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	run, err = workflow.GetRun(ctx, pool, "settle/seen/0")
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusPending, run.Status)
+	require.Equal(t, workflow.RunStatusPending, run.Status)
 }

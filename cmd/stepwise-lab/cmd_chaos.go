@@ -182,7 +182,7 @@ Flags:
 
 // runChaosOnce runs one chaos profile on a fresh database and prints its summary.
 func runChaosOnce(ctx context.Context, cfg *chaos.Config, stdout, stderr io.Writer) (*chaos.Result, error) {
-	srv, err := pgserver.Find(ctx, &pgserver.Options{EnvVars: []string{"DATABASE_URL"}, Logf: func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
+	srv, err := pgserver.Find(ctx, &pgserver.Opts{EnvVars: []string{"DATABASE_URL"}, Logf: func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }})
 	if err != nil {
 		return nil, err
 	}

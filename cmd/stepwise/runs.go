@@ -234,9 +234,9 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(w, "history    pruned %s (people's decisions kept)\n", ts(*r.HistoryPrunedAt))
 	}
 	switch r.Status {
-	case workflow.StatusFailed, workflow.StatusCancelled:
+	case workflow.RunStatusFailed, workflow.RunStatusCancelled:
 		fmt.Fprintf(w, "next       stepwise runs resume %s --seen-version %d --reason \"...\"\n", r.Key, r.Version)
-	case workflow.StatusPending, workflow.StatusRunning:
+	case workflow.RunStatusPending, workflow.RunStatusRunning:
 		fmt.Fprintf(w, "next       stepwise runs cancel %s --seen-version %d --reason \"...\" (if it must stop)\n", r.Key, r.Version)
 	}
 	fmt.Fprintf(w, "\nevents (newest first, at most %d):\n", *n)

@@ -246,7 +246,7 @@ func requireServer(t testing.TB) *pgserver.Server {
 	serverOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		server, serverErr = pgserver.Find(ctx, &pgserver.Options{
+		server, serverErr = pgserver.Find(ctx, &pgserver.Opts{
 			EnvVars: []string{"TEST_DATABASE_URL", "DATABASE_URL"},
 			Logf:    func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 		})

@@ -71,15 +71,15 @@ func (c Checker) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.Lo
 	p, err := c.Client.Lookup(ctx, op.IdempotencyKey())
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return reconcile.LookupResult{Status: reconcile.NotFound}, nil
+		return reconcile.LookupResult{Status: reconcile.LookupNotFound}, nil
 	case err != nil:
 		return reconcile.LookupResult{}, err
 	case p.Status == StatusSucceeded:
-		return reconcile.LookupResult{Status: reconcile.FoundSucceeded, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency}, nil
+		return reconcile.LookupResult{Status: reconcile.LookupFoundSucceeded, ExternalRef: p.ID, Amount: p.Amount, Currency: p.Currency}, nil
 	case p.Status == StatusFailed:
-		return reconcile.LookupResult{Status: reconcile.FoundFailed, ExternalRef: p.ID, Reason: p.DeclineReason}, nil
+		return reconcile.LookupResult{Status: reconcile.LookupFoundFailed, ExternalRef: p.ID, Reason: p.DeclineReason}, nil
 	default:
-		return reconcile.LookupResult{Status: reconcile.Pending}, nil
+		return reconcile.LookupResult{Status: reconcile.LookupPending}, nil
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 
 func Example() {
 	ctx := context.Background()
-	srv, err := pgserver.Find(ctx, &pgserver.Options{Logf: log.Printf})
+	srv, err := pgserver.Find(ctx, &pgserver.Opts{Logf: log.Printf})
 	if err != nil {
 		log.Fatal(err) // says how to install PostgreSQL or which variable to set
 	}

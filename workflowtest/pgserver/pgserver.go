@@ -22,8 +22,8 @@ const SkipLocalEnv = "STEPWISE_PG_SKIP_LOCAL"
 // localAddr is where Find looks for an already running server.
 const localAddr = "127.0.0.1:5432"
 
-// Options configures Find. A nil *Options uses the defaults.
-type Options struct {
+// Opts configures Find. A nil *Opts uses the defaults.
+type Opts struct {
 	// EnvVars are the variables holding a server URL, tried in order; the first one set
 	// wins. An empty string entry is ignored.
 	//
@@ -54,8 +54,8 @@ type Options struct {
 }
 
 // WithDefaults returns a copy of o with unset fields filled in.
-func (o *Options) WithDefaults() *Options {
-	var out Options
+func (o *Opts) WithDefaults() *Opts {
+	var out Opts
 	if o != nil {
 		out = *o
 	}
@@ -106,7 +106,7 @@ func (s *Server) Close() error {
 
 // Find returns a PostgreSQL server, trying the sources described in the package comment in
 // order. The caller must Close the returned Server.
-func Find(ctx context.Context, opts *Options) (*Server, error) {
+func Find(ctx context.Context, opts *Opts) (*Server, error) {
 	opts = opts.WithDefaults()
 
 	if !opts.SkipEnv {

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 func init() {
 	// Starts a throwaway cluster and never closes it: the test kills this process.
 	workflowtest.RegisterRole("start-cluster", func(ctx context.Context, env map[string]string) error {
-		srv, err := Find(ctx, &Options{SkipEnv: true, SkipLocal: true, tempDir: env["CLUSTER_BASE"]})
+		srv, err := Find(ctx, &Opts{SkipEnv: true, SkipLocal: true, tempDir: env["CLUSTER_BASE"]})
 		if err != nil {
 			return err
 		}
@@ -44,7 +44,7 @@ func TestFindEnvDeadPortNamesVariable(t *testing.T) {
 	require.NoError(t, err)
 	t.Setenv("STEPWISE_TEST_DEAD_URL", fmt.Sprintf("postgres://postgres:secret@127.0.0.1:%d/postgres", port))
 
-	_, err = Find(context.Background(), &Options{EnvVars: []string{"STEPWISE_TEST_DEAD_URL"}})
+	_, err = Find(context.Background(), &Opts{EnvVars: []string{"STEPWISE_TEST_DEAD_URL"}})
 	require.Error(t, err)
 	var envErr *EnvServerError
 	require.ErrorAs(t, err, &envErr)
@@ -59,7 +59,7 @@ func TestFindEnvFirstSetVariableWins(t *testing.T) {
 	t.Setenv("STEPWISE_TEST_UNSET_URL", "")
 	t.Setenv("STEPWISE_TEST_URL", srv.URL)
 
-	got, err := Find(context.Background(), &Options{EnvVars: []string{"STEPWISE_TEST_UNSET_URL", "STEPWISE_TEST_URL"}})
+	got, err := Find(context.Background(), &Opts{EnvVars: []string{"STEPWISE_TEST_UNSET_URL", "STEPWISE_TEST_URL"}})
 	require.NoError(t, err)
 	require.Equal(t, "env:STEPWISE_TEST_URL", got.Source)
 	require.Equal(t, srv.URL, got.URL)
@@ -86,7 +86,7 @@ func TestThrowawayCluster(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	var logs []string
-	srv, err := Find(ctx, &Options{SkipEnv: true, SkipLocal: true, Logf: func(f string, a ...any) {
+	srv, err := Find(ctx, &Opts{SkipEnv: true, SkipLocal: true, Logf: func(f string, a ...any) {
 		logs = append(logs, fmt.Sprintf(f, a...))
 	}})
 	if errors.Is(err, ErrNoServer) {
@@ -159,7 +159,7 @@ func TestSweepStaleClusters(t *testing.T) {
 	require.NoError(t, os.Chtimes(abandoned, old, old))
 
 	var logs []string
-	next, err := Find(ctx, &Options{SkipEnv: true, SkipLocal: true, tempDir: base, Logf: func(f string, a ...any) {
+	next, err := Find(ctx, &Opts{SkipEnv: true, SkipLocal: true, tempDir: base, Logf: func(f string, a ...any) {
 		logs = append(logs, fmt.Sprintf(f, a...))
 	}})
 	require.NoError(t, err)

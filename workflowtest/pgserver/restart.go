@@ -32,7 +32,7 @@ var ErrNoBinaries = errNoBinaries
 // stays off: only the server crashes in a drill, not the machine, so the WAL it has written
 // survives in the kernel's cache.
 func Throwaway(ctx context.Context, opts *ThrowawayOptions) (*Server, error) {
-	o := &Options{durableCommits: true}
+	o := &Opts{durableCommits: true}
 	if opts != nil {
 		o.Logf = opts.Logf
 	}

@@ -63,7 +63,7 @@ type cluster struct {
 func (c *cluster) dataDir() string { return filepath.Join(c.dir, "data") }
 func (c *cluster) logFile() string { return filepath.Join(c.dir, "postgres.log") }
 
-func startThrowaway(ctx context.Context, opts *Options) (*Server, error) {
+func startThrowaway(ctx context.Context, opts *Opts) (*Server, error) {
 	bin, err := findBinDir()
 	if err != nil {
 		return nil, err

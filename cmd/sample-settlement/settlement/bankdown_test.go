@@ -70,7 +70,7 @@ func TestBankDownForTheWholeRun(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["UNKNOWN_EXTERNAL"] == expected, fmtProgress(p), nil
+		return p.Runs[string(workflow.RunStatusSucceeded)] == 2 && p.Operations["UNKNOWN_EXTERNAL"] == expected, fmtProgress(p), nil
 	})
 	var sent, other int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'PAYOUT_SENT'), count(*) FILTER (WHERE status <> 'PAYOUT_SENT')
@@ -114,7 +114,7 @@ func TestBankRefusesConnections(t *testing.T) {
 		if err != nil {
 			return false, "", err
 		}
-		return p.Runs[string(workflow.StatusSucceeded)] == 2 && p.Operations["RETRYABLE"] == expected, fmtProgress(p), nil
+		return p.Runs[string(workflow.RunStatusSucceeded)] == 2 && p.Operations["RETRYABLE"] == expected, fmtProgress(p), nil
 	})
 	var unknown int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE kind = 'op.transition' AND to_state = 'UNKNOWN_EXTERNAL'`).Scan(&unknown))

@@ -25,7 +25,7 @@ type Progress struct {
 // AtRest reports whether nothing more will happen by itself: every run finished and every
 // payout is SUCCEEDED, FAILED_PERMANENT or MANUAL.
 func (p *Progress) AtRest(shards int) bool {
-	finished := p.Runs[string(workflow.StatusSucceeded)] + p.Runs[string(workflow.StatusFailed)] + p.Runs[string(workflow.StatusCancelled)]
+	finished := p.Runs[string(workflow.RunStatusSucceeded)] + p.Runs[string(workflow.RunStatusFailed)] + p.Runs[string(workflow.RunStatusCancelled)]
 	if finished < shards {
 		return false
 	}

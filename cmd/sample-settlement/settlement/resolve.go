@@ -72,7 +72,7 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler,
 				ErrNotResolvable, r.OperationID, cur.BusinessKey, cur.State)
 		}
 	}
-	op, err := rec.Resolve(ctx, &reconcile.ResolveParams{
+	op, err := rec.Resolve(ctx, &reconcile.ResolveOpts{
 		OperationID: r.OperationID, Outcome: r.To, ExpectedState: from, ExpectedVersion: r.SeenVersion, Actor: r.Actor, Reason: r.Reason,
 	})
 	var changed *outbox.StateChangedError

@@ -153,7 +153,7 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	for _, r := range runs {
 		run, err := workflow.GetRun(ctx, pool, r.Key)
 		require.NoError(t, err)
-		require.Equal(t, workflow.StatusSucceeded, run.Status)
+		require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	}
 	var paid, failed, other int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'PAID'),

@@ -87,7 +87,7 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 
 	adminURL, source, local := opts.databaseURL, "--database-url", false
 	if adminURL == "" {
-		pg, err := pgserver.Find(ctx, &pgserver.Options{Logf: func(f string, a ...any) { r.progress(f, a...) }})
+		pg, err := pgserver.Find(ctx, &pgserver.Opts{Logf: func(f string, a ...any) { r.progress(f, a...) }})
 		if err != nil {
 			return fmt.Errorf("bench: finding a PostgreSQL server: %w", err)
 		}

@@ -160,7 +160,7 @@ func (r *settleRig) stepwiseShards(ctx context.Context, date time.Time, shards, 
 	for {
 		var done, failed int
 		if err := r.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = $2), count(*) FILTER (WHERE status IN ($3, $4))
-			FROM stepwise_run WHERE key = ANY($1)`, keys, workflow.StatusSucceeded, workflow.StatusFailed, workflow.StatusCancelled).Scan(&done, &failed); err != nil {
+			FROM stepwise_run WHERE key = ANY($1)`, keys, workflow.RunStatusSucceeded, workflow.RunStatusFailed, workflow.RunStatusCancelled).Scan(&done, &failed); err != nil {
 			return measurement{}, err
 		}
 		if failed > 0 {

@@ -74,7 +74,7 @@ func (r *runner) scaleSection(ctx context.Context) error {
 			for {
 				var done int
 				if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_run WHERE key = ANY($1) AND status = $2`,
-					keys, workflow.StatusSucceeded).Scan(&done); err != nil {
+					keys, workflow.RunStatusSucceeded).Scan(&done); err != nil {
 					return row{}, err
 				}
 				if done == len(keys) {

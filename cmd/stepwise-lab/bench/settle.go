@@ -368,13 +368,13 @@ func (r *settleRig) stepwiseRun(ctx context.Context, date time.Time, batch, item
 			return measurement{}, err
 		}
 		switch got.Status {
-		case workflow.StatusSucceeded:
+		case workflow.RunStatusSucceeded:
 			var cursor int64
 			if err := r.pool.QueryRow(ctx, `SELECT (cursor->>'after_merchant')::bigint FROM stepwise_checkpoint WHERE key = $1`, key).Scan(&cursor); err != nil {
 				return measurement{}, fmt.Errorf("reading the cursor of %s: %w", key, err)
 			}
 			return measurement{items: int(min(cursor, int64(items))), elapsed: last.Sub(t0), pickup: first.Sub(committed)}, nil
-		case workflow.StatusFailed, workflow.StatusCancelled:
+		case workflow.RunStatusFailed, workflow.RunStatusCancelled:
 			return measurement{}, fmt.Errorf("stepwise run %s ended %s: %s", key, got.Status, deref(got.LastError))
 		}
 	}

@@ -143,7 +143,7 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 					return err
 				}
 			}
-			if key == "" || st.runStatus == string(workflow.StatusSucceeded) || st.cursor > int64(perRun)*9/10 {
+			if key == "" || st.runStatus == string(workflow.RunStatusSucceeded) || st.cursor > int64(perRun)*9/10 {
 				keys, err := startDate(ctx, pool, inserter, plan, dates.take(), perRun)
 				if err != nil {
 					return err
@@ -151,7 +151,7 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 				key = keys[0]
 				continue
 			}
-			if st.owner != nil && st.leaseLive && st.runStatus == string(workflow.StatusRunning) {
+			if st.owner != nil && st.leaseLive && st.runStatus == string(workflow.RunStatusRunning) {
 				if pid, ok := ownerPid(*st.owner); ok && procs[pid] != nil {
 					break
 				}
@@ -191,7 +191,7 @@ func (r *runner) takeoverSection(ctx context.Context) error {
 				if claimStepsSeen < 0 {
 					s.claim, claimStepsSeen = now.Sub(killedAt), c.steps
 				}
-				if c.steps > claimStepsSeen || c.runStatus == string(workflow.StatusSucceeded) {
+				if c.steps > claimStepsSeen || c.runStatus == string(workflow.RunStatusSucceeded) {
 					s.commit = now.Sub(killedAt)
 					break
 				}

@@ -156,7 +156,7 @@ func TestDrillHotFailingRunOnSample(t *testing.T) {
 	b.waitRest(t)
 	hot, err := workflow.GetRun(ctx, b.pool, "settle/hot")
 	require.NoError(t, err)
-	require.Equal(t, workflow.StatusFailed, hot.Status)
+	require.Equal(t, workflow.RunStatusFailed, hot.Status)
 	require.Equal(t, 3, hot.Attempts)
 	require.Contains(t, *hot.LastError, "3 failures in a row without progress")
 	require.Contains(t, *hot.LastError, "shard 9 of 8")

@@ -51,8 +51,8 @@ type longWorker struct {
 	slice time.Duration
 }
 
-func (w *longWorker) StepOptions() *workflow.StepOptions {
-	return &workflow.StepOptions{Slice: w.slice}
+func (w *longWorker) StepOptions() *workflow.StepOpts {
+	return &workflow.StepOpts{Slice: w.slice}
 }
 
 func (w *longWorker) Step(ctx context.Context, s *workflow.Step[LongArgs, LongCursor]) (workflow.Next, error) {
@@ -162,7 +162,7 @@ func stepsChecks(ctx context.Context, pool *pgxpool.Pool) ([]workflowtest.Violat
 	var key, status, lastErr string
 	var done, claims int
 	if _, err := pgx.ForEachRow(rows, []any{&key, &status, &lastErr, &done, &claims}, func() error {
-		if workflow.RunStatus(status) != workflow.StatusSucceeded {
+		if workflow.RunStatus(status) != workflow.RunStatusSucceeded {
 			out = append(out, workflowtest.Violation{Invariant: 5, Name: nameLongFinishes, Evidence: fmt.Sprintf(
 				"long run %s ended %s after %d steps in %d slices (%s)", key, status, done, claims, lastErr)})
 		}

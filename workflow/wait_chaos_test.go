@@ -461,3 +461,18 @@ func TestChaosWaitsKillAndStop(t *testing.T) {
 	require.Equal(t, 1, rep.cancelled, "the parent to cancel never waited")
 	require.Greater(t, rep.wakes.Wakes, 15)
 }
+
+// The drill can fail: the same chaos with signals stored but their runs not woken (the
+// satisfier's side of the wait protocol left out) is caught within one bounded run. The
+// backstop wakes them within a maintenance interval, inside the lateness bound: it is the
+// check that no wake comes from maintenance that sees it.
+func TestChaosWaitsCatchesLostWake(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("long chaos run")
+	}
+	seed := chaosSeed(t)
+	rep := waitDrill(t, seed, true)
+	require.NotEmpty(t, rep.violations, "seed %d: the drill did not catch signals that wake no one", seed)
+	t.Logf("lost wake caught (seed %d): %s", seed, first(rep.violations))
+}

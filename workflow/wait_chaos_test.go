@@ -265,7 +265,7 @@ func waitDrill(t *testing.T, seed uint64, brokenWake bool) *waitDrillReport {
 			Evidence: fmt.Sprint(report.QuietErr)})
 	}
 
-	wakes, woken := loadWaitDrillWakes(t, e, committed)
+	wakes, woken := loadWaitDrillWakes(t, e, committed, report.Workers)
 	stats, vs := workflowtest.CheckWakes(wakes, waitDrillBound(lease, maintEvery))
 	rep.wakes = stats
 	rep.violations = append(rep.violations, vs...)
@@ -301,9 +301,13 @@ func waitDrillBound(lease, maintEvery time.Duration) time.Duration {
 // the database's truth at the end: a child reported finished is finished with that status,
 // every child of the parent was reported, each finished before the parent's step after the
 // wait; a signal reported taken was sent to the run and is consumed.
-func loadWaitDrillWakes(t *testing.T, e *env, committed map[[2]string]time.Time) ([]workflowtest.Wake, []workflowtest.Violation) {
+func loadWaitDrillWakes(t *testing.T, e *env, committed map[[2]string]time.Time, workers []workflowtest.WorkerLife) ([]workflowtest.Wake, []workflowtest.Violation) {
 	ctx := context.Background()
-	rows, err := e.pool.Query(ctx, `SELECT run_key, phase, woken, step_at,
+	paused := map[int][]workflowtest.Interval{}
+	for _, w := range workers {
+		paused[w.Pid] = append(paused[w.Pid], w.Paused...)
+	}
+	rows, err := e.pool.Query(ctx, `SELECT run_key, phase, woken, step_at, pid,
 		coalesce((SELECT array_agg(at ORDER BY at) FROM stepwise_event t WHERE t.subject = l.run_key AND t.kind = 'run.takeover' AND t.at <= l.step_at), '{}')
 		FROM wait_drill_log l ORDER BY run_key, phase`)
 	require.NoError(t, err)
@@ -312,12 +316,13 @@ func loadWaitDrillWakes(t *testing.T, e *env, committed map[[2]string]time.Time)
 		phase     int
 		woken     workflow.Woken
 		stepAt    time.Time
+		pid       int
 		takeovers []time.Time
 	}
 	var logs []logRow
 	var l logRow
 	var raw []byte
-	_, err = pgx.ForEachRow(rows, []any{&l.key, &l.phase, &raw, &l.stepAt, &l.takeovers}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&l.key, &l.phase, &raw, &l.stepAt, &l.pid, &l.takeovers}, func() error {
 		l.woken = workflow.Woken{}
 		if err := json.Unmarshal(raw, &l.woken); err != nil {
 			return err
@@ -387,6 +392,7 @@ func loadWaitDrillWakes(t *testing.T, e *env, committed map[[2]string]time.Time)
 		}
 		w.SatisfiedAt = satisfied
 		w.Takeovers = l.takeovers
+		w.Paused = paused[l.pid]
 		wakes = append(wakes, w)
 	}
 	return wakes, vs

@@ -36,6 +36,12 @@ type Wake struct {
 	// The asleep time is then measured from the last one (each is itself a lease +
 	// maintenance recovery, which the liveness checks judge).
 	Takeovers []time.Time
+	// Paused are the SIGSTOP spans of the worker that ran the step after the wait. A worker
+	// frozen after fetching the woken run's job and before claiming it holds no lease, so no
+	// takeover comes: the run waits for its fetcher to thaw, as any River job would. The
+	// asleep time is measured from the end of such a span (the freeze is the fault, not the
+	// wake).
+	Paused []Interval
 	// TimedOut is what Step.Woken said.
 	TimedOut bool
 }
@@ -49,19 +55,24 @@ func (w Wake) Asleep() time.Duration {
 			from = t
 		}
 	}
+	for _, p := range w.Paused {
+		if !p.To.IsZero() && p.To.After(from) && !p.To.After(w.StepAt) {
+			from = p.To
+		}
+	}
 	return max(w.StepAt.Sub(from), 0)
 }
 
 // WakeStats sums up the wakes judged.
 type WakeStats struct {
 	Wakes     int
-	TakenOver int // wakes whose run was taken over between satisfaction and its next step
+	TakenOver int // wakes whose run was taken over, or whose worker was frozen, between satisfaction and its next step
 	// P50, P99 and Max are of Asleep; Raw are of StepAt - SatisfiedAt (takeovers included).
 	P50, P99, Max, RawMax time.Duration
 }
 
 func (s WakeStats) String() string {
-	return fmt.Sprintf("%d wakes (%d taken over in between): asleep p50 %s p99 %s max %s; satisfied to next step max %s",
+	return fmt.Sprintf("%d wakes (%d taken over or frozen in between): asleep p50 %s p99 %s max %s; satisfied to next step max %s",
 		s.Wakes, s.TakenOver, s.P50.Round(time.Millisecond), s.P99.Round(time.Millisecond), s.Max.Round(time.Millisecond), s.RawMax.Round(time.Millisecond))
 }
 
@@ -87,8 +98,8 @@ func CheckWakes(wakes []Wake, bound time.Duration) (WakeStats, []Violation) {
 		}
 		if a > bound {
 			out = append(out, Violation{Invariant: 5, Name: NameWakeLate, Evidence: fmt.Sprintf(
-				"run %s: satisfied at %s, next step at %s: asleep %s, over %s (takeovers between: %d)",
-				w.Run, stamp(w.SatisfiedAt), stamp(w.StepAt), a.Round(time.Millisecond), bound, len(w.Takeovers))})
+				"run %s: satisfied at %s, next step at %s: asleep %s, over %s (takeovers between: %d, pauses of its worker: %d)",
+				w.Run, stamp(w.SatisfiedAt), stamp(w.StepAt), a.Round(time.Millisecond), bound, len(w.Takeovers), len(w.Paused))})
 		}
 	}
 	if len(asleep) > 0 {

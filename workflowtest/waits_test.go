@@ -32,3 +32,11 @@ func TestCheckWakesFailsOnLateAndTimedOutWakes(t *testing.T) {
 	require.Equal(t, 4000*time.Millisecond, stats.RawMax)
 	require.Equal(t, 1500*time.Millisecond, workflowtest.Wake{SatisfiedAt: at(0), StepAt: at(4000), Takeovers: []time.Time{at(2500)}}.Asleep())
 }
+
+// A wake whose worker was frozen after satisfaction is measured from the thaw.
+func TestWakeAsleepFromThaw(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	w := workflowtest.Wake{SatisfiedAt: at(0), StepAt: at(3000), Paused: []workflowtest.Interval{{From: at(100), To: at(2600)}, {From: at(5000), To: at(6000)}}}
+	require.Equal(t, 400*time.Millisecond, w.Asleep())
+}

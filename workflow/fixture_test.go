@@ -285,6 +285,10 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 	} else {
 		workflow.AddWorker(engine, workers, w)
 	}
+	if envVars["WAIT_DRILL"] == "1" {
+		// Drill 10's workflow (parents, children, signal waiters) beside the count workflow.
+		workflow.AddWorker(engine, workers, &waitDrillWorker{stepSleep: stepSleep})
+	}
 	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: 2}},
 		Workers:           workers,

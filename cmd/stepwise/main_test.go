@@ -129,7 +129,12 @@ func (l lookupsDown) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // (steps committed, events written), not for a fixed time.
 func runQuickStart(t *testing.T, pool *pgxpool.Pool, dbURL, bankURL string, done func() bool) {
 	t.Helper()
-	p := workflowtest.Start(t, "quickstart", "DATABASE_URL="+dbURL, "BANK_URL="+bankURL)
+	// Sized as the README says: the client refuses pgxpool's default of max(4, NumCPU).
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	p := workflowtest.Start(t, "quickstart", "DATABASE_URL="+dbURL+sep+"pool_max_conns=30", "BANK_URL="+bankURL)
 	testkit.WaitProgress(t, "the quick start's process done", 0, 0, func(ctx context.Context) (bool, int64, error) {
 		if done() {
 			return true, 0, nil

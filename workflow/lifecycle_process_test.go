@@ -21,7 +21,7 @@ import (
 //
 // A slice costs about 150ms here (River records a snooze in its completer's 250ms batches),
 // so the default is 300 slices, twelve times the attempts; STEPWISE_TEST_SLICES=1000 runs the
-// issue's 1,000.
+// full 1,000 slices a long run is promised to survive.
 func TestLongRunSurvivesCrashes(t *testing.T) {
 	t.Parallel()
 	const lease = time.Second

@@ -175,7 +175,7 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		if r.opts.quick {
 			note = " (--quick: sizes too small for these to mean much)"
 		}
-		r.printf("\n== targets (issues 8 and 16)%s ==\n", note)
+		r.printf("\n== targets%s ==\n", note)
 		for _, t := range r.targets {
 			r.printf("%-7s %s\n", verdict(t.met), t.what)
 			if !t.met {

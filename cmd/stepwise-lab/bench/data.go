@@ -22,7 +22,7 @@ import (
 // firstDate is the first business date the bench settles; every run gets the next one.
 var firstDate = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// txnsPerMerchant is the workload: 5 card transactions per merchant and day, all of
+// txnsPerMerchant is the bench's workload: 5 card transactions per merchant and day, all of
 // one type and currency, so that each merchant settled is one sum, one settlement row, two
 // ledger rows and one payout.
 const txnsPerMerchant = 5

@@ -121,7 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.historyPruneFor, "history-prune-for", 30*time.Minute, "most time spent in prune windows; the rest of the history is left and the report estimates it")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process during the floor/stepwise/river section to `file` (go tool pprof)")
 	fs.BoolVar(&o.trace, "trace", false, "instead of the timed rounds, run each settle variant once per batch size with every statement traced, and print where a step's time goes")
-	fs.BoolVar(&o.check, "check", false, "exit with an error when this run misses one of issue 8's targets (listed before the last lines)")
+	fs.BoolVar(&o.check, "check", false, "exit with an error when this run misses one of the bench's targets (listed before the last lines)")
 	fs.BoolVar(&o.verbose, "v", false, "log progress to stderr")
 	o.bank.register(fs)
 	fs.Usage = func() {

@@ -121,3 +121,37 @@ func TestReadmeQuickStartCompiles(t *testing.T) {
 		t.Errorf("README.md's quick start differs from internal/quickstart/quickstart.go between its README markers; copy one to the other.\nREADME:\n%s\nquickstart.go:\n%s", block, want)
 	}
 }
+
+// The README's wait example is the code between the README WAIT markers of
+// internal/quickstart/wait.go, which compiles.
+func TestReadmeWaitExampleCompiles(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	readme := string(b)
+	i := strings.Index(readme, "## Runs that wait")
+	if i < 0 {
+		t.Fatal("README.md has no '## Runs that wait' section")
+	}
+	block := readme[i:]
+	start := strings.Index(block, "```go\n")
+	if start < 0 {
+		t.Fatal("README.md: 'Runs that wait' has no Go code block")
+	}
+	block = block[start+len("```go\n"):]
+	block = block[:strings.Index(block, "```")]
+	src, err := os.ReadFile("../internal/quickstart/wait.go")
+	if err != nil {
+		t.Fatalf("internal/quickstart/wait.go: %v", err)
+	}
+	code := string(src)
+	a, z := strings.Index(code, "// README WAIT BEGIN\n"), strings.Index(code, "// README WAIT END")
+	if a < 0 || z < a {
+		t.Fatal("internal/quickstart/wait.go: no '// README WAIT BEGIN' ... '// README WAIT END' markers")
+	}
+	want := strings.TrimRight(code[a+len("// README WAIT BEGIN\n"):z], "\n") + "\n"
+	if block != want {
+		t.Errorf("README.md's wait example differs from internal/quickstart/wait.go between its markers; copy one to the other.\nREADME:\n%s\nwait.go:\n%s", block, want)
+	}
+}

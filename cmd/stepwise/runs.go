@@ -226,6 +226,16 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 	if r.WakeAt != nil {
 		fmt.Fprintf(w, "wakes at   %s\n", ts(*r.WakeAt))
 	}
+	if r.Parent != nil {
+		fmt.Fprintf(w, "parent     %s\n", *r.Parent)
+	}
+	if r.Wait != nil {
+		woken := ""
+		if r.Wait.WokenAt != nil {
+			woken = fmt.Sprintf("; woken %s by %s, waiting for a worker", ts(*r.Wait.WokenAt), r.Wait.WokenBy)
+		}
+		fmt.Fprintf(w, "waits      for %s since %s, times out %s: %s%s\n", r.Wait.Kind, ts(r.Wait.Since), ts(r.Wait.Deadline), r.Wait.Missing, woken)
+	}
 	if r.Awaiting != nil {
 		fmt.Fprintf(w, "deploy     %s: a newer release committed its cursor and only older workers met it since; deploy workers that read it\n", r.Awaiting)
 	}
@@ -445,32 +455,35 @@ func nonNil[T any](s []T) []T {
 
 // runJSON is a run in snake_case for scripts.
 type runJSON struct {
-	Key               string             `json:"key"`
-	Workflow          string             `json:"workflow"`
-	Input             json.RawMessage    `json:"input"`
-	Status            workflow.RunStatus `json:"status"`
-	Version           int64              `json:"version"`
-	Schedule          *string            `json:"schedule,omitempty"`
-	Slot              *time.Time         `json:"slot,omitempty"`
-	Shard             *int               `json:"shard,omitempty"`
-	RiverJobID        *int64             `json:"river_job_id,omitempty"`
-	Claims            int                `json:"claims"`
-	Failures          int                `json:"failures"`
-	FailuresInARow    int                `json:"failures_in_a_row"`
-	Retry             *workflow.Retry    `json:"retry,omitempty"`
-	LastError         *string            `json:"last_error,omitempty"`
-	WakeAt            *time.Time         `json:"wake_at,omitempty"`
-	CancelRequestedAt *time.Time         `json:"cancel_requested_at,omitempty"`
-	CreatedAt         time.Time          `json:"created_at"`
-	UpdatedAt         time.Time          `json:"updated_at"`
-	FinishedAt        *time.Time         `json:"finished_at,omitempty"`
-	HistoryPrunedAt   *time.Time         `json:"history_pruned_at,omitempty"`
-	Awaiting          *workflow.Awaiting `json:"awaiting,omitempty"`
+	Key               string              `json:"key"`
+	Workflow          string              `json:"workflow"`
+	Input             json.RawMessage     `json:"input"`
+	Status            workflow.RunStatus  `json:"status"`
+	Version           int64               `json:"version"`
+	Schedule          *string             `json:"schedule,omitempty"`
+	Slot              *time.Time          `json:"slot,omitempty"`
+	Shard             *int                `json:"shard,omitempty"`
+	RiverJobID        *int64              `json:"river_job_id,omitempty"`
+	Claims            int                 `json:"claims"`
+	Failures          int                 `json:"failures"`
+	FailuresInARow    int                 `json:"failures_in_a_row"`
+	Retry             *workflow.Retry     `json:"retry,omitempty"`
+	LastError         *string             `json:"last_error,omitempty"`
+	WakeAt            *time.Time          `json:"wake_at,omitempty"`
+	CancelRequestedAt *time.Time          `json:"cancel_requested_at,omitempty"`
+	CreatedAt         time.Time           `json:"created_at"`
+	UpdatedAt         time.Time           `json:"updated_at"`
+	FinishedAt        *time.Time          `json:"finished_at,omitempty"`
+	HistoryPrunedAt   *time.Time          `json:"history_pruned_at,omitempty"`
+	Awaiting          *workflow.Awaiting  `json:"awaiting,omitempty"`
+	Parent            *string             `json:"parent,omitempty"`
+	Wait              *workflow.WaitState `json:"wait,omitempty"`
 }
 
 func toRunJSON(r *workflow.Run) runJSON {
 	return runJSON{Key: r.Key, Workflow: r.Workflow, Input: r.Input, Status: r.Status, Version: r.Version, Schedule: r.Schedule,
 		Slot: r.Slot, Shard: r.Shard, RiverJobID: r.RiverJobID, Claims: r.Attempts, Failures: r.Failures, FailuresInARow: r.FailuresInARow,
 		Retry: r.Retry, LastError: r.LastError, WakeAt: r.WakeAt, CancelRequestedAt: r.CancelRequestedAt, CreatedAt: r.CreatedAt,
-		UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt, HistoryPrunedAt: r.HistoryPrunedAt, Awaiting: r.Awaiting}
+		UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt, HistoryPrunedAt: r.HistoryPrunedAt, Awaiting: r.Awaiting,
+		Parent: r.Parent, Wait: r.Wait}
 }

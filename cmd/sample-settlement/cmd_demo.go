@@ -165,7 +165,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 		}
 	}()
 	for i := range f.workers {
-		wpool, err := openPool(ctx, dbURL, int32(plan.Shards+6))
+		wpool, err := openPool(ctx, dbURL, settlement.PoolConnsFor(plan.Shards))
 		if err != nil {
 			return err
 		}

@@ -86,7 +86,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&f.reconcileGrace, "reconcile-grace", time.Minute, "how long after a send the bank's \"not found\" is believed and the payout resent (must exceed --payout-timeout)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long in-flight steps and sends may finish before they are cancelled; keep it above --payout-timeout and below the orchestrator's kill deadline (e.g. terminationGracePeriodSeconds) by a few seconds")
 	fs.DurationVar(&f.metricsInterval, "metrics-interval", 5*time.Second, "how often the metrics (database gauges included) are gathered in the background; a scrape serves the last gather")
-	fs.IntVar(&f.dbMaxConns, "db-max-conns", 0, "database connections this process may open (default: 2 × --settle-workers + 16)")
+	fs.IntVar(&f.dbMaxConns, "db-max-conns", 0, "database connections this process may open (default: 2 × --settle-workers + 32)")
 	fs.BoolVar(&f.publicWithoutAuth, "public-without-auth", false, "allow an --addr beyond loopback without RIVERUI_USER/RIVERUI_PASSWORD (only behind a proxy that authenticates)")
 	fs.BoolVar(&f.behindTLS, "behind-tls", false, "the operator surface is reached over TLS terminated in front of this process: allows credentials (CONSOLE_USERS, CONSOLE_USER, RIVERUI_USER) with an --addr beyond loopback, which is otherwise refused (they would cross the network in clear text)")
 	_ = f.allowedHosts.Set(os.Getenv("SERVE_ALLOWED_HOSTS"))
@@ -206,11 +206,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_ = srv.Close()
 		return err
 	}
+	// Start also ran the maintenance loop of this process: takeover, delivery retries,
+	// reconciliation and schedule ticks from every process, not only River's leader (when
+	// the process that dies is the leader, the leader-run jobs would wait for a new
+	// election; measured: ~17s).
 	rd.started.Store(true)
-	// Takeover, delivery retries, reconciliation and schedule ticks from every process, not
-	// only River's leader: when the process that dies is the leader, the leader-run jobs would
-	// wait for a new election (measured: ~17s).
-	go svc.RunMaintenance(runCtx)
 	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/ /console/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
 		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
 	consoleFrom := "none (read-only, loopback)"
@@ -232,7 +232,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // drain shuts the process down after the first SIGINT/SIGTERM, in this order:
 //
 //  1. /readyz answers 503, so a load balancer or orchestrator stops routing to us;
-//  2. the workflow engine and the outbox quiesce: no new step and no new send begins here
+//  2. the client's Stop (settlement.Service.Stop) quiesces the workflow engine and the outbox: no new step and no new send begins here
 //     (guards against a shutdown that keeps working until it is killed); the step in flight
 //     commits and releases its run's lease in the same commit, and the run is handed back to
 //     River at once, so another process resumes it now, not after the lease lapses;
@@ -240,8 +240,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 //  3. River stops fetching and waits for the jobs in flight, up to shutdownTimeout;
 //  4. past shutdownTimeout, what is still in flight is cancelled (River's StopAndCancel):
 //     a step rolls back (redone elsewhere from its committed cursor), a send cut off ends
-//     UNKNOWN_EXTERNAL for the reconciler. That phase is bounded by 30s
-//     (settlement.Service.Stop) and is normally instant.
+//     UNKNOWN_EXTERNAL for the reconciler. That phase is bounded by the client's
+//     StopTimeout (30s) and is normally instant.
 //
 // A second signal exits at once with status 1, whatever is in flight: leases then lapse
 // and sends in flight are settled by the reconciler, as after a crash.
@@ -265,8 +265,6 @@ func drain(svc *settlement.Service, srv *http.Server, rd *readiness, shutdownTim
 	}()
 
 	rd.stopping.Store(true)
-	svc.Engine.Quiesce()
-	svc.Outbox.Quiesce()
 	fmt.Fprintf(stdout, "shutting down: no new steps or sends; finishing those in flight (up to %s; a second signal exits at once)\n", shutdownTimeout)
 	err := svc.Stop(context.Background(), shutdownTimeout)
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -318,7 +316,7 @@ func (f *serveFlags) check() error {
 // gather and readiness ping need the rest. pgxpool opens connections only when needed, so
 // the cap costs nothing when idle.
 func poolSizeFor(settleWorkers int) int {
-	return 2*settleWorkers + 16
+	return int(settlement.PoolConnsFor(settleWorkers))
 }
 
 // serveHandler is the operator's HTTP surface: Prometheus metrics, liveness (/healthz),
@@ -358,7 +356,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	gatherer := newCachedGatherer(reg, o.metricsInterval, logger)
 	go gatherer.run(ctx)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
-		Endpoints: riverui.NewEndpoints(svc.Client, nil),
+		Endpoints: riverui.NewEndpoints(svc.Client.River(), nil),
 		Logger:    slog.New(raiseInternalErrors{Handler: logger.Handler()}),
 		Prefix:    "/riverui",
 	})

@@ -133,9 +133,12 @@ func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool,
 		// The parse error may quote the URL, password included.
 		return nil, usageError("database URL is not a PostgreSQL URL such as postgres://user@host:5432/db")
 	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
+	if maxConns == 0 {
+		// Enough for a Service with the default plan's settle workers (stepwise.NewClient
+		// refuses a smaller pool); a cap, not connections opened.
+		maxConns = settlement.PoolConnsFor(settlement.Plan{}.WithDefaults().Shards)
 	}
+	cfg.MaxConns = maxConns
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	where := fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

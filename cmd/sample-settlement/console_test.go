@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
@@ -23,7 +22,7 @@ import (
 func TestServeMountsTheConsole(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	pool, err := pgxpool.New(ctx, seededDBURL(t))
+	pool, err := openPool(ctx, seededDBURL(t), 0) // sized for a Service
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank("http://127.0.0.1:1", time.Second), Logger: quietLogger()})

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
@@ -21,7 +20,7 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := seededDBURL(t)
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, err := openPool(ctx, dbURL, 0) // sized for a Service
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
@@ -20,7 +19,7 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := seededDBURL(t)
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, err := openPool(ctx, dbURL, 0) // sized for a Service
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank(defaultBankURL, time.Second), Logger: quietLogger()})

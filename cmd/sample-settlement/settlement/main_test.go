@@ -47,7 +47,12 @@ func seededDBURL(t *testing.T) string {
 
 func seededDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), seededDBURL(t))
+	cfg, err := pgxpool.ParseConfig(seededDBURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = settlement.PoolConnsFor(4) // stepwise.NewClient refuses a smaller pool
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

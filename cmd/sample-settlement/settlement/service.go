@@ -5,19 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
-	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -138,26 +136,45 @@ func (c *ServiceConfig) validate() error {
 	return nil
 }
 
-// Service is one worker process's worth of the settlement service: a River client with the
-// settle step function, the payout outbox (delivery), the reconciler (UNKNOWN_EXTERNAL
-// payouts), Stepwise's maintenance (fast takeover) and optionally the daily schedule. It is
-// wired in the open, the way a user adds Stepwise to their own River client, every part the
-// same way (New, Install, river.NewClient; then RunMaintenance and Collectors): read
+// Service is one worker process's worth of the settlement service: one stepwise.Client with
+// the settle step function, the payout kind (sent to and looked up at the bank, its outcome
+// moving the settlement's status), the maintenance loop (fast takeover) and optionally the
+// daily schedule. It is wired the way a user adds Stepwise to their own River config: read
 // NewService.
 type Service struct {
-	Pool       *pgxpool.Pool
-	Client     *river.Client[pgx.Tx]
+	Pool   *pgxpool.Pool
+	Client *stepwise.Client
+	Plan   Plan
+	Bank   Bank
+
+	// Engine, Outbox and Reconciler are stand-alone handles on the same database and the
+	// same payout configuration, for passes driven by hand (Outbox.Drain,
+	// Reconciler.RunOnce, Engine.Maintain) in benchmarks, tests and settlement.Resolve. They
+	// are not the ones the Client runs: quiescing them stops nothing (Service.Stop does).
 	Engine     *workflow.Engine
 	Outbox     *outbox.Outbox
 	Reconciler *reconcile.Reconciler
-	Scheduler  *schedule.Scheduler // nil unless ServiceConfig.Schedule
-	Plan       Plan
-	Bank       Bank
-
-	cfg *ServiceConfig
 }
 
-// NewService wires a Service on pool. Start it with Start.
+// payoutKind is the payout kind's configuration: the bank pays under the operation id and
+// classifies the answer (Sender), looks the id up when the outcome is unknown (Checker), and
+// each outcome moves the settlement's status in its transaction (OnOutcomeBatch).
+func payoutKind(cfg *ServiceConfig) *stepwise.KindConfig {
+	return &stepwise.KindConfig{
+		Sender:         cfg.Bank,
+		Checker:        cfg.Bank,
+		OnOutcomeBatch: OnPayoutOutcomes,
+		Concurrency:    cfg.PayoutConcurrency,
+		Timeout:        cfg.PayoutTimeout,
+		Lease:          cfg.PayoutLease,
+		RetryBackoff:   cfg.PayoutRetryBackoff,
+		CheckTimeout:   cfg.PayoutTimeout,
+		Grace:          cfg.ReconcileGrace,
+		CheckBackoff:   cfg.ReconcileBackoff,
+	}
+}
+
+// NewService builds a Service on pool. Start it with Start.
 func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if pool == nil {
 		return nil, errors.New("settlement.NewService: pool is nil")
@@ -174,124 +191,83 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if cfg.Workflow == nil {
 		wcfg.Logger = cfg.Logger
 	}
-	engine, err := workflow.New(pool, wcfg)
-	if err != nil {
+	workers := river.NewWorkers()
+	if err := stepwise.AddWorkerSafely(workers, &SettleWorker{BatchSize: cfg.BatchSize}); err != nil {
 		return nil, err
 	}
-	ob, err := outbox.New(pool, &outbox.Config{
-		ID:     cfg.ID,
-		Logger: cfg.Logger,
-		Kinds: map[string]*outbox.KindConfig{
-			PayoutKind: {
-				Sender:         cfg.Bank, // pays under the operation id, classifies the answer
-				OnOutcomeBatch: OnPayoutOutcomes,
-				Concurrency:    cfg.PayoutConcurrency,
-				Timeout:        cfg.PayoutTimeout,
-				Lease:          cfg.PayoutLease,
-				RetryBackoff:   cfg.PayoutRetryBackoff,
-			},
+	scfg := &stepwise.Config{
+		River: &river.Config{
+			ID: cfg.ID,
+			// The default queue (Stepwise's maintenance jobs and schedule ticks) and the
+			// outbox's and reconciler's queues are added by NewClient.
+			Queues:            map[string]river.QueueConfig{SettleQueue: {MaxWorkers: cfg.SettleWorkers}},
+			Workers:           workers,
+			FetchPollInterval: cfg.FetchPollInterval,
+			Middleware:        cfg.RiverMiddleware,
+			Logger:            cfg.Logger,
 		},
-	})
-	if err != nil {
-		return nil, err
+		Kinds:     map[string]*stepwise.KindConfig{PayoutKind: payoutKind(cfg)},
+		Workflow:  wcfg,
+		Outbox:    &outbox.Config{ID: cfg.ID},
+		Reconcile: &reconcile.Config{Interval: cfg.ReconcileInterval},
+		Logger:    cfg.Logger,
 	}
-
-	rec, err := reconcile.New(pool, &reconcile.Config{
-		Outbox:   ob,
-		Interval: cfg.ReconcileInterval,
-		Logger:   cfg.Logger,
-		Kinds: map[string]*reconcile.KindConfig{
-			PayoutKind: {
-				Checker:      cfg.Bank, // looks the operation id up
-				Timeout:      cfg.PayoutTimeout,
-				Grace:        cfg.ReconcileGrace,
-				CheckBackoff: cfg.ReconcileBackoff,
-			},
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-
-	// One wiring for every part: New, Install(rc) for each, river.NewClient, then
-	// RunMaintenance of each in every process (Service.RunMaintenance) and Metrics of each
-	// registered (Service.Collectors).
-	rc := &river.Config{
-		ID:     cfg.ID,
-		Logger: cfg.Logger,
-		Queues: map[string]river.QueueConfig{
-			river.QueueDefault: {MaxWorkers: 4}, // Stepwise maintenance and schedule ticks
-			SettleQueue:        {MaxWorkers: cfg.SettleWorkers},
-		},
-		Workers:           river.NewWorkers(),
-		FetchPollInterval: cfg.FetchPollInterval,
-		Middleware:        cfg.RiverMiddleware,
-	}
-	if err := workflow.AddWorkerSafely(engine, rc.Workers, &SettleWorker{BatchSize: cfg.BatchSize}); err != nil {
-		return nil, err
-	}
-	if err := engine.Install(rc); err != nil {
-		return nil, err
-	}
-	if err := ob.Install(rc); err != nil {
-		return nil, err
-	}
-	if err := rec.Install(rc); err != nil {
-		return nil, err
-	}
-	var sched *schedule.Scheduler
 	if cfg.Schedule {
-		if sched, err = schedule.New(engine, &schedule.Config{Logger: cfg.Logger}); err != nil {
-			return nil, err
-		}
 		s, err := plan.Schedule()
 		if err != nil {
 			return nil, err
 		}
-		if err := schedule.Add(sched, s); err != nil {
-			return nil, err
-		}
-		if err := sched.Install(rc); err != nil {
-			return nil, err
-		}
+		scfg.Schedules = []stepwise.Schedule{s}
 	}
-	client, err := river.NewClient(riverpgxv5.New(pool), rc)
+	client, err := stepwise.NewClient(pool, scfg)
 	if err != nil {
-		return nil, fmt.Errorf("creating the River client: %w", err)
+		return nil, err
 	}
-	return &Service{Pool: pool, Client: client, Engine: engine, Outbox: ob, Reconciler: rec, Scheduler: sched, Plan: plan, Bank: cfg.Bank, cfg: cfg}, nil
+	svc := &Service{Pool: pool, Client: client, Plan: plan, Bank: cfg.Bank}
+	if err := svc.standAlone(pool, cfg, wcfg); err != nil {
+		return nil, err
+	}
+	return svc, nil
 }
 
-// Start starts the River client: settle runs, payout delivery, maintenance and (if
-// configured) the schedule are worked from now on.
-func (s *Service) Start(ctx context.Context) error {
-	if err := s.Client.Start(ctx); err != nil {
-		return fmt.Errorf("starting the River client: %w", err)
+// standAlone builds the stand-alone Engine, Outbox and Reconciler (see Service).
+func (s *Service) standAlone(pool *pgxpool.Pool, cfg *ServiceConfig, wcfg *workflow.Config) error {
+	k := payoutKind(cfg)
+	var err error
+	if s.Engine, err = workflow.New(pool, wcfg); err != nil {
+		return err
 	}
-	return nil
+	if s.Outbox, err = outbox.New(pool, &outbox.Config{ID: cfg.ID, Logger: cfg.Logger, Kinds: map[string]*outbox.KindConfig{PayoutKind: {
+		Sender: k.Sender, OnOutcomeBatch: k.OnOutcomeBatch, Concurrency: k.Concurrency, Timeout: k.Timeout, Lease: k.Lease, RetryBackoff: k.RetryBackoff,
+	}}}); err != nil {
+		return err
+	}
+	s.Reconciler, err = reconcile.New(pool, &reconcile.Config{Outbox: s.Outbox, Interval: cfg.ReconcileInterval, Logger: cfg.Logger,
+		Kinds: map[string]*reconcile.KindConfig{PayoutKind: {Checker: k.Checker, Timeout: k.CheckTimeout, Grace: k.Grace, CheckBackoff: k.CheckBackoff}}})
+	return err
 }
 
-// Stop shuts down gracefully: River stops fetching and waits for in-flight steps and sends
-// to finish, up to soft; then their contexts are cancelled (StopAndCancel) and whatever was
-// mid-step rolls back, its lease released or left to expire, so another process resumes
-// it from the last committed cursor. A send cut short ends UNKNOWN_EXTERNAL, never lost.
+// Start starts the Client: settle runs, payout delivery, reconciliation, the maintenance
+// loop of this process (takeover, delivery and reconciliation passes never wait for River's
+// leader) and, if configured, the schedule are worked from now on.
+func (s *Service) Start(ctx context.Context) error { return s.Client.Start(ctx) }
+
+// Stop drains the Client (stepwise.Client.Stop), bounded by soft: no new step or send
+// begins, the step in flight commits and releases its run's lease, the sends in flight get
+// their answers recorded. Past soft, what is still in flight is cancelled: a step rolls back
+// (resumed elsewhere from its last committed cursor), a cut send ends UNKNOWN_EXTERNAL for
+// the reconciler, never lost.
 func (s *Service) Stop(ctx context.Context, soft time.Duration) error {
-	softCtx, cancel := context.WithTimeout(ctx, soft)
+	ctx, cancel := context.WithTimeout(ctx, soft)
 	defer cancel()
-	err := s.Client.Stop(softCtx)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("stopping the River client: %w", err)
-	}
-	hardCtx, cancel2 := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel2()
-	if err := s.Client.StopAndCancel(hardCtx); err != nil {
-		return fmt.Errorf("stopping the River client (cancelling in-flight work after %s): %w", soft, err)
-	}
-	return nil
+	return s.Client.Stop(ctx)
 }
+
+// PoolConnsFor is the connection cap of a pool that runs a Service with settleWorkers settle
+// workers: stepwise.NewClient refuses a pool smaller than the River workers of every queue
+// plus Stepwise's own, and warns about one below twice that. A cap, not connections opened:
+// a pool opens them as work needs them.
+func PoolConnsFor(settleWorkers int) int32 { return int32(2*settleWorkers + 32) }
 
 // StartDateActor is who StartDate records as having started a date's slot by hand.
 const StartDateActor = "sample-settlement"
@@ -300,35 +276,14 @@ const StartDateActor = "sample-settlement"
 // as started by hand by StartDateActor.
 func (s *Service) StartDate(ctx context.Context, date time.Time) (runs []*workflow.Run, created bool, err error) {
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		runs, created, err = s.Plan.Start(ctx, s.Client, tx, date, StartDateActor)
+		runs, created, err = s.Plan.Start(ctx, s.Client.River(), tx, date, StartDateActor)
 		return err
 	})
 	return runs, created, err
 }
 
-// RunMaintenance runs the maintenance of every part (takeover of runs whose worker died,
-// outbox and reconciliation passes, schedule ticks) until ctx ends, so that none of it waits
-// for River's leader. Call it in a goroutine of every process, after Start.
-func (s *Service) RunMaintenance(ctx context.Context) {
-	var wg sync.WaitGroup
-	run := func(f func(context.Context, *river.Client[pgx.Tx]) error) {
-		wg.Go(func() { _ = f(ctx, s.Client) })
-	}
-	run(s.Engine.RunMaintenance)
-	run(s.Outbox.RunMaintenance)
-	run(s.Reconciler.RunMaintenance)
-	if s.Scheduler != nil {
-		run(s.Scheduler.RunMaintenance)
-	}
-	wg.Wait()
-}
-
-// Collectors returns the Prometheus collectors of the parts: workflow, outbox, reconcile and
-// schedule metrics.
+// Collectors returns the Prometheus collectors of the Client: workflow, outbox, reconcile,
+// schedule and maintenance-loop metrics.
 func (s *Service) Collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{s.Engine.Metrics(), s.Outbox.Metrics(), s.Reconciler.Metrics()}
-	if s.Scheduler != nil {
-		cs = append(cs, s.Scheduler.Metrics())
-	}
-	return cs
+	return []prometheus.Collector{s.Client.Metrics()}
 }

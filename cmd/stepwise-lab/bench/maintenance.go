@@ -61,7 +61,7 @@ func (r *runner) maintenanceSection(ctx context.Context) error {
 	r.progress("maintenance: seeded %d pending and %d running runs in %s", maintPending, maintRunning, time.Since(began).Round(time.Millisecond))
 
 	// One pass first: it must not take over a run whose lease is live.
-	res, err := svc.Engine.Maintain(ctx, svc.Client)
+	res, err := svc.Engine.Maintain(ctx, svc.Client.River())
 	if err != nil {
 		return fmt.Errorf("maintenance pass: %w", err)
 	}
@@ -71,7 +71,7 @@ func (r *runner) maintenanceSection(ctx context.Context) error {
 	passes := make([]time.Duration, 0, maintPasses)
 	for range maintPasses {
 		t := time.Now()
-		if _, err := svc.Engine.Maintain(ctx, svc.Client); err != nil {
+		if _, err := svc.Engine.Maintain(ctx, svc.Client.River()); err != nil {
 			return fmt.Errorf("maintenance pass: %w", err)
 		}
 		passes = append(passes, time.Since(t))
@@ -167,7 +167,7 @@ func maintenancePlans(ctx context.Context, dbURL string, svc *settlement.Service
 	mu.Lock()
 	plans = nil
 	mu.Unlock()
-	if _, err := explained.Engine.Maintain(ctx, svc.Client); err != nil {
+	if _, err := explained.Engine.Maintain(ctx, svc.Client.River()); err != nil {
 		return "", err
 	}
 	mu.Lock()

@@ -84,9 +84,8 @@ func runRole(ctx context.Context, role string, stdout, _ io.Writer) error {
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
-	if os.Getenv(workerMaintEnv) == "every" {
-		go svc.RunMaintenance(ctx)
-	}
+	// The maintenance loop of every process runs in the client's Start: "leader" no longer
+	// turns it off.
 	fmt.Fprintf(stdout, "ready pid=%d\n", os.Getpid())
 	<-ctx.Done()
 	return svc.Stop(context.Background(), 2*time.Second)

@@ -747,9 +747,8 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
-	// The killer hits River's leader too; takeover, delivery and reconciliation must not
-	// wait for a new election.
-	go svc.RunMaintenance(ctx)
+	// The killer hits River's leader too; takeover, delivery and reconciliation do not wait
+	// for a new election: Start ran the maintenance loop of this process.
 	fmt.Println("ready")
 	<-ctx.Done()
 	return svc.Stop(context.WithoutCancel(ctx), 5*time.Second)

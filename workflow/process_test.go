@@ -130,8 +130,13 @@ func TestStalledStepIsKilledByServer(t *testing.T) {
 	// server's timer, which a loaded machine delays, rather than reading it once.
 	require.Eventually(t, func() bool {
 		var stalledTx int
+		// The frozen step's transaction, by its last statement (the step's INSERT): the
+		// frozen process's other connections (River's, the maintenance loop's) may sit idle
+		// in a transaction of theirs too when SIGSTOP lands, and the server's stall timeout
+		// is the step transaction's alone.
 		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&stalledTx)
+			WHERE datname = current_database() AND state = 'idle in transaction'
+			  AND query LIKE 'INSERT INTO %'`).Scan(&stalledTx)
 		return err == nil && stalledTx == 0
 	}, 30*time.Second, 50*time.Millisecond, "the server ended the frozen transaction")
 

@@ -74,7 +74,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad list", args: []string{"--batches", "1,x"}, err: `--batches: "x" is not a number`},
 		{name: "zero batch", args: []string{"--batches", "0"}, err: "0 is not a batch size"},
 		{name: "one takeover process", args: []string{"--takeover-procs", "1"}, err: "want 2 to 64"},
-		{name: "maintenance", args: []string{"--takeover-maintenance", "nowhere"}, err: "want every or leader"},
+		{name: "maintenance", args: []string{"--takeover-maintenance", "nowhere"}, err: "want every"},
 		{name: "stray argument", args: []string{"now"}, err: `unexpected argument "now"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

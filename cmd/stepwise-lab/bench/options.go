@@ -106,7 +106,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.kills, "kills", 20, "kill -9s of the takeover section")
 	fs.DurationVar(&o.lease, "lease", time.Second, "workflow lease of the takeover section's workers")
 	fs.IntVar(&o.takeoverProcs, "takeover-procs", 3, "worker processes of the takeover section")
-	fs.StringVar(&o.takeoverMaintenance, "takeover-maintenance", "every", "where takeover maintenance runs: \"every\" worker process (Engine.RunMaintenance) or River's \"leader\" only (its periodic job)")
+	fs.StringVar(&o.takeoverMaintenance, "takeover-maintenance", "every", "where takeover maintenance runs: \"every\" worker process, as the stepwise.Client runs it (the only choice since the service runs on the client)")
 	fs.IntVar(&o.deliveryOps, "delivery-ops", 20000, "payouts delivered by the delivery section")
 	fs.IntVar(&o.reconcileOps, "reconcile-ops", 5000, "UNKNOWN_EXTERNAL payouts looked up by the reconcile section")
 	fs.StringVar(&scaleProcs, "scale-procs", "1,2,4", "worker process counts of the scale section")
@@ -234,8 +234,10 @@ func (o *options) validate() error {
 		return errors.New("bench: --scale-procs is empty; give process counts such as 1,2,4")
 	case o.lease < 100*time.Millisecond || o.lease > time.Hour:
 		return fmt.Errorf("bench: --lease %s: want 100ms to 1h", o.lease)
-	case o.takeoverMaintenance != "every" && o.takeoverMaintenance != "leader":
-		return fmt.Errorf("bench: --takeover-maintenance %q: want every or leader", o.takeoverMaintenance)
+	case o.takeoverMaintenance == "leader":
+		return fmt.Errorf("bench: --takeover-maintenance leader: the service runs on stepwise.Client, whose maintenance loop runs in every process, so a leader-only takeover can no longer be measured here; use every")
+	case o.takeoverMaintenance != "every":
+		return fmt.Errorf("bench: --takeover-maintenance %q: want every", o.takeoverMaintenance)
 	case o.historyWindow < 100*time.Millisecond || o.historyWindow > time.Hour:
 		return fmt.Errorf("bench: --history-window %s: want 100ms to 1h", o.historyWindow)
 	case o.historyPruneFor < 0:

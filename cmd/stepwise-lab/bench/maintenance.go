@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
@@ -160,14 +160,18 @@ func maintenancePlans(ctx context.Context, dbURL string, svc *settlement.Service
 	if err := pool.Ping(ctx); err != nil {
 		return "", err
 	}
-	explained, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: bankfake.New(bank), Logger: quietLogger(), ID: "bench-explain"})
+	// An engine of the service's config on the explaining connection: a whole service (its
+	// client) would refuse a one-connection pool, and only the engine's pass is explained.
+	ecfg := svc.Engine.Config()
+	ecfg.Logger = quietLogger()
+	explainer, err := workflow.New(pool, &ecfg)
 	if err != nil {
 		return "", err
 	}
 	mu.Lock()
 	plans = nil
 	mu.Unlock()
-	if _, err := explained.Engine.Maintain(ctx, svc.Client.River()); err != nil {
+	if _, err := explainer.Maintain(ctx, svc.Client.River()); err != nil {
 		return "", err
 	}
 	mu.Lock()

@@ -47,6 +47,11 @@ import (
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
+// chaosWorkerPoolConns is a chaos worker's pool: NewClient's minimum for its queues (River's
+// MaxWorkers, 9, plus 3) and one spare. A change of the queues that needs more is refused by
+// NewClient with the number, loudly, in every chaos run.
+const chaosWorkerPoolConns = 13
+
 // Config configures Run.
 type Config struct {
 	// DatabaseURL is a database that Prepare has made ready. Required.
@@ -357,7 +362,14 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		return nil, fmt.Errorf("chaos.Run: Workload %q is neither \"settle\" nor \"steps\"", cfg.Workload)
 	}
 	res := &Result{Seed: cfg.Seed, Profile: cfg.Profile}
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	// The harness's own pool: its checks, and the retention soak's settle service, whose
+	// client refuses a pool smaller than its workers need (pgx's default is 4).
+	hcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	hcfg.MaxConns = settlement.PoolConnsFor(0)
+	pool, err := pgxpool.NewWithConfig(ctx, hcfg)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: connecting: %w", err)
 	}
@@ -711,11 +723,18 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("CHAOS_BATCH: %w", err)
 	}
-	// The pool keeps pgx's default size on purpose (4 connections on a small machine, for 8
-	// settle runs and the payout sends): a busy pool must not make a live worker look dead,
+	// The pool is kept tight on purpose: a busy pool must not make a live worker look dead,
 	// and this is where the needless-takeover check would catch it (lease renewals once
-	// queued behind the steps on this pool). serve sizes its pool for throughput instead.
-	pool, err := pgxpool.New(ctx, env["DATABASE_URL"])
+	// queued behind the steps on this pool). It was pgx's default (4 connections on a small
+	// machine); the client refuses fewer than its River workers + 3 (12 for this worker's
+	// queues), so it is the client's minimum plus a little. serve sizes its pool for
+	// throughput instead.
+	pcfg, err := pgxpool.ParseConfig(env["DATABASE_URL"])
+	if err != nil {
+		return err
+	}
+	pcfg.MaxConns = chaosWorkerPoolConns
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}

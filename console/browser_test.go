@@ -114,7 +114,11 @@ func startSettle(t *testing.T, manual int) *settleFixture {
 		_, err := settlement.Seed(ctx, pool, &settlement.SeedConfig{Date: browserDate, Merchants: 300, Transactions: 3000, Seed: 11})
 		return err
 	})
-	pool, err := pgxpool.New(ctx, dbURL)
+	// Sized for the sample's service: its client refuses pgx's default pool.
+	pcfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	pcfg.MaxConns = settlement.PoolConnsFor(0)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 

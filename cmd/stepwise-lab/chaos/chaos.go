@@ -47,10 +47,11 @@ import (
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
-// chaosWorkerPoolConns is a chaos worker's pool: NewClient's minimum for its queues (River's
-// MaxWorkers, 9, plus 3) and one spare. A change of the queues that needs more is refused by
-// NewClient with the number, loudly, in every chaos run.
-const chaosWorkerPoolConns = 13
+// chaosWorkerPoolConns is a chaos worker's pool: NewClient's minimum for its queues (a settle
+// worker per shard, 2 each for the outbox's two queues and the reconciler's, 1 default, plus
+// 3) and one spare. A change of the queues that needs more is refused by NewClient with the
+// number, loudly, in every chaos run.
+func chaosWorkerPoolConns(shards int) int32 { return int32(shards) + 1 + 2 + 2 + 2 + 3 + 1 }
 
 // Config configures Run.
 type Config struct {
@@ -726,14 +727,14 @@ func WorkerMain(ctx context.Context, env map[string]string) error {
 	// The pool is kept tight on purpose: a busy pool must not make a live worker look dead,
 	// and this is where the needless-takeover check would catch it (lease renewals once
 	// queued behind the steps on this pool). It was pgx's default (4 connections on a small
-	// machine); the client refuses fewer than its River workers + 3 (12 for this worker's
-	// queues), so it is the client's minimum plus a little. serve sizes its pool for
+	// machine); the client refuses fewer than its River workers + 3, so it is the client's
+	// minimum plus one. serve sizes its pool for
 	// throughput instead.
 	pcfg, err := pgxpool.ParseConfig(env["DATABASE_URL"])
 	if err != nil {
 		return err
 	}
-	pcfg.MaxConns = chaosWorkerPoolConns
+	pcfg.MaxConns = chaosWorkerPoolConns(shards)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err

@@ -253,3 +253,26 @@ func gone(pid int) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestHalfWrittenOwnerIsNotStale: a sweeper that reads a cluster's owner file while its
+// owner is writing it must not remove the cluster; CI once lost a cluster that way.
+func TestHalfWrittenOwnerIsNotStale(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	for name, content := range map[string]string{"empty": "", "garbled": "12ab"} {
+		dir := filepath.Join(base, dirPrefix+name)
+		require.NoError(t, os.Mkdir(dir, 0o700))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, ownerFile), []byte(content), 0o644))
+		require.False(t, isStale(dir), "%s owner file in a fresh directory", name)
+		old := time.Now().Add(-2 * time.Hour)
+		require.NoError(t, os.Chtimes(dir, old, old))
+		require.True(t, isStale(dir), "%s owner file in a directory untouched for 2 hours", name)
+	}
+	dir := filepath.Join(base, dirPrefix+"written")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	require.NoError(t, writeOwner(dir))
+	require.False(t, isStale(dir), "this process owns it")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "only %s is left", ownerFile)
+}

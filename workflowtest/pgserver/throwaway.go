@@ -94,7 +94,7 @@ func startThrowaway(ctx context.Context, opts *Opts) (*Server, error) {
 	c := &cluster{dir: dir, bin: bin, cred: cred, as: as, logf: opts.Logf, durableCommits: opts.durableCommits}
 	// The owner pid goes in before anything slow, so a sweeper in another process never
 	// mistakes a cluster being set up for one left behind.
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+	if err := writeOwner(dir); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("writing %s: %w", ownerFile, err)
 	}
@@ -398,18 +398,30 @@ func sweepStale(ctx context.Context, base, bin string, logf func(string, ...any)
 	}
 }
 
+// writeOwner records this process as the cluster's owner. The pid is written to a side
+// file and renamed into place, so a sweeper in another process reads either no owner file
+// or a whole one: os.WriteFile truncates first, and a sweeper that read the empty file
+// between truncate and write once took a cluster being set up for one left behind and
+// removed it under its owner (CI: "chown …: no such file or directory").
+func writeOwner(dir string) error {
+	tmp := filepath.Join(dir, ownerFile+".tmp")
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, ownerFile))
+}
+
 func isStale(dir string) bool {
 	raw, err := os.ReadFile(filepath.Join(dir, ownerFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		fi, err := os.Stat(dir)
-		return err == nil && time.Since(fi.ModTime()) > time.Minute
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil || pid <= 0 {
-		return true
+	pid, perr := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || perr != nil || pid <= 0 {
+		// No owner yet, or one we cannot read: its owner may be setting it up right now,
+		// so only a directory left untouched for a minute counts as abandoned.
+		fi, err := os.Stat(dir)
+		return err == nil && time.Since(fi.ModTime()) > time.Minute
 	}
 	return !processAlive(pid)
 }

@@ -56,10 +56,11 @@ func TestParseFlags(t *testing.T) {
 		}},
 		{name: "quick shrinks what was not set", args: []string{"--quick", "--merchants", "7000"}, check: func(t *testing.T, o *options) {
 			require.Equal(t, 7000, o.merchants, "an explicit flag wins over --quick")
-			require.Equal(t, 3, o.kills)
-			require.Equal(t, []int{2000, 20000}, o.sizes)
-			require.Equal(t, 100_000, o.historyOps)
-			require.Equal(t, 10_000, o.historyRuns)
+			require.Equal(t, 2, o.kills)
+			require.Equal(t, 1, o.rounds)
+			require.Equal(t, []int{1000, 5000}, o.sizes)
+			require.Equal(t, 30_000, o.historyOps)
+			require.Equal(t, 3_000, o.historyRuns)
 		}},
 		{name: "history runs without operations", args: []string{"--history-ops", "10", "--history-runs", "20"}, err: "want at least one operation per run"},
 		{name: "lists with suffixes", args: []string{"--sizes", "10k,1M", "--batches", "1_000"}, check: func(t *testing.T, o *options) {

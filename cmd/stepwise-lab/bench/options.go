@@ -160,29 +160,32 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	return &o, o.validate()
 }
 
-// applyQuick shrinks every section that the user did not size explicitly.
+// applyQuick shrinks every section that the user did not size explicitly. --quick is CI's
+// smoke run of every section (the README's `bench --quick`), not a measurement: one round,
+// a few thousand rows. With 3 rounds and 5,000 merchants it took about 5 minutes of CI's
+// 15 on two cores; at these sizes every section still runs each of its code paths.
 func (o *options) applyQuick() {
 	set := func(name string, apply func()) {
 		if !o.setFlags[name] {
 			apply()
 		}
 	}
-	set("merchants", func() { o.merchants = 5000 })
-	set("max-items-b1", func() { o.maxItemsB1 = 500 })
-	set("river-items", func() { o.riverItems = 1000 })
-	set("rounds", func() { o.rounds = 3 })
-	set("sizes", func() { o.sizes = []int{2000, 20000} })
-	set("kills", func() { o.kills = 3 })
-	set("delivery-ops", func() { o.deliveryOps = 3000 })
-	set("reconcile-ops", func() { o.reconcileOps = 1000 })
+	set("merchants", func() { o.merchants = 1500 })
+	set("max-items-b1", func() { o.maxItemsB1 = 150 })
+	set("river-items", func() { o.riverItems = 300 })
+	set("rounds", func() { o.rounds = 1 })
+	set("sizes", func() { o.sizes = []int{1000, 5000} })
+	set("kills", func() { o.kills = 2 })
+	set("delivery-ops", func() { o.deliveryOps = 1000 })
+	set("reconcile-ops", func() { o.reconcileOps = 500 })
 	set("scale-procs", func() { o.scaleProcs = []int{1, 2} })
-	set("scale-merchants", func() { o.scaleItems = 8000 })
-	set("history-ops", func() { o.historyOps = 100_000 })
-	set("history-runs", func() { o.historyRuns = 10_000 })
-	set("history-merchants", func() { o.historyMerchants = 500 })
-	set("history-rounds", func() { o.historyRounds = 3 })
+	set("scale-merchants", func() { o.scaleItems = 3000 })
+	set("history-ops", func() { o.historyOps = 30_000 })
+	set("history-runs", func() { o.historyRuns = 3_000 })
+	set("history-merchants", func() { o.historyMerchants = 300 })
+	set("history-rounds", func() { o.historyRounds = 2 })
 	set("history-window", func() { o.historyWindow = 400 * time.Millisecond })
-	set("history-prune-for", func() { o.historyPruneFor = 3 * time.Second })
+	set("history-prune-for", func() { o.historyPruneFor = 2 * time.Second })
 }
 
 // Upper bounds of the bench's flags. Guards against a typo (an extra zero, a negative

@@ -2,11 +2,15 @@ package console_test
 
 import (
 	"context"
+	"log/slog"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/outbox"
@@ -186,4 +190,96 @@ func TestWaitAndFamilyAreEscaped(t *testing.T) {
 		require.NotContains(t, body, "<img")
 		require.NotContains(t, body, "<script>alert")
 	}
+}
+
+// familyArgs drive familyWorker: a parent ("parent") starts two children and enqueues two
+// payouts, then waits for its operations; a child ("child") waits for the signal "go".
+type familyArgs struct {
+	Mode string `json:"mode"`
+}
+
+func (familyArgs) Kind() string { return "console_test_family" }
+
+type familyCursor struct {
+	Phase int `json:"phase"`
+}
+
+type familyWorker struct {
+	workflow.StepperDefaults[familyArgs, familyCursor]
+}
+
+func (familyWorker) Step(ctx context.Context, s *workflow.Step[familyArgs, familyCursor]) (workflow.Next, error) {
+	if s.Cursor.Phase > 0 {
+		return workflow.Done(), nil
+	}
+	s.Cursor.Phase = 1
+	if s.Args.Mode == "child" {
+		return workflow.WaitForSignal("go", time.Hour), nil
+	}
+	for _, k := range []string{"a", "b"} {
+		if _, err := s.StartChild(ctx, s.RunKey+"/"+k, familyArgs{Mode: "child"}, nil); err != nil {
+			return workflow.Next{}, err
+		}
+		if _, err := outbox.Enqueue(ctx, s.Tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: s.RunKey + "/" + k,
+			Payload: []byte(`{}`), Amount: 100, Currency: "EUR"}); err != nil {
+			return workflow.Next{}, err
+		}
+	}
+	return workflow.WaitForOperations(time.Hour), nil
+}
+
+// TestRunPageShowsARealWait: a workflow run by a worker waits for its operations (one MANUAL)
+// and its children wait for a signal; the console shows what workflow committed, and a
+// child's finish shows on its parent's page.
+func TestRunPageShowsARealWait(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	engine, err := workflow.New(f.pool, &workflow.Config{Logger: quiet, Lease: 5 * time.Second, MaintenanceInterval: time.Hour})
+	require.NoError(t, err)
+	rc := &river.Config{Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}}, Workers: river.NewWorkers(),
+		FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet}
+	workflow.AddWorker(engine, rc.Workers, familyWorker{})
+	require.NoError(t, engine.Install(rc))
+	client, err := river.NewClient(riverpgxv5.New(f.pool), rc)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	require.NoError(t, client.Start(runCtx))
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.Stop(stopCtx)
+		cancel()
+	})
+	_, err = workflow.Start(ctx, client, "fam", familyArgs{Mode: "parent"}, nil)
+	require.NoError(t, err)
+	waiting := func(key string) *workflow.Run {
+		var run *workflow.Run
+		require.Eventually(t, func() bool {
+			run, err = workflow.GetRun(ctx, f.pool, key)
+			return err == nil && run.Wait != nil
+		}, 30*time.Second, 20*time.Millisecond, "run %s never waited", key)
+		return run
+	}
+	waiting("fam")
+	waiting("fam/a")
+	waiting("fam/b")
+	f.setState(t, "fam/a", outbox.StateManual, "the bank does not answer")
+
+	body := f.get(t, "/console/run?key=fam")
+	require.Contains(t, body, `<b id="run-wait-missing">2 of 2 operations not at rest; 1 MANUAL</b>`)
+	require.Contains(t, body, "needs a person")
+	require.Contains(t, body, `id="run-children-count">2: 2 running<`)
+	body = f.get(t, "/console/run?key=fam/a")
+	require.Contains(t, body, `id="run-parent"><a href="/console/run?key=fam">fam</a> <span class="st st-running">running</span>`)
+	require.Contains(t, body, `<b id="run-wait-missing">signal &#34;go&#34; not received</b>`)
+	body = f.get(t, "/console/")
+	require.Regexp(t, `id="waiting-signal" href="[^"]*">2<`, body)
+	require.Regexp(t, `id="waiting-manual" href="[^"]*" class="st st-MANUAL">1<`, body)
+
+	require.NoError(t, workflow.SignalPool(ctx, f.pool, "fam/a", "go", "t-1", nil))
+	require.Eventually(t, func() bool {
+		return strings.Contains(f.get(t, "/console/run?key=fam"), `id="run-children-count">2: 1 running, 1 succeeded<`)
+	}, 30*time.Second, 50*time.Millisecond, "the child's finish never showed on its parent's page")
 }

@@ -104,12 +104,14 @@ func parseOpFilter(q url.Values) (*opFilter, error) {
 // runFilter is the runs list's filter, validated.
 type runFilter struct {
 	Status, Workflow, Schedule string
-	After                      *pageCursor
+	// Wait selects the runs waiting: for a kind of wait, or "manual" (waitFilters).
+	Wait  string
+	After *pageCursor
 }
 
 func (f runFilter) query() url.Values {
 	q := url.Values{}
-	for k, v := range map[string]string{"status": f.Status, "workflow": f.Workflow, "schedule": f.Schedule} {
+	for k, v := range map[string]string{"status": f.Status, "workflow": f.Workflow, "schedule": f.Schedule, "wait": f.Wait} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -120,12 +122,15 @@ func (f runFilter) query() url.Values {
 var runStatuses = []string{string(workflow.RunStatusPending), string(workflow.RunStatusRunning), string(workflow.RunStatusSucceeded), string(workflow.RunStatusFailed), string(workflow.RunStatusCancelled)}
 
 func parseRunFilter(q url.Values) (*runFilter, error) {
-	if err := onlyParams(q, "status", "workflow", "schedule", "after"); err != nil {
+	if err := onlyParams(q, "status", "workflow", "schedule", "wait", "after"); err != nil {
 		return nil, err
 	}
-	f := &runFilter{Status: q.Get("status"), Workflow: q.Get("workflow"), Schedule: q.Get("schedule")}
+	f := &runFilter{Status: q.Get("status"), Workflow: q.Get("workflow"), Schedule: q.Get("schedule"), Wait: q.Get("wait")}
 	if f.Status != "" && !contains(runStatuses, f.Status) {
 		return nil, badInput("status=%.60q: want one of %s", f.Status, strings.Join(runStatuses, ", "))
+	}
+	if f.Wait != "" && !contains(waitFilters, f.Wait) {
+		return nil, badInput("wait=%.60q: want one of %s", f.Wait, strings.Join(waitFilters, ", "))
 	}
 	if err := textParam("workflow", f.Workflow, 255); err != nil {
 		return nil, err

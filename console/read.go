@@ -95,8 +95,10 @@ type overviewData struct {
 	// first (a crash-loop signal), and RetryingTotal how many there are.
 	Retrying      []*workflow.Run
 	RetryingTotal int
-	Recent        []Event
-	Now           time.Time
+	// Waiting counts the runs that wait, by kind of wait.
+	Waiting []waitingCount
+	Recent  []Event
+	Now     time.Time
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
@@ -217,6 +219,12 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 
+	// Runs that wait (workflow.WaitFor...), by kind, and those a MANUAL operation holds up.
+	if d.Waiting, err = h.waitingCounts(ctx); err != nil {
+		h.internal(w, r, "counting waiting runs", err)
+		return
+	}
+
 	// Recent takeovers and fenced (refused) commits: stepwise_event_console_kind_idx.
 	rows, err = h.db.Query(ctx, `SELECT `+eventColumns+` FROM (
 			(SELECT * FROM stepwise_event WHERE kind = 'run.takeover' ORDER BY id DESC LIMIT 10)
@@ -244,6 +252,9 @@ type RunRow struct {
 	LeaseUntil *time.Time
 	Token      int64
 	Steps      int64
+	// Waiting is the kind of the run's wait, while it waits (the runs list's line; the run
+	// page reads the whole wait, Run.Wait).
+	Waiting workflow.WaitKind
 }
 
 // Held reports whether a worker holds the run's lease now.
@@ -251,13 +262,16 @@ func (r *RunRow) Held() bool { return r.LeaseUntil != nil && r.LeaseUntil.After(
 
 const runColumns = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.last_error,
 	r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version,
-	coalesce(c.cursor::text, ''), coalesce(c.owner, ''), c.lease_until, coalesce(c.fencing_token, 0), coalesce(c.steps, 0)`
+	coalesce(c.cursor::text, ''), coalesce(c.owner, ''), c.lease_until, coalesce(c.fencing_token, 0), coalesce(c.steps, 0), coalesce(w.kind, '')`
+
+// runJoins joins a run r with its checkpoint c and its open wait w (primary keys).
+const runJoins = ` LEFT JOIN stepwise_checkpoint c ON c.key = r.key LEFT JOIN stepwise_wait w ON w.run_key = r.key AND ` + waitingSQL
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var x RunRow
 	var input []byte
 	err := row.Scan(&x.Key, &x.Workflow, &input, &x.Status, &x.Schedule, &x.Slot, &x.Shard, &x.RiverJobID, &x.Attempts, &x.LastError,
-		&x.CreatedAt, &x.UpdatedAt, &x.FinishedAt, &x.CancelRequestedAt, &x.Version, &x.Cursor, &x.Owner, &x.LeaseUntil, &x.Token, &x.Steps)
+		&x.CreatedAt, &x.UpdatedAt, &x.FinishedAt, &x.CancelRequestedAt, &x.Version, &x.Cursor, &x.Owner, &x.LeaseUntil, &x.Token, &x.Steps, &x.Waiting)
 	x.Input = json.RawMessage(input)
 	return &x, err
 }
@@ -265,6 +279,7 @@ func scanRun(row pgx.Row) (*RunRow, error) {
 type runsData struct {
 	Filter   *runFilter
 	Statuses []string
+	Waits    []string
 	Runs     []*RunRow
 	Next     template.URL
 }
@@ -300,13 +315,29 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
 	// Each status's page of runs first, then their checkpoints by primary key: joining
 	// before the LIMIT would read every checkpoint of the history.
 	var parts []string
+	if f.Wait != "" {
+		// The waiting runs: from their open waits (one row each, however long the history),
+		// sorted; a wait has no index by kind, so this reads every open wait.
+		c := append([]string{waitingSQL}, conds...)
+		if f.Status != "" {
+			c = append(c, "r.status = '"+f.Status+"'") // one of runStatuses
+		}
+		if f.Wait == waitManual {
+			c = append(c, manualBlockSQL)
+		} else {
+			c = append(c, "w.kind = "+arg(f.Wait))
+		}
+		parts = append(parts, `(SELECT r.* FROM stepwise_wait w JOIN stepwise_run r ON r.key = w.run_key WHERE `+strings.Join(c, " AND ")+
+			` ORDER BY r.created_at DESC, r.key DESC LIMIT `+limit+`)`)
+		statuses = nil
+	}
 	for _, s := range statuses {
 		c := append([]string{"r.status = '" + s + "'"}, conds...) // s is one of runStatuses
 		parts = append(parts, `(SELECT r.* FROM stepwise_run r WHERE `+strings.Join(c, " AND ")+
 			` ORDER BY r.created_at DESC, r.key DESC LIMIT `+limit+`)`)
 	}
-	sql := `SELECT ` + runColumns + ` FROM (` + strings.Join(parts, " UNION ALL ") + `) r
-		LEFT JOIN stepwise_checkpoint c ON c.key = r.key ORDER BY r.created_at DESC, r.key DESC LIMIT ` + limit
+	sql := `SELECT ` + runColumns + ` FROM (` + strings.Join(parts, " UNION ALL ") + `) r` + runJoins +
+		` ORDER BY r.created_at DESC, r.key DESC LIMIT ` + limit
 	rows, err := h.db.Query(r.Context(), sql, args...)
 	if err != nil {
 		h.internal(w, r, "listing runs", err)
@@ -317,7 +348,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.internal(w, r, "listing runs", err)
 		return
 	}
-	d := &runsData{Filter: f, Statuses: runStatuses, Runs: list}
+	d := &runsData{Filter: f, Statuses: runStatuses, Waits: waitFilters, Runs: list}
 	if len(list) > h.cfg.PageSize {
 		last := list[h.cfg.PageSize-1]
 		d.Runs = list[:h.cfg.PageSize]
@@ -330,6 +361,8 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
 
 type runData struct {
 	Run        *RunRow
+	Wait       *waitView
+	Family     *family
 	Events     []Event
 	Next       template.URL
 	CanCancel  bool
@@ -358,7 +391,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	ctx := r.Context()
-	run, err := scanRun(h.db.QueryRow(ctx, `SELECT `+runColumns+` FROM stepwise_run r LEFT JOIN stepwise_checkpoint c ON c.key = r.key WHERE r.key = $1`, key))
+	run, err := scanRun(h.db.QueryRow(ctx, `SELECT `+runColumns+` FROM stepwise_run r`+runJoins+` WHERE r.key = $1`, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		h.fail(w, r, http.StatusNotFound, "no run with key %q: see %s/runs", key, h.cfg.Prefix)
 		return
@@ -386,7 +419,12 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	run.FailuresInARow, run.Retry = state.FailuresInARow, state.Retry
-	d := &runData{Run: run, Events: events}
+	// Its wait and parent: the same reader (the text the command prints, too).
+	d := &runData{Run: run, Events: events, Wait: newWaitView(key, state.Wait, time.Now())}
+	if d.Family, err = h.family(ctx, key, state.Parent); err != nil {
+		h.internal(w, r, "reading the run's family", err)
+		return
+	}
 	if len(events) > h.cfg.PageSize {
 		d.Events = events[:h.cfg.PageSize]
 		d.Next = template.URL(url.Values{"key": {key}, "before": {strconv.FormatInt(d.Events[len(d.Events)-1].ID, 10)}}.Encode())

@@ -254,17 +254,8 @@ func printEvents(c *cli, events []event) {
 
 func runsCancel(ctx context.Context, c *cli, args []string) error {
 	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
-	var a auditFlags
-	a.register(f, "why the run must stop")
-	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed status since. Default: not checked")
-	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	key, a, seen, err := f.runDecision(args, "why the run must stop", "refused if the run changed status since. Default: not checked")
 	if err != nil {
-		return err
-	}
-	if err := a.check(c.path); err != nil {
-		return err
-	}
-	if err := seenVersion(c.path, *seen, "stepwise runs"); err != nil {
 		return err
 	}
 	pool, client, err := f.operator(ctx)
@@ -272,18 +263,17 @@ func runsCancel(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	key := pos[0]
 	var status workflow.RunStatus
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The client locks the run, checks the version seen and records the request; the
 		// command's audit row commits with it.
-		run, err := client.RunCancelTx(ctx, tx, key, &sw.RunCancelOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: *seen})
+		run, err := client.RunCancelTx(ctx, tx, key, &sw.RunCancelOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: seen})
 		var changed *workflow.RunChangedError
 		switch {
 		case errors.Is(err, workflow.ErrRunNotFound):
 			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs\"", errNotFound, key)
 		case errors.As(err, &changed):
-			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, changed.Status, changed.Version, *seen, key)
+			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, changed.Status, changed.Version, seen, key)
 		case errors.Is(err, sw.ErrRunNotCancellable):
 			if run, rerr := client.RunGetTx(ctx, tx, key); rerr == nil {
 				return fmt.Errorf("run %q is %s: only a pending or running run can be cancelled; nothing was changed", key, run.Status)
@@ -306,6 +296,24 @@ func runsCancel(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
+// runDecision registers --reason, --actor and --seen-version (seenHelp says what it guards
+// and its default), parses the run's key and checks them all before anything is read.
+func (f *flags) runDecision(args []string, reasonHelp, seenHelp string) (key string, a auditFlags, seen int64, err error) {
+	a.register(f, reasonHelp)
+	f.Int64Var(&seen, "seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; "+seenHelp)
+	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	if err != nil {
+		return "", a, 0, err
+	}
+	if err := a.check(f.c.path); err != nil {
+		return "", a, 0, err
+	}
+	if err := seenVersion(f.c.path, seen, "stepwise runs"); err != nil {
+		return "", a, 0, err
+	}
+	return pos[0], a, seen, nil
+}
+
 // auditAction records an operator's action in tx as the console does (console.ActionEvent,
 // kept forever by retention), marked as done with this command and from which host.
 func auditAction(ctx context.Context, tx pgx.Tx, subject, action, from, to string, a auditFlags) error {
@@ -318,17 +326,9 @@ func auditAction(ctx context.Context, tx pgx.Tx, subject, action, from, to strin
 
 func runsResume(ctx context.Context, c *cli, args []string) error {
 	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
-	var a auditFlags
-	a.register(f, "why the run can go on now, e.g. the incident fixed")
-	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed since (resumed, run and failed again). Default: the version the command reads first (a change after that is refused too)")
-	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	key, a, seen, err := f.runDecision(args, "why the run can go on now, e.g. the incident fixed",
+		"refused if the run changed since (resumed, run and failed again). Default: the version the command reads first (a change after that is refused too)")
 	if err != nil {
-		return err
-	}
-	if err := a.check(c.path); err != nil {
-		return err
-	}
-	if err := seenVersion(c.path, *seen, "stepwise runs"); err != nil {
 		return err
 	}
 	// An operator's client (an insert-only River client, no workers): the resume inserts the
@@ -338,8 +338,7 @@ func runsResume(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	key := pos[0]
-	version := *seen
+	version := seen
 	if version == 0 {
 		// Without --seen-version the decision is on the run as it is now: read it, and the
 		// resume is still conditional on that read (a change in between is refused).

@@ -33,7 +33,8 @@ func operationGet(ctx context.Context, q stepwisetype.DBTX, id uuid.UUID) (*outb
 
 // OperationListParams selects operations for OperationList.
 type OperationListParams struct {
-	// State selects operations in this state. Required unless RunKey or BusinessKey is set.
+	// State selects operations in this state. Required unless RunKey or BusinessKey is set,
+	// or NewestFirst.
 	State outbox.State
 	// Kind selects operations of this kind.
 	Kind string
@@ -43,10 +44,13 @@ type OperationListParams struct {
 	BusinessKey string
 	// Limit caps the result: 0 for 100.
 	Limit int
+	// NewestFirst lists by creation, newest first, as a person browsing the ledger reads
+	// it (the stepwise command's "ops"), and lets State be empty (any state).
+	NewestFirst bool
 }
 
 // OperationList lists operations, oldest update first (in MANUAL and UNKNOWN_EXTERNAL: the
-// ones waiting longest). Replaces outbox.List.
+// ones waiting longest) unless NewestFirst. Replaces outbox.List.
 func (c *Client) OperationList(ctx context.Context, params *OperationListParams) ([]*outbox.Operation, error) {
 	if err := c.checkPool("OperationList"); err != nil {
 		return nil, err
@@ -64,7 +68,7 @@ func operationList(ctx context.Context, q stepwisetype.DBTX, params *OperationLi
 	if params != nil {
 		p = *params
 	}
-	return outbox.List(ctx, q, &outbox.ListParams{State: p.State, Kind: p.Kind, RunKey: p.RunKey, BusinessKey: p.BusinessKey, Limit: p.Limit})
+	return outbox.List(ctx, q, &outbox.ListParams{State: p.State, Kind: p.Kind, RunKey: p.RunKey, BusinessKey: p.BusinessKey, Limit: p.Limit, NewestFirst: p.NewestFirst})
 }
 
 // OperationRequestList lists the requests recorded for an operation (one per send begun, and

@@ -30,6 +30,20 @@ func scheduleGet(ctx context.Context, q stepwisetype.DBTX, name string) (*schedu
 	return info, wrapErr(err)
 }
 
+// ScheduleList reads every schedule's stored definition and progress, by name (a schedule has
+// a row from its first tick on). Replaces the console's and the command's own queries.
+func (c *Client) ScheduleList(ctx context.Context) ([]*schedule.Info, error) {
+	if err := c.checkPool("ScheduleList"); err != nil {
+		return nil, err
+	}
+	return schedule.List(ctx, c.pool)
+}
+
+// ScheduleListTx is ScheduleList in the caller's transaction.
+func (c *Client) ScheduleListTx(ctx context.Context, tx pgx.Tx) ([]*schedule.Info, error) {
+	return schedule.List(ctx, tx)
+}
+
 // SchedulePauseOpts are a person's pause or resume of a schedule (SchedulePause,
 // ScheduleResume), as River's QueuePauseOpts serve QueuePause and QueueResume.
 type SchedulePauseOpts struct {

@@ -143,6 +143,7 @@ func TestRunGetAndList(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
 	require.Equal(t, "settle/a", runs[0].Key)
+	require.Equal(t, int64(7), runs[0].Steps, "the steps its checkpoint committed")
 	require.NoError(t, pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		runs, err := e.c.RunListTx(ctx, tx, nil)
 		require.NoError(t, err)
@@ -285,6 +286,14 @@ func TestOperationResolve(t *testing.T) {
 	require.Len(t, ops, 1)
 	_, err = e.c.OperationList(ctx, &OperationListParams{})
 	require.ErrorContains(t, err, "State is required")
+	_, err = e.pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'SUCCEEDED', created_at = created_at + interval '1 second' WHERE business_key = 'p-2'`)
+	require.NoError(t, err)
+	ops, err = e.c.OperationList(ctx, &OperationListParams{NewestFirst: true})
+	require.NoError(t, err)
+	require.Len(t, ops, 2, "any state")
+	require.Equal(t, []string{"p-2", "p-1"}, []string{ops[0].BusinessKey, ops[1].BusinessKey}, "newest first")
+	_, err = e.pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'MANUAL' WHERE business_key = 'p-2'`)
+	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		op, err := e.c.OperationGetTx(ctx, tx, id)
 		require.NoError(t, err)
@@ -363,6 +372,18 @@ func TestSchedulePauseAndSlots(t *testing.T) {
 		('nightly', '2026-11-28T01:00:00Z', 'skipped', 'misfire_deadline', 'later than the starting deadline', 1, 1, NULL),
 		('nightly', '2026-11-29T01:00:00Z', 'materialized', NULL, NULL, 1, 1, now())`)
 	require.NoError(t, err)
+
+	list, err := e.c.ScheduleList(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "nightly", list[0].Name)
+	require.Equal(t, "0 1 * * *", list[0].Spec)
+	require.NoError(t, pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		list, err := e.c.ScheduleListTx(ctx, tx)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		return nil
+	}))
 
 	require.ErrorContains(t, e.c.SchedulePause(ctx, "nightly", &SchedulePauseOpts{Actor: "ana"}), "Reason is empty")
 	err = e.c.SchedulePause(ctx, "nope", &SchedulePauseOpts{Actor: "ana", Reason: "x"})

@@ -49,22 +49,7 @@ func TestReadmeFirstScreen(t *testing.T) {
 // which compiles and runs in `go test ./workflow/`; a README that drifts to an API that no
 // longer exists, or to another wiring, fails here.
 func TestReadmeQuickStartIsTheExample(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatalf("README.md: %v", err)
-	}
-	readme := string(b)
-	i := strings.Index(readme, "## Quick start")
-	if i < 0 {
-		t.Fatal("README.md has no '## Quick start' section")
-	}
-	block := readme[i:]
-	start := strings.Index(block, "```go\n")
-	if start < 0 {
-		t.Fatal("README.md: the quick start has no Go code block")
-	}
-	block = block[start+len("```go\n"):]
-	block = block[:strings.Index(block, "```")]
+	block := readmeGoBlock(t, "## Quick start")
 	ex, err := os.ReadFile("../workflow/example_test.go")
 	if err != nil {
 		t.Fatalf("workflow/example_test.go: %v", err)
@@ -91,67 +76,54 @@ func TestReadmeQuickStartIsTheExample(t *testing.T) {
 // which TestQuickStartDrainsOnSIGTERM runs in a real process (SIGTERM mid-delivery: nothing
 // cut, every lease released). A README edited without that file fails here.
 func TestReadmeQuickStartCompiles(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatalf("README.md: %v", err)
-	}
-	readme := string(b)
-	i := strings.Index(readme, "## Quick start")
-	if i < 0 {
-		t.Fatal("README.md has no '## Quick start' section")
-	}
-	block := readme[i:]
-	start := strings.Index(block, "```go\n")
-	if start < 0 {
-		t.Fatal("README.md: the quick start has no Go code block")
-	}
-	block = block[start+len("```go\n"):]
-	block = block[:strings.Index(block, "```")]
-	src, err := os.ReadFile("../internal/quickstart/quickstart.go")
-	if err != nil {
-		t.Fatalf("internal/quickstart/quickstart.go: %v", err)
-	}
-	code := string(src)
-	a, z := strings.Index(code, "// README BEGIN\n"), strings.Index(code, "// README END")
-	if a < 0 || z < a {
-		t.Fatal("internal/quickstart/quickstart.go: no '// README BEGIN' ... '// README END' markers")
-	}
-	want := strings.TrimRight(code[a+len("// README BEGIN\n"):z], "\n") + "\n"
-	if block != want {
-		t.Errorf("README.md's quick start differs from internal/quickstart/quickstart.go between its README markers; copy one to the other.\nREADME:\n%s\nquickstart.go:\n%s", block, want)
-	}
+	readmeBlockIsCode(t, "## Quick start", "../internal/quickstart/quickstart.go", "README")
 }
 
 // The README's wait example is the code between the README WAIT markers of
 // internal/quickstart/wait.go, which compiles.
 func TestReadmeWaitExampleCompiles(t *testing.T) {
+	readmeBlockIsCode(t, "## Runs that wait", "../internal/quickstart/wait.go", "README WAIT")
+}
+
+// readmeBlockIsCode fails unless the first Go block of the README's section is, character
+// for character, the code of file between its "// <marker> BEGIN" and "// <marker> END"
+// lines.
+func readmeBlockIsCode(t *testing.T, section, file, marker string) {
+	t.Helper()
+	block := readmeGoBlock(t, section)
+	src, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	code := string(src)
+	begin, end := "// "+marker+" BEGIN\n", "// "+marker+" END"
+	a, z := strings.Index(code, begin), strings.Index(code, end)
+	if a < 0 || z < a {
+		t.Fatalf("%s: no '%s' ... '%s' markers", file, strings.TrimSpace(begin), end)
+	}
+	want := strings.TrimRight(code[a+len(begin):z], "\n") + "\n"
+	if block != want {
+		t.Errorf("README.md's %q block differs from %s between its %s markers; copy one to the other.\nREADME:\n%s\n%s:\n%s", section, file, marker, block, file, want)
+	}
+}
+
+// readmeGoBlock returns the first Go code block of the README's section (a heading line).
+func readmeGoBlock(t *testing.T, section string) string {
+	t.Helper()
 	b, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatalf("README.md: %v", err)
 	}
 	readme := string(b)
-	i := strings.Index(readme, "## Runs that wait")
+	i := strings.Index(readme, section)
 	if i < 0 {
-		t.Fatal("README.md has no '## Runs that wait' section")
+		t.Fatalf("README.md has no '%s' section", section)
 	}
 	block := readme[i:]
 	start := strings.Index(block, "```go\n")
 	if start < 0 {
-		t.Fatal("README.md: 'Runs that wait' has no Go code block")
+		t.Fatalf("README.md: '%s' has no Go code block", section)
 	}
 	block = block[start+len("```go\n"):]
-	block = block[:strings.Index(block, "```")]
-	src, err := os.ReadFile("../internal/quickstart/wait.go")
-	if err != nil {
-		t.Fatalf("internal/quickstart/wait.go: %v", err)
-	}
-	code := string(src)
-	a, z := strings.Index(code, "// README WAIT BEGIN\n"), strings.Index(code, "// README WAIT END")
-	if a < 0 || z < a {
-		t.Fatal("internal/quickstart/wait.go: no '// README WAIT BEGIN' ... '// README WAIT END' markers")
-	}
-	want := strings.TrimRight(code[a+len("// README WAIT BEGIN\n"):z], "\n") + "\n"
-	if block != want {
-		t.Errorf("README.md's wait example differs from internal/quickstart/wait.go between its markers; copy one to the other.\nREADME:\n%s\nwait.go:\n%s", block, want)
-	}
+	return block[:strings.Index(block, "```")]
 }

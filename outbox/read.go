@@ -37,12 +37,15 @@ type ListParams struct {
 	BusinessKey string
 	// Limit caps the result. Defaults to 100.
 	Limit int
+	// NewestFirst lists by creation, newest first, as a person browsing the ledger reads
+	// it, and lets State be empty (any state). Default: oldest update first.
+	NewestFirst bool
 }
 
 // List returns operations, oldest update first (for UNKNOWN_EXTERNAL and MANUAL, the ones
-// waiting longest).
+// waiting longest), or newest first (ListParams.NewestFirst).
 func List(ctx context.Context, q stepwisetype.DBTX, params *ListParams) ([]*Operation, error) {
-	if params == nil || (params.State != "" || params.RunKey == "" && params.BusinessKey == "") && !params.State.valid() {
+	if params == nil || (params.State != "" || params.RunKey == "" && params.BusinessKey == "" && !params.NewestFirst) && !params.State.valid() {
 		return nil, errors.New("outbox.List: ListParams.State is required (use one of outbox.States()) unless RunKey or BusinessKey narrows the list")
 	}
 	limit := params.Limit
@@ -53,9 +56,13 @@ func List(ctx context.Context, q stepwisetype.DBTX, params *ListParams) ([]*Oper
 	if what == "" {
 		what = "matching"
 	}
+	order := "updated_at, operation_id"
+	if params.NewestFirst {
+		order = "created_at DESC, operation_id"
+	}
 	rows, err := q.Query(ctx, `SELECT `+columns+` FROM stepwise_operation
 		WHERE ($1 = '' OR state = $1) AND ($2 = '' OR kind = $2) AND ($4 = '' OR run_key = $4) AND ($5 = '' OR business_key = $5)
-		ORDER BY updated_at, operation_id LIMIT $3`, params.State, params.Kind, limit, params.RunKey, params.BusinessKey)
+		ORDER BY `+order+` LIMIT $3`, params.State, params.Kind, limit, params.RunKey, params.BusinessKey)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s operations: %w", what, err)
 	}

@@ -263,15 +263,35 @@ type Info struct {
 // Get reads a schedule's row. A schedule registered in code has a row from its first
 // tick on; before that it is ErrNotFound.
 func Get(ctx context.Context, q stepwisetype.DBTX, name string) (*Info, error) {
-	s := &Info{Name: name}
-	err := q.QueryRow(ctx, `SELECT spec, zone, gap, misfire, overlap, shards, watermark, paused, version, created_at, updated_at
-		FROM stepwise_schedule WHERE name = $1`, name).
-		Scan(&s.Spec, &s.Zone, &s.Gap, &s.Misfire, &s.Overlap, &s.Shards, &s.Watermark, &s.Paused, &s.Version, &s.CreatedAt, &s.UpdatedAt)
+	s, err := scanInfo(q.QueryRow(ctx, `SELECT `+infoColumns+` FROM stepwise_schedule WHERE name = $1`, name))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading schedule %q: %w", name, err)
+	}
+	return s, nil
+}
+
+// List reads every schedule's row, by name.
+func List(ctx context.Context, q stepwisetype.DBTX) ([]*Info, error) {
+	rows, err := q.Query(ctx, `SELECT `+infoColumns+` FROM stepwise_schedule ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("listing schedules: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Info, error) { return scanInfo(r) })
+	if err != nil {
+		return nil, fmt.Errorf("listing schedules: %w", err)
+	}
+	return list, nil
+}
+
+const infoColumns = `name, spec, zone, gap, misfire, overlap, shards, watermark, paused, version, created_at, updated_at`
+
+func scanInfo(row pgx.Row) (*Info, error) {
+	s := &Info{}
+	if err := row.Scan(&s.Name, &s.Spec, &s.Zone, &s.Gap, &s.Misfire, &s.Overlap, &s.Shards, &s.Watermark, &s.Paused, &s.Version, &s.CreatedAt, &s.UpdatedAt); err != nil {
+		return nil, err
 	}
 	s.Watermark = s.Watermark.UTC()
 	return s, nil

@@ -60,6 +60,8 @@ type Run struct {
 	FinishedAt *time.Time
 	// CancelRequestedAt is when CancelRun was called, if it was.
 	CancelRequestedAt *time.Time
+	// Steps counts the steps the run has committed (its checkpoint's count).
+	Steps int64
 	// Version counts the run's status changes (1 when started). A person who resumes a
 	// run passes the version they saw (ResumeIfUnchanged): a run resumed, run and failed
 	// again since has another version, and another failure to read first.
@@ -301,7 +303,7 @@ func runKeyOf(metadata []byte, args any) (key, traceParent string, err error) {
 // runColumnsSQL are a run's columns with its derived retry state, read from stepwise_run r
 // joined with its checkpoint c and River job j as in runJoinsSQL (scanRun).
 const runColumnsSQL = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.failures,
-		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version, r.history_pruned_at, ` + retryColumnsSQL + awaitingColumnsSQL
+		r.last_error, r.wake_at, r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version, r.history_pruned_at, coalesce(c.steps, 0), ` + retryColumnsSQL + awaitingColumnsSQL
 
 const runJoinsSQL = `
 	LEFT JOIN stepwise_checkpoint c ON c.key = r.key
@@ -318,7 +320,7 @@ func scanRun(row pgx.Row, extra ...any) (*Run, error) {
 		awaitSince  *time.Time
 	)
 	err := row.Scan(append([]any{&r.Key, &r.Workflow, &r.Input, &r.Status, &r.Schedule, &r.Slot, &r.Shard, &r.RiverJobID, &r.Attempts, &r.Failures,
-		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt, &r.Version, &r.HistoryPrunedAt,
+		&r.LastError, &r.WakeAt, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CancelRequestedAt, &r.Version, &r.HistoryPrunedAt, &r.Steps,
 		&r.FailuresInARow, &retrying, &nextTry, &maxAttempts, &retryErr, &awaitV, &awaitSince}, extra...)...)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 )
 
@@ -34,7 +35,7 @@ func (f *bankFlags) register(fs *flag.FlagSet) {
 func (f *bankFlags) client(timeout time.Duration) (settlement.Bank, error) {
 	u, err := url.Parse(f.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageError("--bank-url %q: want a URL such as %s", redactURL(f.url), defaultBankURL)
+		return nil, cmdline.UsageError("--bank-url %q: want a URL such as %s", cmdline.RedactURL(f.url), defaultBankURL)
 	}
 	return dialBank(f.url, timeout), nil
 }

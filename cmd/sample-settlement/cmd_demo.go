@@ -16,6 +16,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
@@ -24,7 +25,7 @@ import (
 )
 
 func init() {
-	register("demo", "zero set-up end-to-end run: Postgres, seed, bank with faults, settle, reconcile, report, invariants", runDemo)
+	prog.Register("demo", "zero set-up end-to-end run: Postgres, seed, bank with faults, settle, reconcile, report, invariants", runDemo)
 }
 
 // demoMarker is the comment the demo puts on the database it creates. The demo drops a
@@ -54,7 +55,7 @@ type demoFlags struct {
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("demo", "demo [--merchants N] [--transactions N] [--workers N] [--shards N] [fault flags]", stderr)
+	fs := prog.NewFlagSet("demo", "demo [--merchants N] [--transactions N] [--workers N] [--shards N] [fault flags]", stderr)
 	var f demoFlags
 	f.dbURL = os.Getenv("DATABASE_URL")
 	fs.Var(secretURL{&f.dbURL}, "database-url", "use this database as is (default $DATABASE_URL; unset: a fresh database on a local or throwaway server)")
@@ -69,7 +70,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up if the date is not at rest after this long")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
 	fs.StringVar(&f.consoleAddr, "console-addr", "127.0.0.1:0", "serve the operator's console here while the demo runs (loopback, read-only unless CONSOLE_USER/CONSOLE_PASSWORD); empty: no console")
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	seedCfg, err := f.seed.config()
@@ -78,26 +79,26 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	mix, err := f.faults.Mix()
 	if err != nil {
-		return usageError("%v", err)
+		return cmdline.UsageError("%v", err)
 	}
 	plan, err := f.plan.plan()
 	if err != nil {
 		return err
 	}
 	if f.workers < 1 || f.workers > 32 {
-		return usageError("--workers %d: want 1 to 32", f.workers)
+		return cmdline.UsageError("--workers %d: want 1 to 32", f.workers)
 	}
-	if err := checkInt("batch-size", f.batchSize, 1, maxBatchSize); err != nil {
+	if err := cmdline.CheckInt("batch-size", f.batchSize, 1, maxBatchSize); err != nil {
 		return err
 	}
-	if err := checkInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency); err != nil {
+	if err := cmdline.CheckInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency); err != nil {
 		return err
 	}
-	if err := checkDuration("timeout", f.timeout, time.Second, 24*time.Hour); err != nil {
+	if err := cmdline.CheckDuration("timeout", f.timeout, time.Second, 24*time.Hour); err != nil {
 		return err
 	}
 	if !dbNameRE.MatchString(f.dbName) {
-		return usageError("--db-name %q: want lower-case letters, digits and '_', such as stepwise_demo", f.dbName)
+		return cmdline.UsageError("--db-name %q: want lower-case letters, digits and '_', such as stepwise_demo", f.dbName)
 	}
 	return demo(ctx, &f, seedCfg, mix, plan, stdout, stderr)
 }
@@ -276,7 +277,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 func demoDatabase(ctx context.Context, f *demoFlags, step func(string, ...any)) (string, func(), error) {
 	if f.dbURL != "" {
 		if _, err := pgxpool.ParseConfig(f.dbURL); err != nil {
-			return "", nil, usageError("--database-url / DATABASE_URL is not a PostgreSQL URL such as postgres://user@host:5432/db")
+			return "", nil, cmdline.UsageError("--database-url / DATABASE_URL is not a PostgreSQL URL such as postgres://user@host:5432/db")
 		}
 		step("database: the one DATABASE_URL names (used as is; the demo drops nothing)")
 		return f.dbURL, func() {}, nil

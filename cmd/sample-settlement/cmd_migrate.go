@@ -1,20 +1,22 @@
 package main
 
 import (
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
+
 	"context"
 	"fmt"
 	"io"
 )
 
 func init() {
-	register("migrate", "bring River's, Stepwise's and the sample's tables up to date", runMigrate)
+	prog.Register("migrate", "bring River's, Stepwise's and the sample's tables up to date", runMigrate)
 }
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("migrate", "migrate [--database-url URL]", stderr)
+	fs := prog.NewFlagSet("migrate", "migrate [--database-url URL]", stderr)
 	var db dbFlags
 	db.register(fs)
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	pool, err := db.connectMigrated(ctx)

@@ -8,17 +8,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/retention"
 )
 
 func init() {
-	register("prune", "delete the audit events of succeeded runs and settled operations older than --older-than (runs, operations, slots and people's decisions are kept forever)", runPrune)
+	prog.Register("prune", "delete the audit events of succeeded runs and settled operations older than --older-than (runs, operations, slots and people's decisions are kept forever)", runPrune)
 }
 
 // runPrune runs retention.Prune once: from cron, or a Kubernetes CronJob, beside the serve
 // processes (its batches skip what a step holds and yield to the steps).
 func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("prune", "prune --older-than 720h [--batch-size 500] [--failed-run KEY ...]", stderr)
+	fs := prog.NewFlagSet("prune", "prune --older-than 720h [--batch-size 500] [--failed-run KEY ...]", stderr)
 	var db dbFlags
 	db.register(fs)
 	olderThan := fs.Duration("older-than", 0, "delete the audit events of succeeded runs and settled payouts older than this, e.g. 720h for 30 days "+
@@ -27,16 +28,16 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	batchSize := fs.Int("batch-size", 500, "runs (or events) pruned per transaction; a run's events go with it")
 	var failedRuns stringList
 	fs.Var(&failedRuns, "failed-run", "a failed or cancelled run whose history you give up, by its exact key (repeatable); without it such runs keep everything, since they can still be resumed")
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if *olderThan == 0 {
-		return usageError("--older-than is required: how old finished history must be to go, e.g. 720h for 30 days")
+		return cmdline.UsageError("--older-than is required: how old finished history must be to go, e.g. 720h for 30 days")
 	}
-	if err := checkDuration("older-than", *olderThan, retention.MinAge, 100*365*24*time.Hour); err != nil {
+	if err := cmdline.CheckDuration("older-than", *olderThan, retention.MinAge, 100*365*24*time.Hour); err != nil {
 		return err
 	}
-	if err := checkInt("batch-size", *batchSize, 1, 10000); err != nil {
+	if err := cmdline.CheckInt("batch-size", *batchSize, 1, 10000); err != nil {
 		return err
 	}
 	pool, err := db.connect(ctx)

@@ -12,12 +12,13 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 )
 
 func init() {
-	register("report", "a date's batch status by evidence, payouts per state, totals against the bank's statement", runReport)
-	register("invariants", "check the invariants 1-6 of docs/design.md for a date against the database and the bank", runInvariants)
+	prog.Register("report", "a date's batch status by evidence, payouts per state, totals against the bank's statement", runReport)
+	prog.Register("invariants", "check the invariants 1-6 of docs/design.md for a date against the database and the bank", runInvariants)
 }
 
 // dateCommand is what the per-date read commands (report, invariants) share: their flags,
@@ -32,7 +33,7 @@ type dateCommand struct {
 }
 
 func parseDateCommand(ctx context.Context, name, what string, args []string, stderr io.Writer) (*dateCommand, error) {
-	fs := newFlagSet(name, name+" --date YYYY-MM-DD [--json]", stderr)
+	fs := prog.NewFlagSet(name, name+" --date YYYY-MM-DD [--json]", stderr)
 	var db dbFlags
 	var pf planFlags
 	var bf bankFlags
@@ -45,11 +46,11 @@ func parseDateCommand(ctx context.Context, name, what string, args []string, std
 	if name == "invariants" {
 		grace = fs.Duration("grace", time.Minute, "the reconciler's grace period the service ran with, to judge not-found decisions against the bank's request log")
 	}
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return nil, err
 	}
 	if grace != nil && *grace <= 0 {
-		return nil, usageError("--grace %s must be positive: it is the service's reconcile grace period", *grace)
+		return nil, cmdline.UsageError("--grace %s must be positive: it is the service's reconcile grace period", *grace)
 	}
 	d, err := parseDateFlag(*date)
 	if err != nil {

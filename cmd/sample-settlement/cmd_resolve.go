@@ -9,16 +9,17 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
 func init() {
-	register("resolve", "settle a MANUAL or UNKNOWN_EXTERNAL payout by hand, audited", runResolve)
+	prog.Register("resolve", "settle a MANUAL or UNKNOWN_EXTERNAL payout by hand, audited", runResolve)
 }
 
 func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("resolve", "resolve [flags] OP_ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT [--from STATE] [--seen-version N]", stderr)
+	fs := prog.NewFlagSet("resolve", "resolve [flags] OP_ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT [--from STATE] [--seen-version N]", stderr)
 	var db dbFlags
 	db.register(fs)
 	to := fs.String("to", "", "the decision: SUCCEEDED, FAILED_PERMANENT or RETRYABLE (required)")
@@ -31,37 +32,37 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		opArg, args = args[0], args[1:]
 	}
-	if err := parseFlags(fs, args, true); err != nil {
+	if err := cmdline.ParseFlags(fs, args, true); err != nil {
 		return err
 	}
 	if opArg == "" && fs.NArg() > 0 {
 		opArg = fs.Arg(0)
 	} else if fs.NArg() > 0 {
-		return usageError("unexpected argument %q after the operation id", fs.Arg(0))
+		return cmdline.UsageError("unexpected argument %q after the operation id", fs.Arg(0))
 	}
 	if opArg == "" {
-		return usageError("OP_ID is required: the payout's operation id (a UUID), as \"report --date D --json\" lists")
+		return cmdline.UsageError("OP_ID is required: the payout's operation id (a UUID), as \"report --date D --json\" lists")
 	}
 	id, err := uuid.Parse(opArg)
 	if err != nil {
-		return usageError("OP_ID %q: want an operation id (a UUID such as 6b1f0c9e-3d0a-5f43-9b52-7f8e0a7d2c11)", opArg)
+		return cmdline.UsageError("OP_ID %q: want an operation id (a UUID such as 6b1f0c9e-3d0a-5f43-9b52-7f8e0a7d2c11)", opArg)
 	}
 	toState := outbox.State(strings.ToUpper(*to))
 	switch toState {
 	case outbox.StateSucceeded, outbox.StateFailedPermanent, outbox.StateRetryable:
 	case "":
-		return usageError("--to is required: SUCCEEDED, FAILED_PERMANENT or RETRYABLE")
+		return cmdline.UsageError("--to is required: SUCCEEDED, FAILED_PERMANENT or RETRYABLE")
 	default:
-		return usageError("--to %q: want SUCCEEDED, FAILED_PERMANENT or RETRYABLE", *to)
+		return cmdline.UsageError("--to %q: want SUCCEEDED, FAILED_PERMANENT or RETRYABLE", *to)
 	}
 	fromState := outbox.State(strings.ToUpper(*from))
 	switch fromState {
 	case "", outbox.StateManual, outbox.StateUnknownExternal:
 	default:
-		return usageError("--from %q: only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand", *from)
+		return cmdline.UsageError("--from %q: only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand", *from)
 	}
 	if *seenVersion < 0 {
-		return usageError("--seen-version %d: want the version the console's operation page shows (1 or more), or leave it out", *seenVersion)
+		return cmdline.UsageError("--seen-version %d: want the version the console's operation page shows (1 or more), or leave it out", *seenVersion)
 	}
 	if err := checkAuditFlags(*actor, *reason); err != nil {
 		return err

@@ -9,15 +9,16 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
 func init() {
-	register("resume", "continue a failed or cancelled settlement run from its last checkpoint, audited", runResume)
+	prog.Register("resume", "continue a failed or cancelled settlement run from its last checkpoint, audited", runResume)
 }
 
 func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("resume", "resume [flags] RUN_KEY --reason TEXT [--seen-version N]", stderr)
+	fs := prog.NewFlagSet("resume", "resume [flags] RUN_KEY --reason TEXT [--seen-version N]", stderr)
 	var db dbFlags
 	db.register(fs)
 	reason := fs.String("reason", "", "why the run can go on now, e.g. the incident fixed (required, kept in the audit trail)")
@@ -28,19 +29,19 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		key, args = args[0], args[1:]
 	}
-	if err := parseFlags(fs, args, true); err != nil {
+	if err := cmdline.ParseFlags(fs, args, true); err != nil {
 		return err
 	}
 	if key == "" && fs.NArg() > 0 {
 		key = fs.Arg(0)
 	} else if fs.NArg() > 0 {
-		return usageError("unexpected argument %q after the run key", fs.Arg(0))
+		return cmdline.UsageError("unexpected argument %q after the run key", fs.Arg(0))
 	}
 	if key == "" {
-		return usageError("RUN_KEY is required: the run's key, as \"report --date D\" lists it")
+		return cmdline.UsageError("RUN_KEY is required: the run's key, as \"report --date D\" lists it")
 	}
 	if *seenVersion < 0 {
-		return usageError("--seen-version %d: want the version the console's run page shows (1 or more), or leave it out", *seenVersion)
+		return cmdline.UsageError("--seen-version %d: want the version the console's run page shows (1 or more), or leave it out", *seenVersion)
 	}
 	// The same checks as resolve's: a newline in --actor would forge a second audit line.
 	if err := checkAuditFlags(*actor, *reason); err != nil {

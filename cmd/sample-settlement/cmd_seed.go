@@ -6,11 +6,12 @@ import (
 	"io"
 	"sort"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 )
 
 func init() {
-	register("seed", "write merchants and one date's card transactions (deterministic)", runSeed)
+	prog.Register("seed", "write merchants and one date's card transactions (deterministic)", runSeed)
 }
 
 // seedFlags are seed's flags, shared with demo.
@@ -40,10 +41,10 @@ func (f *seedFlags) config() (*settlement.SeedConfig, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkInt("merchants", f.merchants, 1, maxMerchants); err != nil {
+	if err := cmdline.CheckInt("merchants", f.merchants, 1, maxMerchants); err != nil {
 		return nil, err
 	}
-	if err := checkInt("transactions", f.transactions, 0, maxTransactions); err != nil {
+	if err := cmdline.CheckInt("transactions", f.transactions, 0, maxTransactions); err != nil {
 		return nil, err
 	}
 	if err := checkShare("closed-accounts", f.closed); err != nil {
@@ -57,12 +58,12 @@ func (f *seedFlags) config() (*settlement.SeedConfig, error) {
 }
 
 func runSeed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("seed", "seed [--date 2026-03-01] [--merchants N] [--transactions N] [--seed N]", stderr)
+	fs := prog.NewFlagSet("seed", "seed [--date 2026-03-01] [--merchants N] [--transactions N] [--seed N]", stderr)
 	var db dbFlags
 	var sf seedFlags
 	db.register(fs)
 	sf.register(fs)
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	cfg, err := sf.config()

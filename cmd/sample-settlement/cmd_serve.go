@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"riverqueue.com/riverui"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/console/surface"
@@ -24,7 +25,7 @@ import (
 )
 
 func init() {
-	register("serve", "run workers, scheduler, reconciler and payout delivery until SIGINT/SIGTERM", runServe)
+	prog.Register("serve", "run workers, scheduler, reconciler and payout delivery until SIGINT/SIGTERM", runServe)
 }
 
 // serveFlags are serve's flags.
@@ -68,7 +69,7 @@ func (h *hostList) Set(v string) error {
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve", "serve [--addr 127.0.0.1:8080] [--shards N] [--bank-url URL] ...", stderr)
+	fs := prog.NewFlagSet("serve", "serve [--addr 127.0.0.1:8080] [--shards N] [--bank-url URL] ...", stderr)
 	var f serveFlags
 	f.db.register(fs)
 	f.plan.register(fs)
@@ -92,7 +93,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	_ = f.allowedHosts.Set(os.Getenv("SERVE_ALLOWED_HOSTS"))
 	fs.Var(&f.allowedHosts, "allowed-host", "a Host name (with or without :port) the console, River UI and /metrics answer to besides localhost, 127.0.0.1 and [::1], e.g. the proxy's name or the address Prometheus scrapes; repeatable, or comma-separated ($SERVE_ALLOWED_HOSTS). Any other Host gets 421 (DNS rebinding)")
 	fs.BoolVar(&f.verbose, "v", false, "log River's and Stepwise's info messages")
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if err := f.check(); err != nil {
@@ -108,11 +109,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	host, _, err := net.SplitHostPort(f.addr)
 	if err != nil {
-		return usageError("--addr %q: want host:port, e.g. 127.0.0.1:8080", f.addr)
+		return cmdline.UsageError("--addr %q: want host:port, e.g. 127.0.0.1:8080", f.addr)
 	}
 	for _, h := range f.allowedHosts {
 		if strings.ContainsAny(h, "/*@ \t") {
-			return usageError("--allowed-host %q: want a host name or address as browsers send it in Host, with or without a port (e.g. ops.example.com or ops.example.com:8443)", h)
+			return cmdline.UsageError("--allowed-host %q: want a host name or address as browsers send it in Host, with or without a port (e.g. ops.example.com or ops.example.com:8443)", h)
 		}
 	}
 	// Credentials are checked before the database is touched: a half-set pair exits 2 at once.
@@ -131,7 +132,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// Basic-auth credentials over plain HTTP beyond this host can be read by anyone on
 		// the path; every browser request repeats them.
 		if auth.Configured() && !f.behindTLS {
-			return usageError("--addr %s is beyond loopback and credentials are configured: they would cross the network in clear text with every request; terminate TLS in front of serve (a proxy) and pass --behind-tls, or bind 127.0.0.1 and reach it through ssh -L", f.addr)
+			return cmdline.UsageError("--addr %s is beyond loopback and credentials are configured: they would cross the network in clear text with every request; terminate TLS in front of serve (a proxy) and pass --behind-tls, or bind 127.0.0.1 and reach it through ssh -L", f.addr)
 		}
 		// The address serve is bound to is a name this surface answers to (an address is
 		// never a rebinding page's origin); 0.0.0.0 or :: name no host.
@@ -142,7 +143,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// metrics to a network by a mistyped --addr: without credentials that takes an
 		// explicit flag.
 		if auth.RiverUser == "" && !f.publicWithoutAuth {
-			return usageError("--addr %s is beyond loopback and RIVERUI_USER/RIVERUI_PASSWORD are not set: River UI and /metrics would be open to the network; set both, bind 127.0.0.1, or pass --public-without-auth if a proxy in front authenticates", f.addr)
+			return cmdline.UsageError("--addr %s is beyond loopback and RIVERUI_USER/RIVERUI_PASSWORD are not set: River UI and /metrics would be open to the network; set both, bind 127.0.0.1, or pass --public-without-auth if a proxy in front authenticates", f.addr)
 		}
 		logger.Warn("serving beyond loopback: /metrics, /healthz and /readyz are open to anyone who can reach " + f.addr)
 	}
@@ -212,7 +213,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// election; measured: ~17s).
 	rd.started.Store(true)
 	fmt.Fprintf(stdout, "serving: http://%s/metrics /healthz /readyz /riverui/ /console/; %d shards, schedule %q in %s (on: %t), bank %s, %d database connections at most\n",
-		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, redactURL(f.bank.url), maxConns)
+		ln.Addr(), plan.Shards, plan.Spec, plan.Zone, f.schedule, cmdline.RedactURL(f.bank.url), maxConns)
 	consoleFrom := "none (read-only, loopback)"
 	if auth.Console != nil {
 		consoleFrom = auth.ConsoleFrom
@@ -280,15 +281,15 @@ func drain(svc *settlement.Service, srv *http.Server, rd *readiness, shutdownTim
 // check refuses out-of-range flags with the flag, the range and so the fix.
 func (f *serveFlags) check() error {
 	for _, c := range []error{
-		checkInt("settle-workers", f.settleWorkers, 0, maxWorkers),
-		checkInt("batch-size", f.batchSize, 1, maxBatchSize),
-		checkInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency),
-		checkInt("db-max-conns", f.dbMaxConns, 0, 10_000),
-		checkDuration("payout-timeout", f.payoutTimeout, 10*time.Millisecond, 10*time.Minute),
-		checkDuration("reconcile-interval", f.reconcileEvery, 10*time.Millisecond, 24*time.Hour),
-		checkDuration("reconcile-grace", f.reconcileGrace, 10*time.Millisecond, 7*24*time.Hour),
-		checkDuration("shutdown-timeout", f.shutdownTimeout, 0, time.Hour),
-		checkDuration("metrics-interval", f.metricsInterval, 100*time.Millisecond, time.Hour),
+		cmdline.CheckInt("settle-workers", f.settleWorkers, 0, maxWorkers),
+		cmdline.CheckInt("batch-size", f.batchSize, 1, maxBatchSize),
+		cmdline.CheckInt("payout-concurrency", f.payoutConcurrency, 1, maxConcurrency),
+		cmdline.CheckInt("db-max-conns", f.dbMaxConns, 0, 10_000),
+		cmdline.CheckDuration("payout-timeout", f.payoutTimeout, 10*time.Millisecond, 10*time.Minute),
+		cmdline.CheckDuration("reconcile-interval", f.reconcileEvery, 10*time.Millisecond, 24*time.Hour),
+		cmdline.CheckDuration("reconcile-grace", f.reconcileGrace, 10*time.Millisecond, 7*24*time.Hour),
+		cmdline.CheckDuration("shutdown-timeout", f.shutdownTimeout, 0, time.Hour),
+		cmdline.CheckDuration("metrics-interval", f.metricsInterval, 100*time.Millisecond, time.Hour),
 	} {
 		if c != nil {
 			return c
@@ -296,12 +297,12 @@ func (f *serveFlags) check() error {
 	}
 	// 0 means workflow's default (30s); anything else must leave room for heartbeats.
 	if f.lease != 0 {
-		if err := checkDuration("lease", f.lease, 300*time.Millisecond, 24*time.Hour); err != nil {
-			return usageError("%s, or 0 for the default (30s)", trimUsage(err))
+		if err := cmdline.CheckDuration("lease", f.lease, 300*time.Millisecond, 24*time.Hour); err != nil {
+			return fmt.Errorf("%w, or 0 for the default (30s)", err)
 		}
 	}
 	if f.reconcileGrace <= f.payoutTimeout {
-		return usageError("--reconcile-grace %s must exceed --payout-timeout %s: a payout still in flight could land after a not-found lookup and its resend", f.reconcileGrace, f.payoutTimeout)
+		return cmdline.UsageError("--reconcile-grace %s must exceed --payout-timeout %s: a payout still in flight could land after a not-found lookup and its resend", f.reconcileGrace, f.payoutTimeout)
 	}
 	return nil
 }

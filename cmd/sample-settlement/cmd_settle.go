@@ -7,15 +7,16 @@ import (
 	"io"
 	"time"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 )
 
 func init() {
-	register("settle", "start (or find started) the settlement of one date, and work it until it is at rest", runSettle)
+	prog.Register("settle", "start (or find started) the settlement of one date, and work it until it is at rest", runSettle)
 }
 
 func runSettle(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("settle", "settle --date YYYY-MM-DD [--work=false]", stderr)
+	fs := prog.NewFlagSet("settle", "settle --date YYYY-MM-DD [--work=false]", stderr)
 	var db dbFlags
 	var pf planFlags
 	var bf bankFlags
@@ -25,14 +26,14 @@ func runSettle(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	date := fs.String("date", "", "business date to settle, YYYY-MM-DD (required)")
 	work := fs.Bool("work", true, "work the runs in this process until the date is at rest (false: only start them, for serve processes)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "with --work, how long to wait for the date to come to rest")
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	d, err := parseDateFlag(*date)
 	if err != nil {
 		return err
 	}
-	if err := checkDuration("timeout", *timeout, time.Second, 7*24*time.Hour); err != nil {
+	if err := cmdline.CheckDuration("timeout", *timeout, time.Second, 7*24*time.Hour); err != nil {
 		return err
 	}
 	plan, err := pf.plan()

@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/migrations"
 )
@@ -88,7 +87,7 @@ func (f *dbFlags) connectMigrated(ctx context.Context) (*pgxpool.Pool, error) {
 // connectSized is connect with a connection cap (0: pgx's default).
 func (f *dbFlags) connectSized(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
 	if f.url == "" {
-		return nil, usageError("no database: set DATABASE_URL or --database-url (\"sample-settlement demo\" needs neither)")
+		return nil, cmdline.UsageError("no database: set DATABASE_URL or --database-url (\"sample-settlement demo\" needs neither)")
 	}
 	return openPool(ctx, f.url, maxConns)
 }
@@ -102,36 +101,16 @@ func (v secretURL) String() string {
 	if v.s == nil || *v.s == "" {
 		return ""
 	}
-	return redactURL(*v.s)
+	return cmdline.RedactURL(*v.s)
 }
 
 func (v secretURL) Set(s string) error { *v.s = s; return nil }
-
-// redactURL returns u with its password replaced by "xxxxx", for logs and messages; a
-// string that is not a URL is not shown at all.
-func redactURL(u string) string {
-	parsed, err := url.Parse(u)
-	if err != nil {
-		return "(unparseable URL)"
-	}
-	if parsed.User != nil {
-		if _, has := parsed.User.Password(); has {
-			// Redacted keeps a user name; a password hidden in the query or a key=value DSN
-			// is beyond it, so those are not shown at all.
-			parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
-		}
-	}
-	if strings.Contains(strings.ToLower(parsed.RawQuery), "password") {
-		parsed.RawQuery = "(redacted)"
-	}
-	return parsed.String()
-}
 
 func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		// The parse error may quote the URL, password included.
-		return nil, usageError("database URL is not a PostgreSQL URL such as postgres://user@host:5432/db")
+		return nil, cmdline.UsageError("database URL is not a PostgreSQL URL such as postgres://user@host:5432/db")
 	}
 	if maxConns == 0 {
 		// Enough for a Service with the default plan's settle workers (stepwise.NewClient
@@ -187,12 +166,12 @@ func (f *planFlags) register(fs *flag.FlagSet) {
 func (f *planFlags) plan() (settlement.Plan, error) {
 	// Plan treats 0 as "the default, 4": from the command line that is a typo, and a
 	// process whose shard count differs from the others' splits dates differently.
-	if err := checkInt("shards", f.shards, 1, maxShards); err != nil {
+	if err := cmdline.CheckInt("shards", f.shards, 1, maxShards); err != nil {
 		return settlement.Plan{}, err
 	}
 	p, err := settlement.Plan{Spec: f.spec, Zone: f.zone, Shards: f.shards}.Compile()
 	if err != nil {
-		return p, usageError("--shards/--schedule/--zone: %v", err)
+		return p, cmdline.UsageError("--shards/--schedule/--zone: %v", err)
 	}
 	return p, nil
 }
@@ -200,11 +179,11 @@ func (f *planFlags) plan() (settlement.Plan, error) {
 // parseDateFlag parses --date, naming the flag in the error.
 func parseDateFlag(s string) (time.Time, error) {
 	if s == "" {
-		return time.Time{}, usageError("--date is required: the business date to act on, YYYY-MM-DD")
+		return time.Time{}, cmdline.UsageError("--date is required: the business date to act on, YYYY-MM-DD")
 	}
 	d, err := settlement.ParseDate(s)
 	if err != nil {
-		return time.Time{}, usageError("--date %q: want YYYY-MM-DD, e.g. 2026-03-01", s)
+		return time.Time{}, cmdline.UsageError("--date %q: want YYYY-MM-DD, e.g. 2026-03-01", s)
 	}
 	return d, nil
 }

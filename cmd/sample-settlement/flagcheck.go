@@ -3,9 +3,10 @@ package main
 import (
 	"math"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 )
 
 // Bounds of numeric flags. Guards against: a value that panics (a slice of 2^63 elements), a
@@ -23,27 +24,11 @@ const (
 	maxActorLen     = 200
 )
 
-// checkInt refuses v outside lo..hi, naming the flag and the range.
-func checkInt(flagName string, v, lo, hi int) error {
-	if v < lo || v > hi {
-		return usageError("--%s %d: want %d to %d", flagName, v, lo, hi)
-	}
-	return nil
-}
-
-// checkDuration refuses d outside lo..hi, naming the flag and the range.
-func checkDuration(flagName string, d, lo, hi time.Duration) error {
-	if d < lo || d > hi {
-		return usageError("--%s %s: want %s to %s", flagName, d, lo, hi)
-	}
-	return nil
-}
-
 // checkShare refuses a share that is not a number between 0 and 1 (NaN compares false to
 // everything, so a plain range check lets it through).
 func checkShare(flagName string, v float64) error {
 	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > 1 {
-		return usageError("--%s %v: want a share between 0 and 1, such as 0.01", flagName, v)
+		return cmdline.UsageError("--%s %v: want a share between 0 and 1, such as 0.01", flagName, v)
 	}
 	return nil
 }
@@ -58,16 +43,16 @@ func checkShare(flagName string, v float64) error {
 func checkText(flagName, s string, max int) error {
 	switch {
 	case len(s) > max:
-		return usageError("--%s is %d bytes: keep it within %d (the audit trail keeps every byte, forever)", flagName, len(s), max)
+		return cmdline.UsageError("--%s is %d bytes: keep it within %d (the audit trail keeps every byte, forever)", flagName, len(s), max)
 	case !utf8.ValidString(s):
-		return usageError("--%s is not valid UTF-8", flagName)
+		return cmdline.UsageError("--%s is not valid UTF-8", flagName)
 	}
 	for _, r := range s {
 		switch {
 		case unicode.IsControl(r), unicode.In(r, unicode.Zl, unicode.Zp):
-			return usageError("--%s holds a control character or line break (%U): use plain text on one line", flagName, r)
+			return cmdline.UsageError("--%s holds a control character or line break (%U): use plain text on one line", flagName, r)
 		case unicode.Is(unicode.Cf, r):
-			return usageError("--%s holds an invisible or bidirectional formatting character (%U): it would make the audit trail read otherwise than typed; remove it", flagName, r)
+			return cmdline.UsageError("--%s holds an invisible or bidirectional formatting character (%U): it would make the audit trail read otherwise than typed; remove it", flagName, r)
 		}
 	}
 	return nil
@@ -77,10 +62,10 @@ func checkText(flagName, s string, max int) error {
 // both required, both by checkText.
 func checkAuditFlags(actor, reason string) error {
 	if strings.TrimSpace(reason) == "" {
-		return usageError("--reason is required: it is kept in the audit trail")
+		return cmdline.UsageError("--reason is required: it is kept in the audit trail")
 	}
 	if strings.TrimSpace(actor) == "" {
-		return usageError("--actor is required when $USER is not set")
+		return cmdline.UsageError("--actor is required when $USER is not set")
 	}
 	if err := checkText("reason", reason, maxReasonLen); err != nil {
 		return err

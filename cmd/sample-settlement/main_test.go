@@ -28,7 +28,7 @@ func init() {
 	// the end-to-end test starts serve processes with it.
 	workflowtest.RegisterRole("cli", func(ctx context.Context, env map[string]string) error {
 		args := strings.Split(env["SS_ARGS"], argsSep)
-		if code := run(ctx, args, os.Stdout, os.Stderr); code != 0 {
+		if code := prog.Run(ctx, args, os.Stdout, os.Stderr); code != 0 {
 			return &exitError{code: code}
 		}
 		return nil
@@ -74,7 +74,7 @@ func runCLI(t *testing.T, args ...string) result {
 	var out, errOut syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	code := run(ctx, args, &out, &errOut)
+	code := prog.Run(ctx, args, &out, &errOut)
 	r := result{code: code, stdout: out.String(), stderr: errOut.String()}
 	t.Logf("sample-settlement %s → exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, r.stdout, r.stderr)
 	return r

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/console/surface"
 )
 
@@ -12,7 +13,7 @@ type operatorAuth = surface.Auth
 func operatorAuthFromEnv() (*operatorAuth, error) {
 	a, err := surface.LoadAuth()
 	if err != nil {
-		return nil, usageError("%v", err)
+		return nil, cmdline.UsageError("%v", err)
 	}
 	return a, nil
 }

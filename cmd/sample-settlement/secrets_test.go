@@ -2,7 +2,6 @@ package main
 
 import (
 	"net/url"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,12 +43,7 @@ func TestNoPasswordInOutput(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://ops:"+dbSecret+"@127.0.0.1:1/none")
 	t.Setenv("BANK_URL", "http://payer:"+bankSecret+"@127.0.0.1:1")
 
-	names := make([]string, 0, len(commands))
-	for name := range commands {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range prog.Names() {
 		r := runCLI(t, name, "--help")
 		requireNoSecret(t, name+" --help", r.stdout+r.stderr)
 	}

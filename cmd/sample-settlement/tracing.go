@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
+
 	"context"
 	"fmt"
 	"io"
@@ -36,7 +38,7 @@ func setupTracing(ctx context.Context, stderr io.Writer) (shutdown func(), middl
 	}
 	for _, v := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
 		if p := os.Getenv(v); p != "" && p != "http/protobuf" {
-			return nil, nil, usageError("%s=%s: this sample exports OTLP over HTTP only; set it to http/protobuf (or unset it) and point the endpoint at the collector's HTTP port (4318)", v, p)
+			return nil, nil, cmdline.UsageError("%s=%s: this sample exports OTLP over HTTP only; set it to http/protobuf (or unset it) and point the endpoint at the collector's HTTP port (4318)", v, p)
 		}
 	}
 	exp, err := otlptracehttp.New(ctx)
@@ -71,5 +73,5 @@ func endpointShown() string {
 	if e == "" {
 		e = os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
 	}
-	return redactURL(e)
+	return cmdline.RedactURL(e)
 }

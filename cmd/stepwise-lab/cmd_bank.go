@@ -7,15 +7,16 @@ import (
 	"net"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 func init() {
-	register("bank", "run the fake bank as a server, with fault flags", runBank)
+	prog.Register("bank", "run the fake bank as a server, with fault flags", runBank)
 }
 
 func runBank(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bank", "bank [--addr 127.0.0.1:8089] [--refuse P] [--error-after P] [--drop-after P] ...", stderr)
+	fs := prog.NewFlagSet("bank", "bank [--addr 127.0.0.1:8089] [--refuse P] [--error-after P] [--drop-after P] ...", stderr)
 	addr := fs.String("addr", "127.0.0.1:8089", "loopback address to listen on (the bank has no authentication)")
 	seed := fs.Uint64("seed", 1, "seed of the fault draws")
 	latency := fs.Duration("latency", 0, "added to every payment, lookup and statement request")
@@ -23,15 +24,15 @@ func runBank(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	strict := fs.Bool("strict", false, "never deduplicate: every payment request that is applied is a new payment, as at a bank that does not remember idempotency keys (the invariants command then sees every second send)")
 	var ff bankfake.FaultFlags
 	ff.Register(fs, false)
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if _, _, err := net.SplitHostPort(*addr); err != nil {
-		return usageError("--addr %q: want host:port, e.g. 127.0.0.1:8089", *addr)
+		return cmdline.UsageError("--addr %q: want host:port, e.g. 127.0.0.1:8089", *addr)
 	}
 	mix, err := ff.Mix()
 	if err != nil {
-		return usageError("%v", err)
+		return cmdline.UsageError("%v", err)
 	}
 	bank := fakebank.New(&fakebank.Config{Addr: *addr, Seed: *seed, Latency: *latency, Delay: *delay, Faults: mix, Strict: *strict})
 	if err := bank.Start(); err != nil {

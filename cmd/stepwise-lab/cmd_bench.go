@@ -6,11 +6,12 @@ import (
 	"io"
 	"strings"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/bench"
 )
 
 func init() {
-	register("bench", "measure Stepwise against the plain-pgx floor and River one-job-per-merchant; delivery, reconcile, takeover, scale, size", runBench)
+	prog.Register("bench", "measure Stepwise against the plain-pgx floor and River one-job-per-merchant; delivery, reconcile, takeover, scale, size", runBench)
 }
 
 // runBench is bench.Main with its command-line mistakes exiting 2, as every command's do. The
@@ -19,7 +20,7 @@ func init() {
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	err := bench.Main(ctx, args, stdout, stderr)
 	if errors.Is(err, bench.ErrUsage) {
-		return usageError("%s", strings.TrimPrefix(err.Error(), "bench: "))
+		return cmdline.UsageError("%s", strings.TrimPrefix(err.Error(), "bench: "))
 	}
 	return err
 }

@@ -16,14 +16,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/stepwise-lab/chaos"
 	"github.com/stepwise-go/stepwise/workflowtest"
 	"github.com/stepwise-go/stepwise/workflowtest/pgserver"
 )
 
 func init() {
-	register("chaos", "settle a date while worker processes are killed and frozen at random, then check every invariant", runChaos)
-	register("chaos-worker", "(internal) one worker process of the chaos suite", runChaosWorker)
+	prog.Register("chaos", "settle a date while worker processes are killed and frozen at random, then check every invariant", runChaos)
+	prog.Register("chaos-worker", "(internal) one worker process of the chaos suite", runChaosWorker)
 }
 
 func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -67,18 +68,18 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if flags.Duration <= 0 || flags.Workers < 1 || flags.Merchants < 1 || flags.Shards < 1 || flags.Lease <= 0 {
-		return usageError("--duration, --lease, --workers, --merchants and --shards must be positive")
+		return cmdline.UsageError("--duration, --lease, --workers, --merchants and --shards must be positive")
 	}
 	for _, err := range []error{
-		checkDuration("duration", flags.Duration, time.Second, 7*24*time.Hour),
-		checkDuration("lease", flags.Lease, 300*time.Millisecond, time.Hour),
-		checkInt("workers", flags.Workers, 1, 64),
-		checkInt("merchants", flags.Merchants, 1, maxMerchants),
-		checkInt("shards", flags.Shards, 1, maxShards),
+		cmdline.CheckDuration("duration", flags.Duration, time.Second, 7*24*time.Hour),
+		cmdline.CheckDuration("lease", flags.Lease, 300*time.Millisecond, time.Hour),
+		cmdline.CheckInt("workers", flags.Workers, 1, 64),
+		cmdline.CheckInt("merchants", flags.Merchants, 1, maxMerchants),
+		cmdline.CheckInt("shards", flags.Shards, 1, maxShards),
 	} {
 		if err != nil {
 			return err
@@ -93,7 +94,7 @@ Flags:
 	configFor := func(name string, seed uint64) (*chaos.Config, error) {
 		cfg, err := chaos.ProfileConfig(name, false)
 		if err != nil {
-			return nil, usageError("%v", err)
+			return nil, cmdline.UsageError("%v", err)
 		}
 		classic := name == "classic"
 		// Under mix, --duration is the whole soak: each profile keeps its own length.
@@ -245,7 +246,7 @@ One worker process of "stepwise-lab chaos", which starts it; not meant to be run
 hand. It reads DATABASE_URL, BANK_URL and the CHAOS_* settings (see chaos.WorkerMain) from the
 environment and runs the settlement service until SIGTERM.`)
 	}
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	env := map[string]string{}
@@ -262,7 +263,7 @@ environment and runs the settlement service until SIGTERM.`)
 func freshDatabase(ctx context.Context, adminURL, name string) (string, func(), error) {
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", nil, fmt.Errorf("connecting to %s: %w", redactURL(adminURL), err)
+		return "", nil, fmt.Errorf("connecting to %s: %w", cmdline.RedactURL(adminURL), err)
 	}
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		admin.Close(ctx)

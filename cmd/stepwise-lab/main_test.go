@@ -39,7 +39,7 @@ func runCLI(t *testing.T, args ...string) result {
 	var out, errOut syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	code := run(ctx, args, &out, &errOut)
+	code := prog.Run(ctx, args, &out, &errOut)
 	r := result{code: code, stdout: out.String(), stderr: errOut.String()}
 	t.Logf("stepwise-lab %s → exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, r.stdout, r.stderr)
 	return r

@@ -58,7 +58,7 @@ func opsList(ctx context.Context, c *cli, args []string) error {
 	state := f.String("state", "", "only operations in this state, e.g. MANUAL or UNKNOWN_EXTERNAL")
 	runKey := f.String("run", "", "only the operations this run enqueued (its exact key)")
 	bk := f.String("business-key", "", "only the operation with this business key (exact), e.g. 2026-11-29/42")
-	limit := f.Int("limit", 50, "at most this many operations (1 to 1000)")
+	limit := f.limit(50, "operations")
 	if _, err := f.parse(args, 0, 0, ""); err != nil {
 		return err
 	}
@@ -69,48 +69,39 @@ func opsList(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 	}
-	if *limit < 1 || *limit > 1000 {
-		return usageError("%s: --limit %d: want 1 to 1000", c.path, *limit)
+	if err := checkLimit(c.path, *limit); err != nil {
+		return err
 	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	rows, err := pool.Query(ctx, `
-		SELECT operation_id, kind, business_key, state, amount, currency, run_key, attempts, version, updated_at,
-		       coalesce(nullif(manual_reason, ''), nullif(last_lookup, ''), nullif(last_error, ''), '')
-		  FROM stepwise_operation
-		 WHERE ($1 = '' OR kind = $1) AND ($2 = '' OR state = $2) AND ($3 = '' OR run_key = $3) AND ($4 = '' OR business_key = $4)
-		 ORDER BY created_at DESC, operation_id
-		 LIMIT $5`, *kind, string(st), *runKey, *bk, *limit)
+	ops, err := client.OperationList(ctx, &sw.OperationListParams{State: st, Kind: *kind, RunKey: *runKey, BusinessKey: *bk, Limit: *limit, NewestFirst: true})
 	if err != nil {
-		return fmt.Errorf("listing operations: %w", err)
+		return err
 	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (opRow, error) {
-		var x opRow
-		err := r.Scan(&x.ID, &x.Kind, &x.BusinessKey, &x.State, &x.Amount, &x.Currency, &x.RunKey, &x.Attempts, &x.Version, &x.UpdatedAt, &x.Why)
-		return x, err
-	})
-	if err != nil {
-		return fmt.Errorf("listing operations: %w", err)
+	list := make([]opRow, len(ops))
+	rows := make([][]string, len(ops))
+	for i, op := range ops {
+		o := opRow{ID: op.ID, Kind: op.Kind, BusinessKey: op.BusinessKey, State: op.State, Attempts: op.Attempts, Version: op.Version, UpdatedAt: op.UpdatedAt}
+		if op.Amount != 0 || op.Currency != "" {
+			o.Amount, o.Currency = &op.Amount, &op.Currency
+		}
+		if op.RunKey != "" {
+			o.RunKey = &op.RunKey
+		}
+		for _, why := range []string{op.ManualReason, op.LastLookup, op.LastError} {
+			if why != "" {
+				o.Why = why
+				break
+			}
+		}
+		list[i] = o
+		rows[i] = []string{o.ID.String(), o.Kind, o.BusinessKey, string(o.State), money(o.Amount, o.Currency), deref(o.RunKey), fmt.Sprint(o.Attempts), fmt.Sprint(o.Version), ts(o.UpdatedAt), oneLine(o.Why, 60)}
 	}
-	if f.json {
-		return c.printJSON(nonNil(list))
-	}
-	if len(list) == 0 {
-		fmt.Fprintln(c.stdout, "no operations match")
-		return nil
-	}
-	out := make([][]string, len(list))
-	for i, o := range list {
-		out[i] = []string{o.ID.String(), o.Kind, o.BusinessKey, string(o.State), money(o.Amount, o.Currency), deref(o.RunKey), fmt.Sprint(o.Attempts), fmt.Sprint(o.Version), ts(o.UpdatedAt), oneLine(o.Why, 60)}
-	}
-	c.table([]string{"OPERATION", "KIND", "BUSINESS KEY", "STATE", "AMOUNT", "RUN", "ATTEMPTS", "VERSION", "UPDATED", "WHY"}, out)
-	if len(list) == *limit {
-		fmt.Fprintf(c.stdout, "(first %d; narrow with --state, --kind, --run or raise --limit)\n", *limit)
-	}
-	return nil
+	return f.print(listing{json: list, none: "no operations match", rows: rows, limit: *limit, narrow: "--state, --kind, --run",
+		header: []string{"OPERATION", "KIND", "BUSINESS KEY", "STATE", "AMOUNT", "RUN", "ATTEMPTS", "VERSION", "UPDATED", "WHY"}})
 }
 
 // money shows minor units with the currency, e.g. 1250 EUR as "12.50 EUR" (two decimals:
@@ -185,15 +176,11 @@ func opsShow(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	client, err := sw.NewOperatorClient(pool)
-	if err != nil {
-		return err
-	}
 	var out opShow
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		op, err := client.OperationGetTx(ctx, tx, id)
@@ -305,18 +292,14 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 			"If your service registers one, resolve through your service (its console, or its own command), which runs it in the same transaction; "+
 			"if it registers none (as the README's quick start), pass --no-callback", c.path)
 	}
-	pool, _, err := f.open(ctx, false)
+	// An operator's client knows no kinds: it resolves only with NoCallback (the operator
+	// said the kind has no callback), and wakes the service's dispatcher for a RETRYABLE
+	// decision through its insert-only River client.
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	// An operator's client knows no kinds: it resolves only with NoCallback (the operator
-	// said the kind has no callback), and wakes the service's dispatcher for a RETRYABLE
-	// decision through its insert-only River client.
-	client, err := sw.NewOperatorClient(pool)
-	if err != nil {
-		return err
-	}
 	cur, err := client.OperationGet(ctx, id)
 	if errors.Is(err, outbox.ErrNotFound) {
 		return fmt.Errorf("%w: no operation %s; list the ones waiting for a person with \"stepwise ops --state MANUAL\"", errNotFound, id)

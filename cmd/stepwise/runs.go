@@ -49,57 +49,34 @@ func runsList(ctx context.Context, c *cli, args []string) error {
 	wf := f.String("workflow", "", "only runs of this workflow (the River job kind of its args, e.g. settle)")
 	sched := f.String("schedule", "", "only the runs a schedule started")
 	prefix := f.String("key-prefix", "", "only runs whose key starts with this, e.g. settle/2026-11")
-	limit := f.Int("limit", 50, "at most this many runs (1 to 1000)")
+	limit := f.limit(50, "runs")
 	if _, err := f.parse(args, 0, 0, ""); err != nil {
 		return err
 	}
 	if *status != "" && !contains(runStatuses, *status) {
 		return usageError("%s: --status %q: want one of %s", c.path, *status, strings.Join(runStatuses, ", "))
 	}
-	if *limit < 1 || *limit > 1000 {
-		return usageError("%s: --limit %d: want 1 to 1000", c.path, *limit)
+	if err := checkLimit(c.path, *limit); err != nil {
+		return err
 	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	// A key prefix is compared as text, not as a LIKE pattern: "_" and "%" in keys are
-	// ordinary characters.
-	rows, err := pool.Query(ctx, `
-		SELECT r.key, r.workflow, r.status, r.schedule, coalesce(c.steps, 0), r.failures, r.version, r.created_at, r.updated_at, r.finished_at, r.last_error
-		  FROM stepwise_run r LEFT JOIN stepwise_checkpoint c ON c.key = r.key
-		 WHERE ($1 = '' OR r.status = $1) AND ($2 = '' OR r.workflow = $2) AND ($3 = '' OR r.schedule = $3)
-		   AND ($4 = '' OR left(r.key, length($4)) = $4)
-		 ORDER BY r.created_at DESC, r.key
-		 LIMIT $5`, *status, *wf, *sched, *prefix, *limit)
+	runs, err := client.RunList(ctx, &sw.RunListParams{Status: workflow.RunStatus(*status), Workflow: *wf, Schedule: *sched, KeyPrefix: *prefix, Limit: *limit})
 	if err != nil {
-		return fmt.Errorf("listing runs: %w", err)
+		return err
 	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (runRow, error) {
-		var x runRow
-		err := r.Scan(&x.Key, &x.Workflow, &x.Status, &x.Schedule, &x.Steps, &x.Failures, &x.Version, &x.CreatedAt, &x.UpdatedAt, &x.Finished, &x.LastError)
-		return x, err
-	})
-	if err != nil {
-		return fmt.Errorf("listing runs: %w", err)
+	list := make([]runRow, len(runs))
+	rows := make([][]string, len(runs))
+	for i, r := range runs {
+		list[i] = runRow{Key: r.Key, Workflow: r.Workflow, Status: string(r.Status), Schedule: r.Schedule, Steps: r.Steps, Failures: r.Failures,
+			Version: r.Version, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Finished: r.FinishedAt, LastError: r.LastError}
+		rows[i] = []string{r.Key, string(r.Status), r.Workflow, deref(r.Schedule), fmt.Sprint(r.Steps), fmt.Sprint(r.Failures), fmt.Sprint(r.Version), ts(r.UpdatedAt), oneLine(deref(r.LastError), 60)}
 	}
-	if f.json {
-		return c.printJSON(nonNil(list))
-	}
-	if len(list) == 0 {
-		fmt.Fprintln(c.stdout, "no runs match")
-		return nil
-	}
-	out := make([][]string, len(list))
-	for i, r := range list {
-		out[i] = []string{r.Key, r.Status, r.Workflow, deref(r.Schedule), fmt.Sprint(r.Steps), fmt.Sprint(r.Failures), fmt.Sprint(r.Version), ts(r.UpdatedAt), oneLine(deref(r.LastError), 60)}
-	}
-	c.table([]string{"KEY", "STATUS", "WORKFLOW", "SCHEDULE", "STEPS", "FAILURES", "VERSION", "UPDATED", "LAST ERROR"}, out)
-	if len(list) == *limit {
-		fmt.Fprintf(c.stdout, "(first %d; narrow with --status, --key-prefix or raise --limit)\n", *limit)
-	}
-	return nil
+	return f.print(listing{json: list, none: "no runs match", rows: rows, limit: *limit, narrow: "--status, --key-prefix",
+		header: []string{"KEY", "STATUS", "WORKFLOW", "SCHEDULE", "STEPS", "FAILURES", "VERSION", "UPDATED", "LAST ERROR"}})
 }
 
 // event is one row of the audit trail.
@@ -154,7 +131,7 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 	if *n < 1 || *n > 1000 {
 		return usageError("%s: --events %d: want 1 to 1000", c.path, *n)
 	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
@@ -162,17 +139,18 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 	var out runShow
 	// One snapshot: the run, its checkpoint and its events agree.
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		run, err := workflow.GetRun(ctx, tx, pos[0])
+		run, err := client.RunGetTx(ctx, tx, pos[0])
 		if errors.Is(err, workflow.ErrRunNotFound) {
 			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs --key-prefix ...\"", errNotFound, pos[0])
 		}
 		if err != nil {
 			return err
 		}
-		out.Run = run
+		out.Run, out.Steps = run, run.Steps
+		// The cursor and the lease are the checkpoint's, which no client call reads.
 		var holder *string
-		if err := tx.QueryRow(ctx, `SELECT cursor, cursor_version, steps, owner, lease_until, fencing_token FROM stepwise_checkpoint WHERE key = $1`, run.Key).
-			Scan(&out.Cursor, &out.CursorVersion, &out.Steps, &holder, &out.LeaseUntil, &out.FencingToken); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT cursor, cursor_version, owner, lease_until, fencing_token FROM stepwise_checkpoint WHERE key = $1`, run.Key).
+			Scan(&out.Cursor, &out.CursorVersion, &holder, &out.LeaseUntil, &out.FencingToken); err != nil {
 			return fmt.Errorf("reading the run's checkpoint: %w", err)
 		}
 		out.Holder = deref(holder)
@@ -276,40 +254,26 @@ func printEvents(c *cli, events []event) {
 
 func runsCancel(ctx context.Context, c *cli, args []string) error {
 	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
-	var a auditFlags
-	a.register(f, "why the run must stop")
-	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed status since. Default: not checked")
-	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	key, a, seen, err := f.runDecision(args, "why the run must stop", "refused if the run changed status since. Default: not checked")
 	if err != nil {
 		return err
 	}
-	if err := a.check(c.path); err != nil {
-		return err
-	}
-	if err := seenVersion(c.path, *seen, "stepwise runs"); err != nil {
-		return err
-	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	client, err := sw.NewOperatorClient(pool)
-	if err != nil {
-		return err
-	}
-	key := pos[0]
 	var status workflow.RunStatus
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The client locks the run, checks the version seen and records the request; the
 		// command's audit row commits with it.
-		run, err := client.RunCancelTx(ctx, tx, key, &sw.RunCancelOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: *seen})
+		run, err := client.RunCancelTx(ctx, tx, key, &sw.RunCancelOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: seen})
 		var changed *workflow.RunChangedError
 		switch {
 		case errors.Is(err, workflow.ErrRunNotFound):
 			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs\"", errNotFound, key)
 		case errors.As(err, &changed):
-			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, changed.Status, changed.Version, *seen, key)
+			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, changed.Status, changed.Version, seen, key)
 		case errors.Is(err, sw.ErrRunNotCancellable):
 			if run, rerr := client.RunGetTx(ctx, tx, key); rerr == nil {
 				return fmt.Errorf("run %q is %s: only a pending or running run can be cancelled; nothing was changed", key, run.Status)
@@ -332,6 +296,24 @@ func runsCancel(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
+// runDecision registers --reason, --actor and --seen-version (seenHelp says what it guards
+// and its default), parses the run's key and checks them all before anything is read.
+func (f *flags) runDecision(args []string, reasonHelp, seenHelp string) (key string, a auditFlags, seen int64, err error) {
+	a.register(f, reasonHelp)
+	f.Int64Var(&seen, "seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; "+seenHelp)
+	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	if err != nil {
+		return "", a, 0, err
+	}
+	if err := a.check(f.c.path); err != nil {
+		return "", a, 0, err
+	}
+	if err := seenVersion(f.c.path, seen, "stepwise runs"); err != nil {
+		return "", a, 0, err
+	}
+	return pos[0], a, seen, nil
+}
+
 // auditAction records an operator's action in tx as the console does (console.ActionEvent,
 // kept forever by retention), marked as done with this command and from which host.
 func auditAction(ctx context.Context, tx pgx.Tx, subject, action, from, to string, a auditFlags) error {
@@ -344,32 +326,19 @@ func auditAction(ctx context.Context, tx pgx.Tx, subject, action, from, to strin
 
 func runsResume(ctx context.Context, c *cli, args []string) error {
 	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
-	var a auditFlags
-	a.register(f, "why the run can go on now, e.g. the incident fixed")
-	seen := f.Int64("seen-version", 0, "the run's version you decided on, as \"stepwise runs show\" prints it; refused if the run changed since (resumed, run and failed again). Default: the version the command reads first (a change after that is refused too)")
-	pos, err := f.parse(args, 1, 1, "KEY (the run's key)")
+	key, a, seen, err := f.runDecision(args, "why the run can go on now, e.g. the incident fixed",
+		"refused if the run changed since (resumed, run and failed again). Default: the version the command reads first (a change after that is refused too)")
 	if err != nil {
 		return err
 	}
-	if err := a.check(c.path); err != nil {
-		return err
-	}
-	if err := seenVersion(c.path, *seen, "stepwise runs"); err != nil {
-		return err
-	}
-	pool, _, err := f.open(ctx, false)
+	// An operator's client (an insert-only River client, no workers): the resume inserts the
+	// run's job, and the service's own workers run it.
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	// An operator's client (an insert-only River client, no workers): the resume inserts the
-	// run's job, and the service's own workers run it.
-	client, err := sw.NewOperatorClient(pool)
-	if err != nil {
-		return err
-	}
-	key := pos[0]
-	version := *seen
+	version := seen
 	if version == 0 {
 		// Without --seen-version the decision is on the run as it is now: read it, and the
 		// resume is still conditional on that read (a change in between is refused).

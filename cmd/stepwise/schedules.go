@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/schedule"
 )
@@ -45,40 +43,28 @@ func schedulesList(ctx context.Context, c *cli, args []string) error {
 	if _, err := f.parse(args, 0, 0, ""); err != nil {
 		return err
 	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	rows, err := pool.Query(ctx, `SELECT name, spec, zone, overlap, shards, watermark, paused, version, updated_at FROM stepwise_schedule ORDER BY name`)
+	schedules, err := client.ScheduleList(ctx)
 	if err != nil {
-		return fmt.Errorf("listing schedules: %w", err)
+		return err
 	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (scheduleRow, error) {
-		var x scheduleRow
-		err := r.Scan(&x.Name, &x.Spec, &x.Zone, &x.Overlap, &x.Shards, &x.Watermark, &x.Paused, &x.Version, &x.UpdatedAt)
-		return x, err
-	})
-	if err != nil {
-		return fmt.Errorf("listing schedules: %w", err)
-	}
-	if f.json {
-		return c.printJSON(nonNil(list))
-	}
-	if len(list) == 0 {
-		fmt.Fprintln(c.stdout, "no schedules: a schedule registered in your service's code gets its row at its first tick")
-		return nil
-	}
-	out := make([][]string, len(list))
-	for i, s := range list {
+	list := make([]scheduleRow, len(schedules))
+	rows := make([][]string, len(schedules))
+	for i, s := range schedules {
+		list[i] = scheduleRow{Name: s.Name, Spec: s.Spec, Zone: s.Zone, Overlap: s.Overlap, Shards: s.Shards, Watermark: s.Watermark,
+			Paused: s.Paused, Version: s.Version, UpdatedAt: s.UpdatedAt}
 		state := "active"
 		if s.Paused {
 			state = "PAUSED"
 		}
-		out[i] = []string{s.Name, state, s.Spec, s.Zone, s.Overlap, fmt.Sprint(s.Shards), ts(s.Watermark)}
+		rows[i] = []string{s.Name, state, s.Spec, s.Zone, s.Overlap, fmt.Sprint(s.Shards), ts(s.Watermark)}
 	}
-	c.table([]string{"NAME", "STATE", "SPEC", "ZONE", "OVERLAP", "SHARDS", "LAST SLOT DECIDED"}, out)
-	return nil
+	return f.print(listing{json: list, none: "no schedules: a schedule registered in your service's code gets its row at its first tick", rows: rows,
+		header: []string{"NAME", "STATE", "SPEC", "ZONE", "OVERLAP", "SHARDS", "LAST SLOT DECIDED"}})
 }
 
 func schedulesPause(ctx context.Context, c *cli, args []string, pause bool) error {
@@ -92,15 +78,11 @@ func schedulesPause(ctx context.Context, c *cli, args []string, pause bool) erro
 	if err := a.check(c.path); err != nil {
 		return err
 	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	client, err := sw.NewOperatorClient(pool)
-	if err != nil {
-		return err
-	}
 	name := pos[0]
 	before, err := client.ScheduleGet(ctx, name)
 	if err != nil {
@@ -158,54 +140,41 @@ type slotJSON struct {
 
 func schedulesSlots(ctx context.Context, c *cli, args []string) error {
 	f := c.newFlags("NAME [--limit N] [--json]", true, true)
-	limit := f.Int("limit", 30, "the newest N slots (1 to 1000)")
+	limit := f.limit(30, "slots, newest first")
 	pos, err := f.parse(args, 1, 1, "NAME (the schedule's name)")
 	if err != nil {
 		return err
 	}
-	if *limit < 1 || *limit > 1000 {
-		return usageError("%s: --limit %d: want 1 to 1000", c.path, *limit)
+	if err := checkLimit(c.path, *limit); err != nil {
+		return err
 	}
-	pool, _, err := f.open(ctx, false)
+	pool, client, err := f.operator(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	client, err := sw.NewOperatorClient(pool)
-	if err != nil {
-		return err
-	}
 	name := pos[0]
 	slots, err := client.SlotList(ctx, name, &sw.SlotListParams{Limit: *limit})
 	if err != nil {
 		return notFoundSchedule(err, name)
 	}
-	if f.json {
-		out := make([]slotJSON, len(slots))
-		for i, s := range slots {
-			ops := map[string]int{}
-			for st, n := range s.Operations {
-				ops[string(st)] = n
-			}
-			out[i] = slotJSON{Slot: s.Slot, Status: s.Status, Decision: s.Decision, Reason: s.Reason, Detail: s.Detail, DecidedBy: s.DecidedBy,
-				Shards: s.Shards, Runs: s.Runs, Operations: ops, NeedsAttention: s.NeedsAttention, DecidedAt: s.DecidedAt, RunsDoneAt: s.RunsDoneAt}
-		}
-		return c.printJSON(out)
-	}
-	if len(slots) == 0 {
-		fmt.Fprintf(c.stdout, "schedule %s has decided no slot yet\n", name)
-		return nil
-	}
+	list := make([]slotJSON, len(slots))
 	rows := make([][]string, len(slots))
 	for i, s := range slots {
+		ops := map[string]int{}
+		for st, n := range s.Operations {
+			ops[string(st)] = n
+		}
+		list[i] = slotJSON{Slot: s.Slot, Status: s.Status, Decision: s.Decision, Reason: s.Reason, Detail: s.Detail, DecidedBy: s.DecidedBy,
+			Shards: s.Shards, Runs: s.Runs, Operations: ops, NeedsAttention: s.NeedsAttention, DecidedAt: s.DecidedAt, RunsDoneAt: s.RunsDoneAt}
 		why := s.Detail
 		if why == "" {
 			why = s.Reason
 		}
-		rows[i] = []string{ts(s.Slot), string(s.Status), s.Decision, counts(s.Runs), opCounts(s), s.DecidedBy, oneLine(why, 60)}
+		rows[i] = []string{ts(s.Slot), string(s.Status), s.Decision, counts(s.Runs), counts(ops), s.DecidedBy, oneLine(why, 60)}
 	}
-	c.table([]string{"SLOT", "STATUS", "DECISION", "RUNS", "OPERATIONS", "DECIDED BY", "WHY"}, rows)
-	return nil
+	return f.print(listing{json: list, none: fmt.Sprintf("schedule %s has decided no slot yet", name), rows: rows,
+		header: []string{"SLOT", "STATUS", "DECISION", "RUNS", "OPERATIONS", "DECIDED BY", "WHY"}})
 }
 
 func counts(m map[string]int) string {
@@ -221,12 +190,4 @@ func counts(m map[string]int) string {
 		parts[i] = fmt.Sprintf("%d %s", m[k], k)
 	}
 	return strings.Join(parts, ", ")
-}
-
-func opCounts(s *schedule.SlotReport) string {
-	m := map[string]int{}
-	for st, n := range s.Operations {
-		m[string(st)] = n
-	}
-	return counts(m)
 }

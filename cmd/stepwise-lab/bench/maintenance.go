@@ -14,7 +14,6 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/workflow"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // Backlog of the maintenance section: a queue that has fallen behind, where a pass must
@@ -84,7 +83,7 @@ func (r *runner) maintenanceSection(ctx context.Context) error {
 		fmtDur(median), fmtDur(p95), fmtDur(passes[len(passes)-1]), maintPasses)
 	r.check(median <= 5*time.Millisecond, "maintenance pass <= 5ms with %dk pending and %dk running runs: median %s", maintPending/1000, maintRunning/1000, fmtDur(median))
 
-	plans, err := maintenancePlans(ctx, dbURL, svc, bank)
+	plans, err := maintenancePlans(ctx, dbURL, svc)
 	if err != nil {
 		r.printf("(plans not shown: %v)\n", err)
 		return nil
@@ -126,7 +125,7 @@ func seedRuns(ctx context.Context, pool *pgxpool.Pool, prefix string, n int, run
 // maintenancePlans runs one pass on a pool whose connections log every statement's plan to
 // the client (auto_explain at client_min_messages = log) and returns those plans. It needs
 // a superuser to LOAD auto_explain; elsewhere it says why it cannot.
-func maintenancePlans(ctx context.Context, dbURL string, svc *settlement.Service, bank *fakebank.Client) (string, error) {
+func maintenancePlans(ctx context.Context, dbURL string, svc *settlement.Service) (string, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return "", err

@@ -148,7 +148,7 @@ type reconcileArgs struct {
 	Date string `json:"date"`
 }
 
-func (reconcileArgs) Kind() string                  { return "reconcile_statement" }
+func (reconcileArgs) Kind() string                 { return "reconcile_statement" }
 func (reconcileArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: SettleQueue} }
 
 type reconcileCursor struct{}

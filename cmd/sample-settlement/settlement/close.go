@@ -218,7 +218,8 @@ func StatementArrived(ctx context.Context, pool *pgxpool.Pool, date time.Time, i
 type Day struct {
 	Date string `json:"date"`
 	// Shards is the date's shard count; AtRest how many shards have their payouts at rest.
-	Shards, AtRest int
+	Shards int `json:"shards"`
+	AtRest int `json:"at_rest"`
 	// OverdueAt is when a wait of the date (payouts, statement) first timed out.
 	OverdueAt *time.Time `json:"overdue_at,omitempty"`
 	// ClosedAt is when the date was closed: every payout proven.

@@ -21,6 +21,7 @@ func TestStatementArrivedCommand(t *testing.T) {
 	ctx := context.Background()
 	dbURL := seededDBURL(t)
 	for range 2 {
+		// README: sample-settlement statement-arrived --date 2026-03-01 --id stmt-0001
 		r := runCLI(t, "statement-arrived", "--date", testDateText, "--id", "stmt-0001", "--database-url", dbURL)
 		require.Equal(t, 0, r.code, r.stderr)
 		require.Contains(t, r.stdout, "statement for "+testDateText+" sent to run reconcile/"+testDateText)

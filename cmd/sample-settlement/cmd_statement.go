@@ -38,7 +38,7 @@ func runStatementArrived(ctx context.Context, args []string, stdout, stderr io.W
 	if err := checkStatementID("--id", *id); err != nil {
 		return err
 	}
-	pool, err := db.connectMigrated(ctx)
+	pool, err := db.connect(ctx)
 	if err != nil {
 		return err
 	}

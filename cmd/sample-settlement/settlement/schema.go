@@ -40,8 +40,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // ApplySchema creates the business tables (merchant, card_txn, settlement, ledger_entry,
-// settlement_day, settlement_day_shard) if
-// they do not exist, under an advisory lock held for its transaction.
+// settlement_day, settlement_day_shard) if they do not exist, under an advisory lock held
+// for its transaction.
 func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLockKey)); err != nil {

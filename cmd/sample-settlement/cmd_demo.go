@@ -244,7 +244,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	if err := settlement.StatementArrived(ctx, pool, date, ""); err != nil {
 		return err
 	}
-	step("statement signal sent to %s: it wakes and reconciles", settlement.ReconcileRunKey(date))
+	step("statement signal sent to %s: it wakes and reconciles each currency in a run of its own", settlement.ReconcileRunKey(date))
 	for day.ReconciledAt == nil {
 		select {
 		case <-waitCtx.Done():
@@ -259,7 +259,12 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	if !day.Match {
 		verdict = fmt.Sprintf("%d differences", day.Differences)
 	}
-	step("reconciled at %.1fs with statement %q: %s", time.Since(start).Seconds(), day.StatementID, verdict)
+	var currencyRuns int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_run WHERE parent_key = $1`, settlement.ReconcileRunKey(date)).Scan(&currencyRuns); err != nil {
+		return err
+	}
+	step("reconciled at %.1fs with statement %q: %s (one child run per currency, %d, waited for with WaitForChildren)",
+		time.Since(start).Seconds(), day.StatementID, verdict, currencyRuns)
 
 	// 6. What the reconciler did, from the audit trail.
 	if err := printReconciled(ctx, pool, stdout); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,8 +28,10 @@ import (
 //  3. The reconciliation run waits for the bank's statement: workflow.WaitForSignal, sent by
 //     "statement-arrived --date D" or serve's POST /ops/statement. A statement that arrives
 //     before the date closed is kept for it (a signal is durable, even before its run
-//     exists), and one sent twice under one id counts once. It then compares the ledger
-//     with the statement (BuildReport) and records the result on settlement_day.
+//     exists), and one sent twice under one id counts once. It then starts one run per
+//     currency (Step.StartChild), each comparing its currency of the ledger with the
+//     statement (BuildReport), waits for them (workflow.WaitForChildren) and records the
+//     date's result on settlement_day.
 //
 // Why the last shard closes the date, and not a parent run waiting for the shard runs
 // (workflow.WaitForChildren): the schedule starts a date's shard runs itself, one run per
@@ -151,15 +154,23 @@ type reconcileArgs struct {
 func (reconcileArgs) Kind() string                 { return "reconcile_statement" }
 func (reconcileArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue: SettleQueue} }
 
-type reconcileCursor struct{}
+// reconcileCursor is what the reconciliation run keeps between its steps: the statement it
+// took, once it took one (its currency runs exist from then on).
+type reconcileCursor struct {
+	StatementID string `json:"statement_id,omitempty"`
+}
 
-// reconcileWorker waits for the bank's statement of a closed date, then compares it with the
-// ledger and records the result.
+// currencyTimeout is how long the reconciliation run waits for its currency runs at a
+// time; they compare a statement each, in seconds, unless the bank cannot be asked.
+const currencyTimeout = time.Hour
+
+// reconcileWorker waits for the bank's statement of a closed date, then reconciles each
+// currency in a run of its own (one nostro account, one statement line per currency at a
+// real bank: a difference in one currency is investigated, and re-run, apart from the
+// others), waits for them (workflow.WaitForChildren) and records the date's result.
 type reconcileWorker struct {
 	workflow.StepperDefaults[reconcileArgs, reconcileCursor]
 	pool *pgxpool.Pool
-	bank Bank
-	plan Plan
 }
 
 func (w *reconcileWorker) Step(ctx context.Context, s *workflow.Step[reconcileArgs, reconcileCursor]) (workflow.Next, error) {
@@ -168,33 +179,115 @@ func (w *reconcileWorker) Step(ctx context.Context, s *workflow.Step[reconcileAr
 		return workflow.Fail(err), nil
 	}
 	wk := s.Woken()
-	if wk == nil {
+	switch {
+	case wk == nil && s.Cursor.StatementID != "":
+		// Resumed after a currency run failed (Resume resumed it too): wait for them again.
+		return workflow.WaitForChildren(currencyTimeout), nil
+	case wk == nil:
 		return workflow.WaitForSignal(statementSignal, statementTimeout), nil
-	}
-	if wk.TimedOut {
+	case wk.Kind == workflow.WaitSignal && wk.TimedOut:
 		// No statement after two days: visible on the date (report), and the run waits on.
 		if _, err := s.Tx.Exec(ctx, `UPDATE settlement_day SET overdue_at = coalesce(overdue_at, now()) WHERE settle_date = $1`, date); err != nil {
 			return workflow.Next{}, err
 		}
 		return workflow.WaitForSignal(statementSignal, statementTimeout), nil
+	case wk.Kind == workflow.WaitSignal:
+		s.Cursor.StatementID = wk.Signal.ID
+		var currencies []string
+		if err := s.Tx.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT currency ORDER BY currency), '{}') FROM settlement WHERE settle_date = $1`,
+			date).Scan(&currencies); err != nil {
+			return workflow.Next{}, fmt.Errorf("listing the currencies of %s: %w", s.Args.Date, err)
+		}
+		for _, cur := range currencies {
+			if _, err := s.StartChild(ctx, s.RunKey+"/"+cur, reconcileCurrencyArgs{Date: s.Args.Date, Currency: cur}, nil); err != nil {
+				return workflow.Next{}, err
+			}
+		}
+		if len(currencies) == 0 {
+			return w.record(ctx, s, date)
+		}
+		return workflow.WaitForChildren(currencyTimeout), nil
+	case wk.TimedOut:
+		return workflow.WaitForChildren(currencyTimeout), nil
 	}
-	// The comparison reads the bank's statement and the ledger; the step's transaction only
-	// records it. A bank that cannot be asked is an error: the step is retried (the signal
-	// is taken only when the step commits).
-	rep, err := BuildReport(ctx, w.pool, w.bank, w.plan, date)
-	if err != nil {
-		return workflow.Next{}, err
+	var failed []string
+	for key, st := range wk.Children {
+		if st != workflow.RunStatusSucceeded {
+			failed = append(failed, key+" "+string(st))
+		}
 	}
-	if rep.BankError != "" {
-		return workflow.Next{}, fmt.Errorf("reconciling %s: %s", s.Args.Date, rep.BankError)
+	if len(failed) > 0 {
+		return workflow.Fail(fmt.Errorf("reconciling %s: currency runs did not succeed (%s); resume %s once the cause is fixed (it resumes them)",
+			s.Args.Date, strings.Join(failed, ", "), s.RunKey)), nil
 	}
-	tag, err := s.Tx.Exec(ctx, `UPDATE settlement_day SET statement_id = $2, reconciled_at = now(), statement_match = $3, differences = $4
-		WHERE settle_date = $1 AND closed_at IS NOT NULL`, date, wk.Signal.ID, rep.TotalsMatch(), len(rep.Differences))
+	return w.record(ctx, s, date)
+}
+
+// record writes the date's reconciliation from its currencies' results.
+func (w *reconcileWorker) record(ctx context.Context, s *workflow.Step[reconcileArgs, reconcileCursor], date time.Time) (workflow.Next, error) {
+	tag, err := s.Tx.Exec(ctx, `UPDATE settlement_day d SET statement_id = $2, reconciled_at = now(),
+		statement_match = coalesce((SELECT bool_and(statement_match) FROM settlement_day_currency c WHERE c.settle_date = d.settle_date), true),
+		differences = coalesce((SELECT sum(differences)::int FROM settlement_day_currency c WHERE c.settle_date = d.settle_date), 0)
+		WHERE settle_date = $1 AND closed_at IS NOT NULL`, date, s.Cursor.StatementID)
 	if err != nil {
 		return workflow.Next{}, fmt.Errorf("recording the reconciliation of %s: %w", s.Args.Date, err)
 	}
 	if tag.RowsAffected() != 1 {
 		return workflow.Fail(fmt.Errorf("reconciling %s: the date is not closed", s.Args.Date)), nil
+	}
+	return workflow.Done(), nil
+}
+
+// reconcileCurrencyArgs is the input of one currency's reconciliation run, a child of the
+// date's.
+type reconcileCurrencyArgs struct {
+	Date     string `json:"date"`
+	Currency string `json:"currency"`
+}
+
+func (reconcileCurrencyArgs) Kind() string { return "reconcile_statement_currency" }
+func (reconcileCurrencyArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: SettleQueue}
+}
+
+// reconcileCurrencyWorker compares one currency of a date with the bank's statement.
+type reconcileCurrencyWorker struct {
+	workflow.StepperDefaults[reconcileCurrencyArgs, reconcileCursor]
+	pool *pgxpool.Pool
+	bank Bank
+	plan Plan
+}
+
+func (w *reconcileCurrencyWorker) Step(ctx context.Context, s *workflow.Step[reconcileCurrencyArgs, reconcileCursor]) (workflow.Next, error) {
+	date, err := ParseDate(s.Args.Date)
+	if err != nil {
+		return workflow.Fail(err), nil
+	}
+	// The comparison reads the bank's statement and the ledger (BuildReport); the step's
+	// transaction only records it. A bank that cannot be asked is an error: the step is
+	// retried with backoff.
+	rep, err := BuildReport(ctx, w.pool, w.bank, w.plan, date)
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	if rep.BankError != "" {
+		return workflow.Next{}, fmt.Errorf("reconciling %s %s: %s", s.Args.Date, s.Args.Currency, rep.BankError)
+	}
+	match, diffs := true, 0
+	for _, t := range rep.Totals {
+		if t.Currency == s.Args.Currency {
+			match = t.Match
+		}
+	}
+	for _, d := range rep.Differences {
+		if d.Currency == s.Args.Currency {
+			diffs++
+		}
+	}
+	if _, err := s.Tx.Exec(ctx, `INSERT INTO settlement_day_currency (settle_date, currency, statement_match, differences) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (settle_date, currency) DO UPDATE SET statement_match = excluded.statement_match, differences = excluded.differences, reconciled_at = now()`,
+		date, s.Args.Currency, match && diffs == 0, diffs); err != nil {
+		return workflow.Next{}, fmt.Errorf("recording the reconciliation of %s %s: %w", s.Args.Date, s.Args.Currency, err)
 	}
 	return workflow.Done(), nil
 }

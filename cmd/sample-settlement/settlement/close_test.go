@@ -40,8 +40,8 @@ func fmtDay(d *settlement.Day) string {
 // not closed. Once the bank is back, one payout a person must decide (MANUAL) still keeps the
 // date open, though its other shard has closed its part. Resolving it closes the date and
 // starts the reconciliation run, which takes the statement signal sent long before it existed
-// (twice, under one id: one signal), and finds the payout resolved SUCCEEDED by hand that
-// the bank never paid.
+// (twice, under one id: one signal), reconciles each currency in a child run, and finds the
+// payout resolved SUCCEEDED by hand that the bank never paid, in its currency only.
 func TestDateClosesOnlyWhenEveryPayoutIsProven(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -150,6 +150,23 @@ func TestDateClosesOnlyWhenEveryPayoutIsProven(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, workflow.RunStatusSucceeded, run.Status, key)
 	}
+	// One reconciliation run per currency, children of the date's (WaitForChildren): the
+	// difference is in the MANUAL payout's currency only.
+	var children []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(key || ' ' || status ORDER BY key) FROM stepwise_run WHERE parent_key = $1`,
+		settlement.ReconcileRunKey(testDate)).Scan(&children))
+	var curs []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(DISTINCT currency ORDER BY currency) FROM settlement WHERE settle_date = $1`, testDate).Scan(&curs))
+	require.Len(t, children, len(curs))
+	for i, cur := range curs {
+		require.Equal(t, settlement.ReconcileRunKey(testDate)+"/"+cur+" succeeded", children[i])
+	}
+	var manualCur string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT currency FROM stepwise_operation WHERE operation_id = $1`, manual).Scan(&manualCur))
+	var differing []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(currency) FROM settlement_day_currency WHERE settle_date = $1 AND NOT statement_match`,
+		testDate).Scan(&differing))
+	require.Equal(t, []string{manualCur}, differing)
 	res, err = settlement.CheckInvariants(ctx, pool, nil, svc.Plan, testDate)
 	require.NoError(t, err)
 	c := checkNamed(t, res, settlement.ClosedDateAtRest)

@@ -204,7 +204,10 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err := stepwise.AddWorkerSafely(workers, &SettleWorker{BatchSize: cfg.BatchSize, PayoutsAtRestTimeout: cfg.PayoutsAtRestTimeout}); err != nil {
 		return nil, err
 	}
-	if err := stepwise.AddWorkerSafely(workers, &reconcileWorker{pool: pool, bank: cfg.Bank, plan: plan}); err != nil {
+	if err := stepwise.AddWorkerSafely(workers, &reconcileWorker{pool: pool}); err != nil {
+		return nil, err
+	}
+	if err := stepwise.AddWorkerSafely(workers, &reconcileCurrencyWorker{pool: pool, bank: cfg.Bank, plan: plan}); err != nil {
 		return nil, err
 	}
 	scfg := &stepwise.Config{

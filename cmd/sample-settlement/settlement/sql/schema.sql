@@ -123,3 +123,13 @@ CREATE TABLE IF NOT EXISTS settlement_day_shard (
 	at_rest_at  timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (settle_date, shard)
 );
+
+-- Each currency's reconciliation of a date, by its own run (a child of reconcile/<date>).
+CREATE TABLE IF NOT EXISTS settlement_day_currency (
+	settle_date     date        NOT NULL,
+	currency        text        NOT NULL,
+	statement_match boolean     NOT NULL,
+	differences     integer     NOT NULL,
+	reconciled_at   timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (settle_date, currency)
+);

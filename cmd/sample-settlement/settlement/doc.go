@@ -57,7 +57,8 @@ waits after its last batch for its payouts to be at rest (workflow.WaitForOperat
 no worker; a MANUAL payout keeps it waiting for a person), and the last shard at rest closes
 the date (settlement_day): every payout proven again, the day's report written, and the
 date's reconciliation run started, which waits for the bank's statement
-(workflow.WaitForSignal, sent by StatementArrived) and then compares ledger and statement.
+(workflow.WaitForSignal, sent by StatementArrived) and then compares ledger and statement,
+one child run per currency (Step.StartChild, workflow.WaitForChildren).
 ReadDay reads where a date stands; close.go says why the last shard closes the date rather
 than a parent run.
 

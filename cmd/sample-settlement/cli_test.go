@@ -15,7 +15,7 @@ import (
 
 func TestHelpOnEveryCommand(t *testing.T) {
 	t.Parallel()
-	mine := []string{"demo", "serve", "seed", "migrate", "settle", "report", "resolve", "invariants", "prune"}
+	mine := []string{"demo", "serve", "seed", "migrate", "settle", "report", "resolve", "invariants", "prune", "statement-arrived"}
 	for _, name := range mine {
 		r := runCLI(t, name, "--help")
 		require.Equal(t, 0, r.code, name)

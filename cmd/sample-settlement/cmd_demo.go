@@ -173,7 +173,7 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 		svc, err := settlement.NewService(wpool, &settlement.ServiceConfig{
 			Bank: bankfake.Dial(bank.URL(), 5*time.Second), Plan: plan, BatchSize: f.batchSize,
 			PayoutConcurrency: f.payoutConcurrency, ID: fmt.Sprintf("demo-worker-%d", i+1), Logger: logger, RiverMiddleware: riverMiddleware,
-			FetchPollInterval: 200 * time.Millisecond,
+			FetchPollInterval: 200 * time.Millisecond, PayoutsAtRestTimeout: settlement.PayoutsAtRestTimeoutDefault,
 		})
 		if err != nil {
 			wpool.Close()
@@ -208,12 +208,15 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	step("settling %s: %d runs (%s ... %s), %s settlements to make", f.seed.date, len(runs), runs[0].Key, runs[len(runs)-1].Key, thousands(expected))
 
 	bar := newBar(stderr, expected)
-	var runsDoneAt time.Duration
+	var settledAt time.Duration
+	var waitedFor int
 	waitCtx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	p, waitErr := settlement.WaitAtRest(waitCtx, pool, plan, date, 200*time.Millisecond, func(p *settlement.Progress) {
-		if runsDoneAt == 0 && p.Runs[string(workflow.RunStatusSucceeded)]+p.Runs[string(workflow.RunStatusFailed)] == plan.Shards {
-			runsDoneAt = time.Since(start)
+		// A run that settled its last batch waits for its payouts (WaitForOperations).
+		if settledAt == 0 && p.Runs[string(workflow.RunStatusSucceeded)]+p.Runs[string(workflow.RunStatusFailed)]+p.Waiting == plan.Shards {
+			settledAt = time.Since(start)
+			waitedFor = p.Settlements - p.Operations["SUCCEEDED"] - p.Operations["FAILED_PERMANENT"]
 		}
 		bar.update(p)
 	})
@@ -224,8 +227,45 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	if waitErr != nil {
 		return fmt.Errorf("%s did not come to rest within --timeout %s (runs %s, payouts %s): %w", f.seed.date, f.timeout, counts(p.Runs), counts(p.Operations), waitErr)
 	}
-	step("runs finished at %.1fs: %s; %s settlements, each with 2 ledger entries and a payout", runsDoneAt.Seconds(), counts(p.Runs), thousands(p.Settlements))
+	step("runs settled the date at %.1fs: %s settlements, each with 2 ledger entries and a payout; then the date waited for %s payouts to be at rest, holding no worker",
+		settledAt.Seconds(), thousands(p.Settlements), thousands(max(waitedFor, 0)))
 	step("payouts at rest: %s", counts(p.Operations))
+	day, err := settlement.ReadDay(ctx, pool, date)
+	if err != nil {
+		return err
+	}
+	if day == nil || day.ClosedAt == nil {
+		return fmt.Errorf("%s is at rest but not closed (%s): a payout waits for a person (MANUAL)", f.seed.date, dayLine(day))
+	}
+	step("runs finished at %.1fs: %s; %s closed: every payout proven, the day's report written, its reconciliation run started",
+		time.Since(start).Seconds(), counts(p.Runs), f.seed.date)
+
+	// The bank's statement arrives (statement-arrived, or serve's POST /ops/statement): the
+	// reconciliation run waiting for it wakes and compares the ledger with the statement.
+	if err := settlement.StatementArrived(ctx, pool, date, ""); err != nil {
+		return err
+	}
+	step("statement signal sent to %s: it wakes and reconciles each currency in a run of its own", settlement.ReconcileRunKey(date))
+	for day.ReconciledAt == nil {
+		select {
+		case <-waitCtx.Done():
+			return fmt.Errorf("%s was not reconciled within --timeout %s: %s", f.seed.date, f.timeout, dayLine(day))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if day, err = settlement.ReadDay(ctx, pool, date); err != nil {
+			return err
+		}
+	}
+	verdict := "match"
+	if !day.Match {
+		verdict = fmt.Sprintf("%d differences", day.Differences)
+	}
+	var currencyRuns int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_run WHERE parent_key = $1`, settlement.ReconcileRunKey(date)).Scan(&currencyRuns); err != nil {
+		return err
+	}
+	step("reconciled at %.1fs with statement %q: %s (one child run per currency, %d, waited for with WaitForChildren)",
+		time.Since(start).Seconds(), day.StatementID, verdict, currencyRuns)
 
 	// 6. What the reconciler did, from the audit trail.
 	if err := printReconciled(ctx, pool, stdout); err != nil {
@@ -258,13 +298,16 @@ func demo(ctx context.Context, f *demoFlags, seedCfg *settlement.SeedConfig, mix
 	if rep.DuplicatePayouts != 0 {
 		problems = append(problems, fmt.Sprintf("%d duplicate payouts", rep.DuplicatePayouts))
 	}
+	if day.ReconciledAt == nil || !day.Match {
+		problems = append(problems, "the reconciliation run found differences with the statement")
+	}
 	if rep.Batch != schedule.BatchCompleted {
 		problems = append(problems, fmt.Sprintf("batch is %s, not COMPLETED", rep.Batch))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("demo failed after %.1fs: %s", time.Since(start).Seconds(), strings.Join(problems, "; "))
 	}
-	fmt.Fprintf(stdout, "demo finished in %.1fs: batch COMPLETED, totals match the bank's statement, 0 duplicate payouts, all invariants hold\n",
+	fmt.Fprintf(stdout, "demo finished in %.1fs: batch COMPLETED and closed, totals match the bank's statement, 0 duplicate payouts, all invariants hold\n",
 		time.Since(start).Seconds())
 	return nil
 }

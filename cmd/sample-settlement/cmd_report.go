@@ -179,6 +179,33 @@ func printReport(w io.Writer, r *settlement.Report) {
 		}
 		fmt.Fprintf(w, "  duplicate payouts at the bank: %d\n", r.DuplicatePayouts)
 	}
+	fmt.Fprintf(w, "  closed:        %s\n", dayLine(r.Day))
+}
+
+// dayLine says in words where the date's close and reconciliation stand.
+func dayLine(d *settlement.Day) string {
+	if d == nil {
+		return "no (no run waits for its payouts yet)"
+	}
+	var s string
+	switch {
+	case d.ClosedAt == nil:
+		s = fmt.Sprintf("no: %d of %d shards have every payout proven", d.AtRest, d.Shards)
+	default:
+		s = "yes, at " + d.ClosedAt.UTC().Format(time.RFC3339) + "; "
+		switch {
+		case d.ReconciledAt == nil:
+			s += "reconciliation waits for the bank's statement (statement-arrived --date " + d.Date + ")"
+		case d.Match:
+			s += fmt.Sprintf("reconciled with statement %q: match", d.StatementID)
+		default:
+			s += fmt.Sprintf("reconciled with statement %q: %d differences", d.StatementID, d.Differences)
+		}
+	}
+	if d.OverdueAt != nil {
+		s += " (overdue since " + d.OverdueAt.UTC().Format(time.RFC3339) + ")"
+	}
+	return s
 }
 
 func money(minor int64, currency string) string {

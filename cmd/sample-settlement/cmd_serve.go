@@ -179,7 +179,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{
 		Bank: bank, Plan: plan, BatchSize: f.batchSize, SettleWorkers: settleWorkers, Schedule: f.schedule,
 		PayoutConcurrency: f.payoutConcurrency, PayoutTimeout: f.payoutTimeout, Workflow: wcfg, ID: f.id, Logger: logger, RiverMiddleware: riverMiddleware,
-		ReconcileInterval: f.reconcileEvery, ReconcileGrace: f.reconcileGrace,
+		ReconcileInterval: f.reconcileEvery, ReconcileGrace: f.reconcileGrace, PayoutsAtRestTimeout: settlement.PayoutsAtRestTimeoutDefault,
 	})
 	if err != nil {
 		return err
@@ -403,6 +403,18 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		return nil, err
 	}
 	mux.Handle("/console/", cons)
+	// The bank statement's arrival (statement-arrived over HTTP): a write, so it needs the
+	// operators' credentials (RIVERUI_USER), and is capped like River UI.
+	var statement http.Handler = requireAuthForWrites(
+		limitInFlightLogged(o.maxUIRequests, "statement", logger, statementHandler(svc.Pool, logger)),
+		o.auth.RiverUser, o.auth.RiverPassword, o.auth.Guard)
+	if o.auth.RiverUser == "" || o.auth.RiverPassword == "" {
+		statement = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			closeUnreadBody(w, r)
+			http.Error(w, "refused: set RIVERUI_USER and RIVERUI_PASSWORD on serve to accept statements over HTTP (or use the statement-arrived command)", http.StatusForbidden)
+		})
+	}
+	mux.Handle("/ops/statement", statement)
 	return operatorHeaders(limitBodies(allowedHostsOnly(o.hosts, logger, readOnlyUnlessAuthorized(mux)))), nil
 }
 
@@ -442,11 +454,13 @@ func (o serveOps) withDefaults() serveOps {
 	return o
 }
 
-// readOnlyUnlessAuthorized refuses every method but GET and HEAD outside /riverui/ (which
-// checks credentials itself): metrics and health are read-only.
+// readOnlyUnlessAuthorized refuses every method but GET and HEAD outside /riverui/,
+// /console/ and /ops/statement (which check credentials themselves): metrics and health are
+// read-only.
 func readOnlyUnlessAuthorized(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") && !isUnder(r.URL.Path, "/console/") {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") && !isUnder(r.URL.Path, "/console/") &&
+			r.URL.Path != "/ops/statement" {
 			closeUnreadBody(w, r)
 			http.Error(w, "read-only endpoint", http.StatusMethodNotAllowed)
 			return

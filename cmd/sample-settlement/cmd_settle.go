@@ -56,7 +56,8 @@ func runSettle(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if !seeded {
 		fmt.Fprintf(stdout, "note: %s has no card transactions; its runs will settle nothing (seed it with \"seed --date %s\")\n", *date, *date)
 	}
-	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Plan: plan, Logger: newLogger(stderr, false)})
+	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: bank, Plan: plan, Logger: newLogger(stderr, false),
+		PayoutsAtRestTimeout: settlement.PayoutsAtRestTimeoutDefault})
 	if err != nil {
 		return err
 	}

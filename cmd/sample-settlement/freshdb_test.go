@@ -54,6 +54,7 @@ func TestEveryCommandOnANeverMigratedDatabase(t *testing.T) {
 		{"resolve", "00000000-0000-0000-0000-000000000001", "--to", "SUCCEEDED", "--reason", "checked by hand", "--actor", "ops"},
 		{"resume", "settle/2026-03-02T00:00:00Z/0", "--reason", "incident fixed", "--actor", "ops"},
 		{"prune", "--older-than", "720h"},
+		{"statement-arrived", "--date", date, "--id", "stmt-0001"},
 	}
 	for _, args := range notMigrating {
 		t.Run(args[0], func(t *testing.T) {

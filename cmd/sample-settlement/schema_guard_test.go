@@ -38,6 +38,7 @@ func TestEveryCommandRefusesANewerSchema(t *testing.T) {
 				{"invariants", "--date", testDateText},
 				{"resolve", "00000000-0000-0000-0000-000000000001", "--to", "SUCCEEDED", "--reason", "checked by hand", "--actor", "ops"},
 				{"settle", "--date", testDateText, "--work=false"},
+				{"statement-arrived", "--date", testDateText},
 				{"seed", "--date", "2026-03-02", "--merchants", "10", "--transactions", "10"},
 				{"demo", "--merchants", "10"},
 			} {

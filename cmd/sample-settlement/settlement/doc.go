@@ -50,6 +50,18 @@ moves their payouts:
 	FAILED_PERMANENT      PAYOUT_FAILED   plus the reversing ledger entries
 	MANUAL                NEEDS_REVIEW    a person decides (Resolve)
 
+# Closing a date and reconciling it
+
+With ServiceConfig.PayoutsAtRestTimeout set (the sample's commands set it), each settle run
+waits after its last batch for its payouts to be at rest (workflow.WaitForOperations, holding
+no worker; a MANUAL payout keeps it waiting for a person), and the last shard at rest closes
+the date (settlement_day): every payout proven again, the day's report written, and the
+date's reconciliation run started, which waits for the bank's statement
+(workflow.WaitForSignal, sent by StatementArrived) and then compares ledger and statement,
+one child run per currency (Step.StartChild, workflow.WaitForChildren).
+ReadDay reads where a date stands; close.go says why the last shard closes the date rather
+than a parent run.
+
 # Evidence
 
 BuildReport shows a date by evidence: batch status derived from runs and their operations,

@@ -9,3 +9,6 @@ const (
 	Invariant4LapsedSQL = invariant4LapsedSQL
 	OldestUnknownSQL    = oldestUnknownSQL
 )
+
+// ClosedDateAtRest is the name of invariant 4's check on a closed date.
+const ClosedDateAtRest = closedDateAtRest

@@ -57,6 +57,9 @@ func (r *Result) Err() error {
 	return fmt.Errorf("%w for %s: %s", ErrInvariant, r.Date, strings.Join(failed, "; "))
 }
 
+// closedDateAtRest names the check that a closed date has every payout proven (Check.Name).
+const closedDateAtRest = "a closed date has every payout SUCCEEDED or FAILED_PERMANENT"
+
 // SendDiscipline names the request-log check (Check.Name).
 const SendDiscipline = "send discipline at the bank: one request in flight per payout, none after terminal, resend only after grace"
 
@@ -260,6 +263,25 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank Bank, pla
 	}
 	add(4, "every operation ends SUCCEEDED, FAILED_PERMANENT or MANUAL", len(open) == 0 && lapsed == 0,
 		"payouts by state %s; %d not at rest%s, %d PROCESSING with a lapsed lease", fmtCounts(byState), len(open), suffix(open), lapsed)
+
+	// 4b. A closed date (close.go) has every payout SUCCEEDED or FAILED_PERMANENT: closing
+	// states that nothing about the date's money is still open.
+	day, err := ReadDay(ctx, pool, date)
+	if err != nil {
+		return nil, fmt.Errorf("checking invariant 4: %w", err)
+	}
+	var unproven []string
+	for _, p := range payouts {
+		if s := outbox.State(p.state); s != outbox.StateSucceeded && s != outbox.StateFailedPermanent {
+			unproven = append(unproven, p.key+" "+p.state)
+		}
+	}
+	if day == nil || day.ClosedAt == nil {
+		add(4, closedDateAtRest, true, "the date is not closed")
+	} else {
+		add(4, closedDateAtRest, len(unproven) == 0, "closed at %s; %d payouts neither SUCCEEDED nor FAILED_PERMANENT%s",
+			day.ClosedAt.UTC().Format(time.RFC3339), len(unproven), suffix(unproven))
+	}
 
 	// 5. The date's slot ended completed, failed or skipped — visibly, never silently.
 	rep, err := BuildReport(ctx, pool, nil, plan, date)

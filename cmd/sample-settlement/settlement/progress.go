@@ -20,12 +20,20 @@ type Progress struct {
 	Operations map[string]int
 	// Settlements is how many settlements the date has.
 	Settlements int
+	// Waiting is how many of the date's runs wait for their payouts to be at rest
+	// (ServiceConfig.PayoutsAtRestTimeout), not woken yet.
+	Waiting int
 }
 
 // AtRest reports whether nothing more will happen by itself: every run finished and every
-// payout is SUCCEEDED, FAILED_PERMANENT or MANUAL.
+// payout is SUCCEEDED, FAILED_PERMANENT or MANUAL. A run waiting for its payouts counts as
+// finished while a payout is MANUAL: it waits for a person (without one, its payouts at
+// rest wake it, and it closes its shard).
 func (p *Progress) AtRest(shards int) bool {
 	finished := p.Runs[string(workflow.RunStatusSucceeded)] + p.Runs[string(workflow.RunStatusFailed)] + p.Runs[string(workflow.RunStatusCancelled)]
+	if p.Waiting > 0 && p.Operations["MANUAL"] > 0 {
+		finished += p.Waiting
+	}
 	if finished < shards {
 		return false
 	}
@@ -55,7 +63,9 @@ func ReadProgress(ctx context.Context, pool *pgxpool.Pool, plan Plan, date time.
 		UNION ALL
 		SELECT 'op', state, count(*)::int FROM stepwise_operation WHERE run_key = ANY($1) GROUP BY state
 		UNION ALL
-		SELECT 'settlements', '', count(*)::int FROM settlement WHERE settle_date = $2`, keys, date)
+		SELECT 'settlements', '', count(*)::int FROM settlement WHERE settle_date = $2
+		UNION ALL
+		SELECT 'waiting', '', count(*)::int FROM stepwise_wait WHERE run_key = ANY($1) AND woken_at IS NULL`, keys, date)
 	if err != nil {
 		return nil, fmt.Errorf("reading the progress of %s: %w", date.Format(time.DateOnly), err)
 	}
@@ -71,6 +81,8 @@ func ReadProgress(ctx context.Context, pool *pgxpool.Pool, plan Plan, date time.
 			p.Runs[key] = n
 		case "op":
 			p.Operations[key] = n
+		case "waiting":
+			p.Waiting = n
 		default:
 			p.Settlements = n
 		}

@@ -96,6 +96,10 @@ type Report struct {
 	DuplicatePayouts int `json:"duplicate_payouts"`
 	// BankError is set when the bank could not be asked; the bank columns are then empty.
 	BankError string `json:"bank_error,omitempty"`
+
+	// Day is the date's close and reconciliation (close.go); nil before a shard of it
+	// waited for its payouts.
+	Day *Day `json:"day,omitempty"`
 }
 
 // TotalsMatch reports whether every currency matches and no payout differs.
@@ -219,6 +223,10 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank Bank, plan Plan, 
 			return nil, err
 		}
 		r.Batch = schedule.DeriveBatchStatus(decision, plan.Shards, r.Runs, runOps)
+	}
+
+	if r.Day, err = ReadDay(ctx, pool, date); err != nil {
+		return nil, err
 	}
 
 	rows, err = pool.Query(ctx, `SELECT status, count(*)::int FROM settlement WHERE settle_date = $1 GROUP BY status`, date)

@@ -39,8 +39,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return ApplySchema(ctx, pool)
 }
 
-// ApplySchema creates the business tables (merchant, card_txn, settlement, ledger_entry) if
-// they do not exist, under an advisory lock held for its transaction.
+// ApplySchema creates the business tables (merchant, card_txn, settlement, ledger_entry,
+// settlement_day, settlement_day_shard, settlement_day_currency) if they do not exist, under
+// an advisory lock held for its transaction.
 func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLockKey)); err != nil {
@@ -58,7 +59,9 @@ func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
 func SchemaApplied(ctx context.Context, db stepwisetype.DBTX) (bool, error) {
 	var ok bool
 	err := db.QueryRow(ctx, `SELECT to_regclass('merchant') IS NOT NULL AND to_regclass('card_txn') IS NOT NULL
-		AND to_regclass('settlement') IS NOT NULL AND to_regclass('ledger_entry') IS NOT NULL`).Scan(&ok)
+		AND to_regclass('settlement') IS NOT NULL AND to_regclass('ledger_entry') IS NOT NULL
+		AND to_regclass('settlement_day') IS NOT NULL AND to_regclass('settlement_day_shard') IS NOT NULL
+		AND to_regclass('settlement_day_currency') IS NOT NULL`).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("looking for the settlement tables: %w", err)
 	}

@@ -31,6 +31,13 @@ type ServiceConfig struct {
 	// BatchSize is the number of merchants per settle step. Defaults to BatchSizeDefault.
 	BatchSize int
 
+	// PayoutsAtRestTimeout, when positive, makes each settle run wait after its last batch,
+	// up to this long at a time, for its payouts to be at rest, and the date's last shard
+	// close the date and start its reconciliation run (close.go). The sample's commands use
+	// PayoutsAtRestTimeoutDefault. Defaults to 0: runs end with their last batch, dates are
+	// not closed.
+	PayoutsAtRestTimeout time.Duration
+
 	// SettleWorkers is how many settle runs this process works at once. Defaults to
 	// Plan.Shards.
 	SettleWorkers int
@@ -125,6 +132,8 @@ func (c *ServiceConfig) validate() error {
 		return fmt.Errorf("ServiceConfig.BatchSize is %d; want at least 1", c.BatchSize)
 	case c.SettleWorkers < 1:
 		return fmt.Errorf("ServiceConfig.SettleWorkers is %d; want at least 1", c.SettleWorkers)
+	case c.PayoutsAtRestTimeout < 0:
+		return fmt.Errorf("ServiceConfig.PayoutsAtRestTimeout is %s; want a positive duration, or 0 not to close dates", c.PayoutsAtRestTimeout)
 	case c.PayoutConcurrency < 1:
 		return fmt.Errorf("ServiceConfig.PayoutConcurrency is %d; want at least 1", c.PayoutConcurrency)
 	case c.PayoutTimeout < 0:
@@ -192,7 +201,13 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		wcfg.Logger = cfg.Logger
 	}
 	workers := river.NewWorkers()
-	if err := stepwise.AddWorkerSafely(workers, &SettleWorker{BatchSize: cfg.BatchSize}); err != nil {
+	if err := stepwise.AddWorkerSafely(workers, &SettleWorker{BatchSize: cfg.BatchSize, PayoutsAtRestTimeout: cfg.PayoutsAtRestTimeout}); err != nil {
+		return nil, err
+	}
+	if err := stepwise.AddWorkerSafely(workers, &reconcileWorker{pool: pool}); err != nil {
+		return nil, err
+	}
+	if err := stepwise.AddWorkerSafely(workers, &reconcileCurrencyWorker{pool: pool, bank: cfg.Bank, plan: plan}); err != nil {
 		return nil, err
 	}
 	scfg := &stepwise.Config{

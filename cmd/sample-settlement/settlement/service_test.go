@@ -172,7 +172,7 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	res, err := settlement.CheckInvariants(ctx, pool, auditor(bank.URL()), svc.Plan, testDate)
 	require.NoError(t, err)
 	require.NoError(t, res.Err(), "%+v", res.Checks)
-	require.Len(t, res.Checks, 9) // invariants 1 (x2), 2, 3 (effects, send discipline), 4, 5, 6 and the whole-database summary
+	require.Len(t, res.Checks, 10) // invariants 1 (x2), 2, 3 (effects, send discipline), 4 (x2: at rest, a closed date proven), 5, 6 and the whole-database summary
 
 	rep, err := settlement.BuildReport(ctx, pool, auditor(bank.URL()), svc.Plan, testDate)
 	require.NoError(t, err)

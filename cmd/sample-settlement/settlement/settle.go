@@ -199,6 +199,13 @@ type SettleWorker struct {
 
 	// BatchSize is the number of merchants per step. Defaults to BatchSizeDefault.
 	BatchSize int
+
+	// PayoutsAtRestTimeout, when positive, makes the run wait after its last batch for its
+	// payouts to be at rest, then record its shard and, as the date's last shard, close the
+	// date (close.go); each timeout marks the date overdue and waits again. 0: the run ends
+	// with its last batch and dates are not closed (the lab's benchmarks measure settling
+	// alone).
+	PayoutsAtRestTimeout time.Duration
 }
 
 // Step settles the next batch of the run's shard.
@@ -207,6 +214,9 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 	if err != nil {
 		// No retry can fix the input of a run.
 		return workflow.Fail(err), nil
+	}
+	if s.Woken() != nil {
+		return closeShard(ctx, s, date, w.PayoutsAtRestTimeout)
 	}
 	res, err := SettleBatch(ctx, s.Tx, Batch{
 		Date: date, Shard: s.Args.Shard, Shards: s.Args.Shards,
@@ -218,6 +228,9 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 	s.Cursor.AfterMerchant = res.LastMerchant
 	s.ReportItems(res.Merchants) // on the step's trace span
 	if res.Done {
+		if w.PayoutsAtRestTimeout > 0 {
+			return settleWait(w.PayoutsAtRestTimeout), nil
+		}
 		return workflow.Done(), nil
 	}
 	return workflow.Continue(), nil

@@ -91,3 +91,45 @@ CREATE TABLE IF NOT EXISTS ledger_entry (
 	posted_at     timestamptz NOT NULL DEFAULT now(),
 	UNIQUE (settlement_id, entry, account)
 );
+
+-- A business date's close and reconciliation (docs/design.md, "Waits in the sample"). Each
+-- settle run of the date, after its last batch, waits for its payouts to be at rest
+-- (workflow.WaitForOperations) and then records its shard here; the run that records the
+-- last shard closes the date in the same transaction, under this row's lock, and only after
+-- checking again that every payout of the date is SUCCEEDED or FAILED_PERMANENT.
+CREATE TABLE IF NOT EXISTS settlement_day (
+	settle_date    date        PRIMARY KEY,
+	shards         integer     NOT NULL CHECK (shards > 0),
+	-- Set when a shard's wait for its payouts timed out with some still not at rest (a
+	-- payout MANUAL or UNKNOWN_EXTERNAL for hours): the date is overdue, its runs keep waiting.
+	overdue_at     timestamptz,
+	-- Set once, by the closing step: every payout of the date proven.
+	closed_at      timestamptz,
+	-- The day's settlement report, per currency, written by the closing step.
+	report         jsonb,
+	-- The reconciliation run's result, once the bank's statement arrived (a signal).
+	statement_id   text,
+	reconciled_at  timestamptz,
+	statement_match boolean,
+	differences    integer,
+	CHECK (closed_at IS NOT NULL OR reconciled_at IS NULL)
+);
+
+-- The shards of a date whose payouts are at rest, each recorded by its own run.
+CREATE TABLE IF NOT EXISTS settlement_day_shard (
+	settle_date date        NOT NULL,
+	shard       integer     NOT NULL,
+	run_key     text        NOT NULL,
+	at_rest_at  timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (settle_date, shard)
+);
+
+-- Each currency's reconciliation of a date, by its own run (a child of reconcile/<date>).
+CREATE TABLE IF NOT EXISTS settlement_day_currency (
+	settle_date     date        NOT NULL,
+	currency        text        NOT NULL,
+	statement_match boolean     NOT NULL,
+	differences     integer     NOT NULL,
+	reconciled_at   timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (settle_date, currency)
+);

@@ -14,21 +14,22 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
 func init() {
-	register("statement-arrived", "tell the date's reconciliation run that the bank's statement arrived (a durable signal; sent twice with one --id, it counts once)", runStatementArrived)
+	prog.Register("statement-arrived", "tell the date's reconciliation run that the bank's statement arrived (a durable signal; sent twice with one --id, it counts once)", runStatementArrived)
 }
 
 func runStatementArrived(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("statement-arrived", "statement-arrived --date YYYY-MM-DD [--id STATEMENT_ID]", stderr)
+	fs := prog.NewFlagSet("statement-arrived", "statement-arrived --date YYYY-MM-DD [--id STATEMENT_ID]", stderr)
 	var db dbFlags
 	db.register(fs)
 	date := fs.String("date", "", "business date the statement covers, YYYY-MM-DD (required)")
 	id := fs.String("id", "", "the statement's id, e.g. the bank's file name: a retried send with the same id counts once (default \"bank-statement/<date>\": one statement per date)")
-	if err := parseFlags(fs, args, false); err != nil {
+	if err := cmdline.ParseFlags(fs, args, false); err != nil {
 		return err
 	}
 	d, err := parseDateFlag(*date)
@@ -66,10 +67,10 @@ func runStatementArrived(ctx context.Context, args []string, stdout, stderr io.W
 // empty is allowed (the default), else 1 to 255 bytes of printable characters.
 func checkStatementID(what, id string) error {
 	if len(id) > 255 {
-		return usageError("%s: %d bytes; want at most 255", what, len(id))
+		return cmdline.UsageError("%s: %d bytes; want at most 255", what, len(id))
 	}
 	if strings.IndexFunc(id, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return usageError("%s %q: want printable characters only", what, id)
+		return cmdline.UsageError("%s %q: want printable characters only", what, id)
 	}
 	return nil
 }
@@ -109,7 +110,7 @@ func statementHandler(pool *pgxpool.Pool, logger *slog.Logger) http.Handler {
 			return
 		}
 		if err := checkStatementID("id", req.ID); err != nil {
-			http.Error(w, strings.TrimPrefix(err.Error(), errUsage.Error()+": "), http.StatusBadRequest)
+			http.Error(w, strings.TrimPrefix(err.Error(), cmdline.ErrUsage.Error()+": "), http.StatusBadRequest)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)

@@ -297,6 +297,12 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 		RetryPolicy:       fastRetry{},
 		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+	if envVars["WAIT_PAYOUT"] == "1" {
+		// Drill 11's workflow and the outbox delivering its payouts.
+		if err := wpWorkerRole(pool, envVars, engine, rc, stepSleep); err != nil {
+			return err
+		}
+	}
 	if envVars["WITH_MAINTENANCE"] == "1" {
 		if err := engine.Install(rc); err != nil {
 			return err

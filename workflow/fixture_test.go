@@ -289,8 +289,13 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 		// Drill 10's workflow (parents, children, signal waiters) beside the count workflow.
 		workflow.AddWorker(engine, workers, &waitDrillWorker{stepSleep: stepSleep})
 	}
+	// WF_MAX_WORKERS sizes the queue for a drill whose runs are woken in bursts (2 by default).
+	maxWorkers := 2
+	if n, err := strconv.Atoi(envVars["WF_MAX_WORKERS"]); err == nil && n > 0 {
+		maxWorkers = n
+	}
 	rc := &river.Config{
-		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: 2}},
+		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: maxWorkers}},
 		Workers:           workers,
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,

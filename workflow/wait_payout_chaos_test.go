@@ -242,7 +242,12 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 		require.NoError(t, err)
 	}
 
-	env := workerEnv(url, lease, 10*time.Second, "STEP_SLEEP=100ms", "WAIT_PAYOUT=1", "BANK_URL="+bank.URL())
+	// A settling batch (the dispatcher's recorder, a reconciler pass) wakes many runs in one
+	// commit: the workers have a slot for about each run, so that the lateness bound judges
+	// the wake, not a queue of woken runs behind 6 slots (measured at 30 runs with 2 slots a
+	// process: woken runs waited up to 12 s for a slot, no takeover, no freeze).
+	env := workerEnv(url, lease, 10*time.Second, "STEP_SLEEP=100ms", "WAIT_PAYOUT=1", "BANK_URL="+bank.URL(),
+		fmt.Sprintf("WF_MAX_WORKERS=%d", runs/3+2))
 	if blindResend {
 		env = append(env, "BLIND_RESEND=1")
 	}

@@ -31,6 +31,14 @@
 // on), and every run.resume and run.cancel_requested (who resumed or stopped a run, and why).
 // A decision about money is kept as long as the operation it decided, which is forever.
 //
+// Waits and signals (package workflow's WaitFor... and Signal): a succeeded run has no open
+// wait (the step after a wait takes it), and a failed or cancelled run keeps its open wait and
+// the signals it has not taken, even when named in FailedRuns: Resume re-enters the wait and
+// takes them. The signals a pruned run took, and those sent to a succeeded run after its last
+// wait (no wait can take them any more), are its history and go with its events. A signal
+// not taken and sent before the age to a key that has no run goes too: a signal may come
+// before its run is started, but not OlderThan before (a run started later does not see it).
+//
 // Schedule slots: every stepwise_schedule_slot row, one per decided slot (materialized,
 // skipped with its reason, buffered). It is the record that a date was settled or why it was
 // not; the tick reads only open slots, so old ones cost nothing.
@@ -93,7 +101,7 @@ type Config struct {
 	Now func() time.Time
 
 	// DryRun makes Prune delete nothing: it counts what a real pass would delete now (the
-	// Result's Runs, RunEvents and OperationEvents) and what it keeps (Result.Kept), in one
+	// Result's Runs, RunEvents, OperationEvents and Signals) and what it keeps (Result.Kept), in one
 	// read-only snapshot, with the very predicates the deleting batches use. Guards against
 	// an operator learning what "prune" meant only after the history is gone. The counts
 	// read every matching row (no batches, no pauses): run it off-peak on a large ledger.
@@ -103,13 +111,14 @@ type Config struct {
 // Result counts what Prune did.
 type Result struct {
 	// Runs is how many runs had their history pruned (their rows stay, marked); RunEvents
-	// and OperationEvents how many events were deleted.
-	Runs, RunEvents, OperationEvents int64
+	// and OperationEvents how many events were deleted; Signals how many signals (see the
+	// package doc, "Waits and signals").
+	Runs, RunEvents, OperationEvents, Signals int64
 	// Batches is how many transactions ran; Skipped how many gave up on a lock.
 	Batches, Skipped int
 
-	// DryRun is true when nothing was deleted (Config.DryRun): Runs, RunEvents and
-	// OperationEvents are what a pass would delete, Kept what it keeps.
+	// DryRun is true when nothing was deleted (Config.DryRun): Runs, RunEvents,
+	// OperationEvents and Signals are what a pass would delete, Kept what it keeps.
 	DryRun bool
 	// Kept is filled by a dry run only.
 	Kept *Kept
@@ -135,7 +144,7 @@ type Kept struct {
 
 // Total is every row deleted or marked.
 func (r *Result) Total() int64 {
-	return r.Runs + r.RunEvents + r.OperationEvents
+	return r.Runs + r.RunEvents + r.OperationEvents + r.Signals
 }
 
 func (c *Config) withDefaults() (*Config, error) {
@@ -197,6 +206,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error
 				pending = func() {
 					res.Runs += runs.Runs
 					res.RunEvents += runs.RunEvents
+					res.Signals += runs.Signals
 				}
 			}
 			return n, err
@@ -207,6 +217,11 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error
 		func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			n, err := pruneOperationEvents(ctx, tx, cutoff, cfg.BatchSize)
 			pending = func() { res.OperationEvents += n }
+			return n, err
+		},
+		func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			n, err := pruneOrphanSignals(ctx, tx, cutoff, cfg.BatchSize)
+			pending = func() { res.Signals += n }
 			return n, err
 		},
 	}
@@ -331,6 +346,20 @@ const opEventsWhere = `e.at < $1 AND e.subject LIKE 'op:%' AND e.kind = 'op.tran
 	   AND (SELECT o.state FROM stepwise_operation o WHERE o.operation_id = ` + subjectOperationID + `)
 	       IN ('SUCCEEDED', 'FAILED_PERMANENT')`
 
+// runSignalsWhere selects (alias s, run keys $1) the signals pruneRuns deletes: those taken,
+// and those of a succeeded run (no wait of it can take them). A failed or cancelled run's
+// untaken signals stay: Resume re-enters its wait, which takes them. Read by the primary key
+// (run_key, name, signal_id).
+const runSignalsWhere = `s.run_key = ANY($1) AND (s.consumed_at IS NOT NULL
+	OR (SELECT r.status FROM stepwise_run r WHERE r.key = s.run_key) = 'succeeded')`
+
+// orphanSignalsWhere selects (alias s, cutoff $1) the signals pruneOrphanSignals deletes: not
+// taken, sent before the cutoff, to a key that has no run. Walked on
+// stepwise_signal_pending_idx (only the signals not taken, few however many were sent), each
+// one's run read by its key.
+const orphanSignalsWhere = `s.consumed_at IS NULL AND s.sent_at < $1
+	AND NOT EXISTS (SELECT 1 FROM stepwise_run r WHERE r.key = s.run_key)`
+
 // namedFailed picks the failed or cancelled runs the operator named whose history is still
 // there. A run resumed since checkFailedRuns is no longer failed, and is left alone.
 func namedFailed(keys []string, limit int) runSelector {
@@ -393,6 +422,11 @@ func pruneRuns(ctx context.Context, tx pgx.Tx, sel runSelector, res *Result) (in
 		return 0, fmt.Errorf("deleting events of finished runs: %w", err)
 	}
 	res.RunEvents += tag.RowsAffected()
+	tag, err = tx.Exec(ctx, `DELETE FROM stepwise_signal s WHERE `+runSignalsWhere, keys)
+	if err != nil {
+		return 0, fmt.Errorf("deleting signals of finished runs: %w", err)
+	}
+	res.Signals += tag.RowsAffected()
 	tag, err = tx.Exec(ctx, `UPDATE stepwise_run SET history_pruned_at = now() WHERE key = ANY($1)`, keys)
 	if err != nil {
 		return 0, fmt.Errorf("marking pruned runs: %w", err)
@@ -435,6 +469,18 @@ func pruneOperationEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, limi
 	return tag.RowsAffected(), nil
 }
 
+// pruneOrphanSignals deletes a batch of signals sent before cutoff to keys that have no run
+// (orphanSignalsWhere), at most limit, skipping those a transaction holds.
+func pruneOrphanSignals(ctx context.Context, tx pgx.Tx, cutoff time.Time, limit int) (int64, error) {
+	tag, err := tx.Exec(ctx, `DELETE FROM stepwise_signal WHERE (run_key, name, signal_id) IN (
+		SELECT s.run_key, s.name, s.signal_id FROM stepwise_signal s WHERE `+orphanSignalsWhere+`
+		 ORDER BY s.sent_at LIMIT $2 FOR UPDATE OF s SKIP LOCKED)`, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("deleting signals to runs that were never started: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // dryRun counts what Prune would delete and keep, in one read-only REPEATABLE READ
 // transaction (one snapshot: the counts add up), with the predicates the batches use.
 func dryRun(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, failedRuns []string) (*Result, error) {
@@ -444,6 +490,7 @@ func dryRun(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, failedRun
 	}
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		k := res.Kept
+		var orphanSignals int64
 		counts := []struct {
 			what string
 			into *int64
@@ -452,6 +499,9 @@ func dryRun(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, failedRun
 		}{
 			{"run events to prune", &res.RunEvents, `SELECT count(*) FROM stepwise_event e WHERE ` + runEventsWhere,
 				[]any{nil}}, // keys filled below
+			{"signals of runs to prune", &res.Signals, `SELECT count(*) FROM stepwise_signal s WHERE ` + runSignalsWhere,
+				[]any{nil}}, // keys filled below
+			{"signals to no run", &orphanSignals, `SELECT count(*) FROM stepwise_signal s WHERE ` + orphanSignalsWhere, []any{cutoff}},
 			{"operation events to prune", &res.OperationEvents, `SELECT count(*) FROM stepwise_event e WHERE ` + opEventsWhere, []any{cutoff}},
 			{"runs", &k.Runs, `SELECT count(*) FROM stepwise_run`, nil},
 			{"operations", &k.Operations, `SELECT count(*) FROM stepwise_operation`, nil},
@@ -476,11 +526,13 @@ func dryRun(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, failedRun
 		}
 		res.Runs = int64(len(keys))
 		counts[0].args = []any{keys}
+		counts[1].args = []any{keys}
 		for _, c := range counts {
 			if err := tx.QueryRow(ctx, c.sql, c.args...).Scan(c.into); err != nil {
 				return fmt.Errorf("retention dry run: counting %s: %w", c.what, err)
 			}
 		}
+		res.Signals += orphanSignals
 		return nil
 	})
 	if err != nil {

@@ -289,13 +289,24 @@ func runWorkerRole(ctx context.Context, envVars map[string]string) error {
 		// Drill 10's workflow (parents, children, signal waiters) beside the count workflow.
 		workflow.AddWorker(engine, workers, &waitDrillWorker{stepSleep: stepSleep})
 	}
+	// WF_MAX_WORKERS sizes the queue for a drill whose runs are woken in bursts (2 by default).
+	maxWorkers := 2
+	if n, err := strconv.Atoi(envVars["WF_MAX_WORKERS"]); err == nil && n > 0 {
+		maxWorkers = n
+	}
 	rc := &river.Config{
-		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: 2}},
+		Queues:            map[string]river.QueueConfig{"wf": {MaxWorkers: maxWorkers}},
 		Workers:           workers,
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		RetryPolicy:       fastRetry{},
 		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if envVars["WAIT_PAYOUT"] == "1" {
+		// Drill 11's workflow and the outbox delivering its payouts.
+		if err := wpWorkerRole(pool, envVars, engine, rc, stepSleep); err != nil {
+			return err
+		}
 	}
 	if envVars["WITH_MAINTENANCE"] == "1" {
 		if err := engine.Install(rc); err != nil {

@@ -455,25 +455,7 @@ func TestWaitMaintenanceCost(t *testing.T) {
 
 	const n = 10_000
 	started := time.Now()
-	_, err = pool.Exec(ctx, `INSERT INTO stepwise_checkpoint (key) SELECT 'w/' || g FROM generate_series(1, $1::int) g`, n)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state, priority, metadata, scheduled_at)
-		SELECT '{}', 'test_wait', 25, 'default', 'scheduled', 1, jsonb_build_object('stepwise_run', 'w/' || g), now() + interval '1 day'
-		  FROM generate_series(1, $1::int) g`, n)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, river_job_id, status, released_at, wake_at)
-		SELECT metadata->>'stepwise_run', kind, args, id, 'running', now(), scheduled_at FROM river_job WHERE metadata->>'stepwise_run' LIKE 'w/%'`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO stepwise_wait (run_key, kind, deadline) SELECT 'w/' || g, 'operations', now() + interval '1 day' FROM generate_series(1, $1::int) g`, n)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state)
-		SELECT gen_random_uuid(), 'test_wait_op', 'w/' || g || '/' || i, '{}', '\x00', 'w/' || g, 'PENDING'
-		  FROM generate_series(1, $1::int) g, generate_series(1, 3) i`, n)
-	require.NoError(t, err)
-	for _, table := range []string{"stepwise_checkpoint", "stepwise_run", "river_job", "stepwise_wait", "stepwise_operation"} {
-		_, err := pool.Exec(ctx, "ANALYZE "+table)
-		require.NoError(t, err)
-	}
+	seedWaitingRuns(t, pool, n)
 	t.Logf("seeded %d waiting runs (3 operations each) in %s", n, time.Since(started).Round(time.Millisecond))
 
 	var ds []time.Duration

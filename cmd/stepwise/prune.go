@@ -44,7 +44,7 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	}
 	if f.json {
 		if jerr := c.printJSON(map[string]any{"dry_run": res.DryRun, "older_than": olderThan.String(), "runs": res.Runs, "run_events": res.RunEvents,
-			"operation_events": res.OperationEvents, "batches": res.Batches, "skipped_on_lock": res.Skipped, "kept": res.Kept}); jerr != nil {
+			"operation_events": res.OperationEvents, "signals": res.Signals, "batches": res.Batches, "skipped_on_lock": res.Skipped, "kept": res.Kept}); jerr != nil {
 			return jerr
 		}
 		return err
@@ -52,7 +52,7 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	if res.DryRun {
 		k := res.Kept
 		fmt.Fprintf(c.stdout, "dry run (nothing deleted) of history older than %s:\n", *olderThan)
-		fmt.Fprintf(c.stdout, "  would delete: the event history of %d runs (%d run events) and %d events of settled operations\n", res.Runs, res.RunEvents, res.OperationEvents)
+		fmt.Fprintf(c.stdout, "  would delete: the event history of %d runs (%d run events) %d events of settled operations and %d signals\n", res.Runs, res.RunEvents, res.OperationEvents, res.Signals)
 		fmt.Fprintf(c.stdout, "  would keep:   every run (%d) and operation (%d) row, every schedule slot, and %d people's decisions (resolutions, resumes, cancels, console actions), forever;\n",
 			k.Runs, k.Operations, k.Decisions)
 		fmt.Fprintf(c.stdout, "                the whole history of %d failed or cancelled runs (resumable; name one with --failed-run to give it up), %d runs whose operations are not settled, %d runs younger than %s\n",
@@ -60,9 +60,9 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(c.stdout, "run again with --apply to delete\n")
 		return err
 	}
-	fmt.Fprintf(c.stdout, "pruned in %s: the history of %d runs, %d run events, %d operation events (%d batches, %d skipped on a lock: run again later for those); "+
+	fmt.Fprintf(c.stdout, "pruned in %s: the history of %d runs, %d run events, %d operation events, %d signals (%d batches, %d skipped on a lock: run again later for those); "+
 		"every run, operation and slot is kept, and every decision a person made\n",
-		time.Since(start).Round(time.Millisecond), res.Runs, res.RunEvents, res.OperationEvents, res.Batches, res.Skipped)
+		time.Since(start).Round(time.Millisecond), res.Runs, res.RunEvents, res.OperationEvents, res.Signals, res.Batches, res.Skipped)
 	return err
 }
 

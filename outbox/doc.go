@@ -123,6 +123,13 @@ RunMaintenance in every process that calls it (so that a dead leader does not ho
 Enqueue refuses, with ErrUnknownKind, a kind that no Outbox registered in the database
 (Install and Register do): an operation nobody delivers would wait forever.
 
+Enqueue takes no Outbox: it runs inside the caller's transaction, often in a process that
+delivers nothing, with only ctx and tx in hand. So two things it needs are kept per process
+rather than per Outbox, on purpose: the wakers, one per River client (the client of ctx), each
+a goroutine that lives only while it has transactions to watch; and the cache of the kinds
+found registered, per database (tx's connection), which only grows because a registration is
+never taken back, and which is never consulted for a kind it has not seen.
+
 # Crash recovery
 
 A dispatcher killed between claiming and recording leaves its operations PROCESSING. When their

@@ -31,7 +31,8 @@ func (o *Outbox) Register(ctx context.Context) error {
 
 // knownKinds caches, per database, the kinds found registered, so that Enqueue reads the
 // registry only the first time it meets a kind (a registration is never taken back). A kind
-// not found is never cached: it may be registered a moment later.
+// not found is never cached: it may be registered a moment later. It is process-wide because
+// Enqueue has no Outbox to keep it in, only tx (see doc.go).
 var knownKinds sync.Map // databaseKey(tx) + "\x00" + kind -> struct{}
 
 // databaseKey names the database tx runs in, from its connection's configuration: one process

@@ -79,6 +79,8 @@ type waker struct {
 	queued map[string]int64
 }
 
+// wakers holds the waker of each River client, process-wide: Enqueue has no handle but ctx
+// and tx, and finds its waker by the client of ctx (see "Waking the dispatcher" in doc.go).
 var wakers = struct {
 	mu sync.Mutex
 	m  map[*river.Client[pgx.Tx]]*waker

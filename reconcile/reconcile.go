@@ -348,14 +348,6 @@ func (r *Reconciler) applyTx(ctx context.Context, tx pgx.Tx, ks *kindState, ops 
 		}
 		waiting = int(tag.RowsAffected())
 	}
-	for _, oo := range moved {
-		if oo.Outcome.To == outbox.StateRetryable {
-			if _, err := ledger.Wake(ctx, tx, ks.name); err != nil {
-				return nil, 0, err
-			}
-			break
-		}
-	}
 	return moved, waiting, nil
 }
 

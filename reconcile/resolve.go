@@ -116,10 +116,5 @@ func (r *Reconciler) ResolveTx(ctx context.Context, tx pgx.Tx, params *ResolveOp
 	if err != nil {
 		return nil, fmt.Errorf("resolving operation %s: %w", p.OperationID, err)
 	}
-	if op.State == outbox.StateRetryable {
-		if _, err := ledger.Wake(ctx, tx, op.Kind); err != nil {
-			return nil, err
-		}
-	}
 	return op, nil
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
-	"github.com/stepwise-go/stepwise/internal/slotrun"
+	"github.com/stepwise-go/stepwise/internal/runstart"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -414,8 +414,8 @@ func compileSchedule[A river.JobArgs](sch Schedule[A], tickInterval time.Duratio
 			cp := *insertOpts
 			opts = &cp
 		}
-		return slotrun.StartTx(ctx, client, tx, RunKey(name, slot, shard), args(slot, shard), opts,
-			slotrun.Slot{Schedule: name, Time: slot, Shard: shard})
+		return runstart.Tx(ctx, client, tx, RunKey(name, slot, shard), args(slot, shard),
+			runstart.Params{Opts: opts, Slot: &runstart.Slot{Schedule: name, Time: slot, Shard: shard}})
 	}
 	return def, nil
 }

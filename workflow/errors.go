@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
-
+	"github.com/stepwise-go/stepwise/internal/runstart"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
@@ -15,7 +15,7 @@ var ErrFenced = checkpoint.ErrFenced
 
 // ErrRunConflict is returned by Start when a run with the key already exists with a
 // different workflow or a different input: a key names one run, forever.
-var ErrRunConflict = errors.New("workflow: run key already used for a different run")
+var ErrRunConflict = runstart.ErrConflict
 
 // ErrRunNotFound is returned for a run key that does not exist.
 var ErrRunNotFound = stepwisetype.NotFound("workflow: run not found")

@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/stepwise-go/stepwise/internal/jitter"
+	"github.com/stepwise-go/stepwise/internal/runstart"
 )
 
 // MaintenanceArgs are the args of Stepwise's leader-run maintenance job.
@@ -259,7 +260,7 @@ func (e *Engine) rescue(ctx context.Context, client *river.Client[pgx.Tx], tx pg
 	if s.wakeAt != nil && s.wakeAt.After(time.Now()) {
 		opts.ScheduledAt = *s.wakeAt
 	}
-	if opts.Metadata, err = withRunKey(ctx, nil, s.key); err != nil {
+	if opts.Metadata, err = runstart.WithRunKey(ctx, nil, s.key); err != nil {
 		return err
 	}
 	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: s.kind, raw: s.input}, opts)

@@ -9,26 +9,24 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
-	"github.com/stepwise-go/stepwise/internal/slotrun"
-	"github.com/stepwise-go/stepwise/internal/tracing"
+	"github.com/stepwise-go/stepwise/internal/runstart"
+	"github.com/stepwise-go/stepwise/internal/runwait"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // metadataRunKey is the River job metadata field that names the run a job delivers. Keeping
 // the key in metadata leaves the user's job args exactly as they wrote them.
-const metadataRunKey = "stepwise_run"
+const metadataRunKey = runwait.MetadataRunKey
 
 // metadataTraceParent is the River job metadata field holding the W3C traceparent of the span
 // that queued the job (a start or a takeover). Its own name, not River's otelriver
 // "traceparent", so that both can be used side by side.
-const metadataTraceParent = "stepwise_traceparent"
+const metadataTraceParent = runwait.MetadataTraceParent
 
 // RunKeyer may be implemented by job args to give jobs inserted with plain River Insert
 // (without Start) a run key.
@@ -151,131 +149,31 @@ func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], k
 // second run. The same key with another workflow or input is ErrRunConflict. This holds after
 // retention too: package retention never deletes a run's row, only its events.
 func StartTx[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args A, opts *StartOpts) (*Run, error) {
-	var insertOpts *river.InsertOpts
-	var tp trace.TracerProvider
+	var p runstart.Params
 	if opts != nil {
-		insertOpts, tp = opts.InsertOpts, opts.TracerProvider
+		p.Opts, p.TracerProvider = opts.InsertOpts, opts.TracerProvider
 	}
-	return startTx(ctx, client, tx, key, args, insertOpts, nil, tp, nil)
+	return startTx(ctx, client, tx, key, args, p)
 }
 
 // startTxParent is StartTx of a child run (Step.StartChild).
 func startTxParent(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, parent *string) (*Run, error) {
-	return startTx(ctx, client, tx, key, args, opts, nil, nil, parent)
+	return startTx(ctx, client, tx, key, args, runstart.Params{Opts: opts, Parent: parent})
 }
 
-func init() {
-	// Package schedule starts the runs of its slots through this, with the slot recorded.
-	slotrun.StartTx = func(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, slot slotrun.Slot) (bool, error) {
-		run, err := startTx(ctx, client, tx, key, args, opts, &slot, nil, nil)
-		if err != nil {
-			return false, err
-		}
-		return run.Created, nil
-	}
-}
-
-// startTx is StartTx for any args, with the run's slot when a schedule starts it.
-func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts, in *slotrun.Slot, tp trace.TracerProvider, parent *string) (run *Run, err error) {
-	ctx, span := tracing.Tracer(tp).Start(ctx, "stepwise.start")
-	defer func() { endStartSpan(span, key, args, run, err) }()
-	if err := checkpoint.ValidateKey(key); err != nil {
-		return nil, fmt.Errorf("workflow.Start: run %w", err)
-	}
-	input, err := json.Marshal(args)
+// startTx records the start (package runstart, which package schedule also starts its slots'
+// runs with) and reads the run back.
+func startTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, args river.JobArgs, p runstart.Params) (*Run, error) {
+	created, err := runstart.Tx(ctx, client, tx, key, args, p)
 	if err != nil {
-		return nil, fmt.Errorf("workflow.Start: encoding input of run %q: %w", key, err)
-	}
-	kind := args.Kind()
-	var (
-		schedule *string
-		slot     *time.Time
-		shard    *int
-	)
-	if in != nil {
-		sl, sh := in.Time.UTC(), in.Shard
-		schedule, slot, shard = &in.Schedule, &sl, &sh
-	}
-	if err := checkpoint.Ensure(ctx, tx, key); err != nil {
 		return nil, err
 	}
-	created, err := insertRun(ctx, tx, key, kind, input, schedule, slot, shard, parent)
+	run, err := GetRun(ctx, tx, key)
 	if err != nil {
-		return nil, fmt.Errorf("workflow.Start: recording run %q: %w", key, err)
-	}
-	if !created {
-		run, err := GetRun(ctx, tx, key)
-		if err != nil {
-			return nil, err
-		}
-		var same bool
-		if err := tx.QueryRow(ctx, `SELECT input = $2::jsonb FROM stepwise_run WHERE key = $1`, key, input).Scan(&same); err != nil {
-			return nil, fmt.Errorf("workflow.Start: comparing run %q: %w", key, err)
-		}
-		if run.Workflow != kind || !same {
-			return nil, fmt.Errorf("%w: key %q is run of %s with input %s; this start is %s with input %s",
-				ErrRunConflict, key, run.Workflow, run.Input, kind, input)
-		}
-		if deref(run.Parent) != deref(parent) {
-			return nil, fmt.Errorf("%w: key %q is a run whose parent is %q; this start's parent is %q",
-				ErrRunConflict, key, deref(run.Parent), deref(parent))
-		}
-		return run, nil
-	}
-
-	insertOpts := river.InsertOpts{}
-	if opts != nil {
-		insertOpts = *opts
-	}
-	if insertOpts.Metadata, err = withRunKey(ctx, insertOpts.Metadata, key); err != nil {
-		return nil, fmt.Errorf("workflow.Start: run %q: InsertOpts.Metadata: %w", key, err)
-	}
-	res, err := client.InsertTx(ctx, tx, args, &insertOpts)
-	if err != nil {
-		return nil, fmt.Errorf("workflow.Start: inserting River job for run %q: %w", key, err)
-	}
-	if err := linkStartedRun(ctx, tx, key, res.Job.ID); err != nil {
-		return nil, fmt.Errorf("workflow.Start: linking run %q to its job: %w", key, err)
-	}
-	if run, err = GetRun(ctx, tx, key); err != nil {
 		return nil, err
 	}
-	run.Created = true
+	run.Created = created
 	return run, nil
-}
-
-// endStartSpan records what a start did on its span, when the span records.
-func endStartSpan(span trace.Span, key string, args river.JobArgs, run *Run, err error) {
-	if span.IsRecording() {
-		span.SetAttributes(attribute.String("stepwise.run.key", key), attribute.String("stepwise.workflow", args.Kind()))
-		if run != nil {
-			span.SetAttributes(attribute.Bool("stepwise.run.created", run.Created))
-		}
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-	}
-	span.End()
-}
-
-// withRunKey returns the job metadata naming the run key, and carrying the traceparent of
-// ctx's span (the start's or the takeover's) when there is one, so that the attempts the job
-// delivers link back to what queued it, hours later and in another process.
-func withRunKey(ctx context.Context, metadata []byte, key string) ([]byte, error) {
-	m := map[string]any{}
-	if len(metadata) > 0 {
-		if err := json.Unmarshal(metadata, &m); err != nil {
-			return nil, err
-		}
-	}
-	m[metadataRunKey] = key
-	if tp := tracing.TraceParent(ctx); tp != "" {
-		m[metadataTraceParent] = tp
-	} else {
-		delete(m, metadataTraceParent)
-	}
-	return json.Marshal(m)
 }
 
 // runKeyOf finds the run a job delivers: the key Start put in its metadata, else the args'
@@ -519,7 +417,7 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 			return fmt.Errorf("resuming run %q: reading its last job: %w", key, err)
 		}
 	}
-	if opts.Metadata, err = withRunKey(ctx, nil, key); err != nil {
+	if opts.Metadata, err = runstart.WithRunKey(ctx, nil, key); err != nil {
 		return err
 	}
 	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: run.Workflow, raw: run.Input}, opts)
@@ -585,7 +483,7 @@ func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx
 		if c.queue != nil {
 			opts.Queue, opts.Priority, opts.MaxAttempts = *c.queue, *c.priority, *c.max
 		}
-		if opts.Metadata, err = withRunKey(ctx, nil, c.key); err != nil {
+		if opts.Metadata, err = runstart.WithRunKey(ctx, nil, c.key); err != nil {
 			return err
 		}
 		ins, err := client.InsertTx(ctx, tx, rawArgs{kind: c.workflow, raw: c.input}, opts)

@@ -122,33 +122,6 @@ func changed(ctx context.Context, q dbtx, sql string, args ...any) (bool, error)
 	return n > 0, nil
 }
 
-// linkStartedRun records the River job that delivers a run Start just created.
-// Guards: a second link of the same run (the run must still be pending with no job).
-func linkStartedRun(ctx context.Context, tx pgx.Tx, key string, jobID int64) error {
-	ok, err := changed(ctx, tx, `
-		WITH r AS (
-			UPDATE stepwise_run SET river_job_id = $2
-			 WHERE key = $1 AND status = 'pending' AND river_job_id IS NULL RETURNING key
-		), ev AS (
-			INSERT INTO stepwise_event (subject, kind, to_state, detail)
-			SELECT key, 'run.start', 'pending', jsonb_build_object('river_job_id', $2::bigint) FROM r
-		)
-		SELECT count(*) FROM r`, key, jobID)
-	if err == nil && !ok {
-		err = errRunMoved
-	}
-	return err
-}
-
-// insertRun records a new pending run for Start; its job is linked by linkStartedRun.
-// Guards: a key started twice (ON CONFLICT: the existing run stands, created is false).
-func insertRun(ctx context.Context, tx pgx.Tx, key, kind string, input []byte, schedule *string, slot *time.Time, shard *int, parent *string) (created bool, err error) {
-	tag, err := tx.Exec(ctx, `INSERT INTO stepwise_run (key, workflow, input, schedule, slot, shard, parent_key)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (key) DO NOTHING`,
-		key, kind, input, schedule, slot, shard, parent)
-	return err == nil && tag.RowsAffected() == 1, err
-}
-
 // recordFenced audits a commit the fence refused: the run does not change (another attempt
 // owns it), but the zombie's attempt is in the trail. Best effort: the refusal already holds.
 func recordFenced(ctx context.Context, q execer, key string, by stepActor, cause error) {

@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/runstart"
 	"github.com/stepwise-go/stepwise/internal/runwait"
 )
 
@@ -25,12 +26,6 @@ import (
 // (package runwait); maintenance is only the backstop. The step after the wait re-checks the
 // condition in its own transaction before the user's step runs, and learns the outcome from
 // Step.Woken.
-
-func init() {
-	if runwait.MetadataRunKey != metadataRunKey || runwait.MetadataTraceParent != metadataTraceParent {
-		panic("workflow: runwait's job metadata fields differ from workflow's")
-	}
-}
 
 // WaitKind is what a run waits for.
 type WaitKind string
@@ -308,7 +303,7 @@ func (a *attempt[A, C]) enterWait(ctx context.Context, tx pgx.Tx, w *waitSpec, d
 	if err != nil {
 		return err
 	}
-	md, err := withRunKey(ctx, nil, a.key)
+	md, err := runstart.WithRunKey(ctx, nil, a.key)
 	if err != nil {
 		return err
 	}

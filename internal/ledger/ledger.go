@@ -58,14 +58,12 @@ type Hooks struct {
 	Scan func(row pgx.Row, extra ...any) (any, error)
 	// TransitionTx moves operations in tx with ob's outcome callbacks (ob is an
 	// *outbox.Outbox) and returns the []outbox.OperationOutcome recorded; moves whose guard
-	// no longer holds are absent.
+	// no longer holds are absent. A move into RETRYABLE also wakes its kind's dispatcher in
+	// tx when ctx carries a River client.
 	TransitionTx func(ctx context.Context, ob any, tx pgx.Tx, ms []Move) (any, error)
 	// TransitionOneTx is TransitionTx for one move, returning the *outbox.Operation, or an
 	// error matching outbox.ErrStateChanged or outbox.ErrNotFound.
 	TransitionOneTx func(ctx context.Context, ob any, tx pgx.Tx, m Move) (any, error)
-	// Wake queues, in tx, a dispatcher for each kind with the River client of ctx, and
-	// reports false when ctx has none (the poll finds the operations).
-	Wake func(ctx context.Context, tx pgx.Tx, kinds ...string) (bool, error)
 }
 
 var hooks Hooks
@@ -100,9 +98,4 @@ func TransitionOneTx[Op any](ctx context.Context, ob any, tx pgx.Tx, m Move) (Op
 		return zero, err
 	}
 	return v.(Op), nil
-}
-
-// Wake queues, in tx, a dispatcher for each kind (see Hooks.Wake).
-func Wake(ctx context.Context, tx pgx.Tx, kinds ...string) (bool, error) {
-	return hooks.Wake(ctx, tx, kinds...)
 }

@@ -52,7 +52,7 @@ func scanEvents(rows pgx.Rows) ([]Event, error) {
 	})
 }
 
-// kinds lists the operation kinds present, by a loose index scan of (kind, created_at): one
+// kinds lists the operation kinds present, by a loose index scan of (kind, business_key): one
 // index probe per kind, however many operations there are (SELECT DISTINCT would read them
 // all).
 func (h *Handler) kinds(ctx context.Context) ([]string, error) {

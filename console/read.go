@@ -52,7 +52,7 @@ func scanEvents(rows pgx.Rows) ([]Event, error) {
 	})
 }
 
-// kinds lists the operation kinds present, by a loose index scan of (kind, created_at): one
+// kinds lists the operation kinds present, by a loose index scan of (kind, business_key): one
 // index probe per kind, however many operations there are (SELECT DISTINCT would read them
 // all).
 func (h *Handler) kinds(ctx context.Context) ([]string, error) {
@@ -464,8 +464,10 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 	//                 a run alone: one range per state, merged;
 	//   kind + state: stepwise_operation_console_state_idx (kind, state, created_at, operation_id);
 	//   state:        the same index, one range per kind, merged;
-	//   kind:         stepwise_operation_created_idx (kind, created_at);
-	//   nothing:      the same index, one range per kind, merged.
+	//   kind:         the same index, one range per state, merged;
+	//   nothing:      the same index, one range per kind and state, merged.
+	// (No index on (kind, created_at): every index is written on each state change, on the
+	// delivery path; migration 016.)
 	// Each branch reads at most a page (plus one) of index entries, however large the ledger.
 	var conds []string
 	args := []any{}
@@ -495,20 +497,23 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 			"(o.created_at, o.operation_id) < ("+at+"::timestamptz, "+arg(id)+"::uuid)")
 	}
 	limit := arg(h.cfg.PageSize + 1)
-	// branches are the extra conditions of each merged range.
+	// branches are the extra conditions of each merged range: one per kind where none was
+	// given, times one per state where none was given (a business key needs neither).
 	branches := [][]string{nil}
-	switch {
-	case f.BusinessKey != "":
-	case f.Run != "" && f.State == "":
-		branches = nil
-		for _, st := range outbox.States() {
-			branches = append(branches, []string{"o.state = '" + string(st) + "'"}) // a constant
-		}
-	case f.Run == "" && f.Kind == "":
+	if f.BusinessKey == "" && f.Run == "" && f.Kind == "" {
 		branches = nil
 		for _, k := range kinds {
 			branches = append(branches, []string{"o.kind = " + arg(k)})
 		}
+	}
+	if f.BusinessKey == "" && f.State == "" {
+		var perState [][]string
+		for _, b := range branches {
+			for _, st := range outbox.States() {
+				perState = append(perState, append(append([]string{}, b...), "o.state = '"+string(st)+"'")) // a constant
+			}
+		}
+		branches = perState
 	}
 	var parts []string
 	for _, extra := range branches {

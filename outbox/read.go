@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise/internal/ledger"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
@@ -56,13 +57,30 @@ func List(ctx context.Context, q stepwisetype.DBTX, params *ListParams) ([]*Oper
 	if what == "" {
 		what = "matching"
 	}
-	order := "updated_at, operation_id"
-	if params.NewestFirst {
-		order = "created_at DESC, operation_id"
-	}
-	rows, err := q.Query(ctx, `SELECT `+columns+` FROM stepwise_operation
+	sql := `SELECT ` + columns + ` FROM stepwise_operation
 		WHERE ($1 = '' OR state = $1) AND ($2 = '' OR kind = $2) AND ($4 = '' OR run_key = $4) AND ($5 = '' OR business_key = $5)
-		ORDER BY `+order+` LIMIT $3`, params.State, params.Kind, limit, params.RunKey, params.BusinessKey)
+		ORDER BY updated_at, operation_id LIMIT $3`
+	args := []any{params.State, params.Kind, limit, params.RunKey, params.BusinessKey}
+	if params.NewestFirst {
+		// One range per state, merged: the newest of a kind (or a run) are read a page at a
+		// time from the (kind | run_key, state, created_at, operation_id) indexes; there is no
+		// index on (kind, created_at) (migration 016: every index is written on each state
+		// change, on the delivery path).
+		states := []string{string(params.State)}
+		if params.State == "" {
+			states = nil
+			for _, st := range States() {
+				states = append(states, string(st))
+			}
+		}
+		sql = `SELECT ` + ledger.Columns("o") + ` FROM unnest($1::text[]) AS s(state) CROSS JOIN LATERAL (
+			SELECT * FROM stepwise_operation
+			WHERE state = s.state AND ($2 = '' OR kind = $2) AND ($4 = '' OR run_key = $4) AND ($5 = '' OR business_key = $5)
+			ORDER BY created_at DESC, operation_id LIMIT $3) AS o
+		ORDER BY o.created_at DESC, o.operation_id LIMIT $3`
+		args[0] = states
+	}
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s operations: %w", what, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
@@ -182,7 +183,20 @@ func timedDrain(ctx context.Context, pool *pgxpool.Pool, tracer *statementTracer
 	}
 	res.rtt = time.Duration(rttSec * float64(time.Second))
 	if ok != n {
-		return res, fmt.Errorf("after the drain %d payouts SUCCEEDED with their settlement PAID, want %d", ok, n)
+		// Say what the others became: a send that timed out on a loaded machine ends
+		// UNKNOWN_EXTERNAL, a lost outcome would leave PROCESSING.
+		var found []string
+		rows, qerr := pool.Query(ctx, `SELECT o.state || '/' || s.status || ': ' || count(*)
+			FROM stepwise_operation o JOIN settlement s ON s.id = (o.payload->>'settlement_id')::bigint
+			WHERE o.run_key = $1 GROUP BY o.state, s.status ORDER BY 1`, "bench/"+date.Format(time.DateOnly))
+		if qerr == nil {
+			found, qerr = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if qerr != nil {
+			found = []string{"(not read: " + qerr.Error() + ")"}
+		}
+		return res, fmt.Errorf("after the drain %d payouts SUCCEEDED with their settlement PAID, want %d (payout state/settlement status: %s)",
+			ok, n, strings.Join(found, ", "))
 	}
 	return res, nil
 }

@@ -1,0 +1,19 @@
+-- Fewer index writes per payout (issue 27).
+--
+-- Every state change of an operation (claim: PENDING -> PROCESSING; outcome: PROCESSING ->
+-- SUCCEEDED) is a non-HOT update: state is a column of two indexes and of the predicate of
+-- every partial one, so PostgreSQL writes a new entry for the new row version into every
+-- index that is not partial, and into the partial index whose predicate the new version
+-- meets. Before this migration that was six entries per version (the primary key, the
+-- (kind, business_key) key, the console's state and run indexes, (kind, created_at), and one
+-- of the due, lease or totals indexes): twelve per delivered payout, eighteen with its insert.
+--
+-- (kind, created_at) served only "one kind, newest first" (the console's operation list
+-- filtered by kind alone or not at all, and `stepwise ops list --kind`). The console's state
+-- index (kind, state, created_at, operation_id) answers the same with one range per state,
+-- merged (as the run filter already does with the run index), so it goes: five entries per
+-- version. Totals read stepwise_operation_totals_idx (migration 012), not this one.
+--
+-- A lower fillfactor would not help here: an update can be HOT only when no indexed column
+-- changes, predicates included, and every transition changes state.
+DROP INDEX IF EXISTS stepwise_operation_created_idx;

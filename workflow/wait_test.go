@@ -374,6 +374,15 @@ func TestWaitMaintenanceBackstop(t *testing.T) {
 	pool := testkit.DB(t)
 	we := newWaitEnv(t, pool, false)
 	ctx := context.Background()
+	// The engine's maintenance runs once on start, on River's leader: on a loaded machine
+	// the election can put that pass inside the window below, where it would wake the run
+	// on the signal written by hand (the backstop doing its work, early) and the test would
+	// find the wait gone. Let that pass end first; the next is an hour away.
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_maintenance' AND state = 'completed'`).Scan(&n)
+		return err == nil && n > 0
+	}, time.Minute, 10*time.Millisecond, "the engine's start-up maintenance pass never ran")
 	we.start(t, "lost", waitArgs{Mode: "signal", TimeoutMS: 600_000})
 	waitingRun(t, pool, "lost")
 	// The signal's row, written without workflow.Signal: no wake.
@@ -382,6 +391,7 @@ func TestWaitMaintenanceBackstop(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	run, err := workflow.GetRun(ctx, pool, "lost")
 	require.NoError(t, err)
+	require.NotNil(t, run.Wait, "the run no longer waits: something woke it")
 	require.Nil(t, run.Wait.WokenAt, "nothing woke it yet")
 	res, err := we.engine.Maintain(ctx, we.client)
 	require.NoError(t, err)

@@ -31,7 +31,9 @@ type WorkerLife struct {
 	Pid int
 	// Started and Died bound the process's life; a zero Died means it was alive at the end.
 	Started, Died time.Time
-	// Paused are the SIGSTOP..SIGCONT spans, CutOff the spans it could not reach the database.
+	// Paused are the spans it could not run: SIGSTOP..SIGCONT, and those a harness knows
+	// from the process itself (it measured itself not scheduled, on a loaded machine).
+	// CutOff are the spans it could not reach the database.
 	Paused, CutOff []Interval
 }
 

@@ -20,8 +20,8 @@ import (
 // a frozen process still stops renewing, a process cut off from the database still cannot.
 //
 // The connection is opened in the background when a heartbeat starts (and whenever a renewal
-// finds it missing), and closed once no renewal has used it for a lease (no heartbeat is
-// running then); one renewal at a time uses it. A renewal never spends its budget opening it:
+// finds it missing), and closed once no heartbeat has started and no renewal has used it for a
+// lease; one renewal at a time uses it. A renewal never spends its budget opening it:
 // it waits for an opening connection at most half of what it has left, then goes through the
 // pool, as it does when the connection cannot be opened at all (the server refuses more
 // connections). Guards against: a live owner losing its lease because a server starved of
@@ -51,7 +51,8 @@ func newRenewer(pool *pgxpool.Pool, linger time.Duration) *renewer {
 }
 
 // warm starts opening the connection if there is none, so that a heartbeat's first renewal
-// finds it open.
+// finds it open, and keeps an open one from closing for lack of use: with slices shorter
+// than a heartbeat interval, a busy worker renews rarely but starts heartbeats all the time.
 func (r *renewer) warm() {
 	select {
 	case r.sem <- struct{}{}:
@@ -62,7 +63,9 @@ func (r *renewer) warm() {
 	if r.conn == nil || r.conn.IsClosed() {
 		r.conn = nil
 		r.dialLocked()
+		return
 	}
+	r.armIdle() // renewals are coming: keep it open for them
 }
 
 // exec runs a renewal statement on the renewer's connection, or on the pool while it has none

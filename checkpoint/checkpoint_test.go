@@ -343,3 +343,36 @@ func TestRenewReconnectsAfterItsConnectionDied(t *testing.T) {
 	_, err = s.Claim(ctx, "k", "b", 1)
 	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
 }
+
+// A renewal does not wait for its own connection to open. A server starved of CPU forks its
+// backends slowly (connecting took seconds beside a CPU hog); a live owner whose pool has
+// connections open must keep its lease meanwhile. On the old code the first renewal of a
+// process spent its whole budget connecting, gave up without trying the pool, and the owner
+// lost its lease: a worker of the long chaos profile committing other runs' steps had a run
+// taken over (issue 21).
+func TestHeartbeatKeepsLeaseWhileItsConnectionOpensSlowly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const lease = time.Second
+	proxy, url := testkit.NewProxy(t, testkit.DBURL(t))
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s, err := checkpoint.New(pool, &checkpoint.Config{Lease: lease})
+	require.NoError(t, err)
+	require.NoError(t, checkpoint.Ensure(ctx, pool, "k"))
+	l, err := s.Claim(ctx, "k", "a", 1) // the pool's connection is open now
+	require.NoError(t, err)
+
+	proxy.DelayConnects(3 * lease)
+	lost := make(chan error, 1)
+	stop := s.Heartbeat(ctx, l, 0, func(err error) { lost <- err })
+	defer stop()
+	select {
+	case err := <-lost:
+		t.Fatalf("a live owner whose pool is open lost its lease while a connection opened: %v", err)
+	case <-time.After(5 * lease / 2):
+	}
+	_, err = s.Claim(ctx, "k", "b", 1)
+	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
+}

@@ -19,6 +19,9 @@ func (s *Store) Heartbeat(ctx context.Context, l *Lease, interval time.Duration,
 	if interval <= 0 || interval >= s.cfg.Lease {
 		interval = s.cfg.Lease / 3
 	}
+	// The renewals' connection opens while the first interval passes, not in the first
+	// renewal's budget (renewer).
+	s.renewals.warm()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

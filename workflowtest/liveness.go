@@ -31,7 +31,9 @@ type WorkerLife struct {
 	Pid int
 	// Started and Died bound the process's life; a zero Died means it was alive at the end.
 	Started, Died time.Time
-	// Paused are the SIGSTOP..SIGCONT spans, CutOff the spans it could not reach the database.
+	// Paused are the spans it could not run: SIGSTOP..SIGCONT, and those a harness knows
+	// from the process itself (it measured itself not scheduled, on a loaded machine).
+	// CutOff are the spans it could not reach the database.
 	Paused, CutOff []Interval
 }
 
@@ -94,6 +96,33 @@ type takeover struct {
 	fetchedBy string
 	id        int64
 	at        time.Time
+	// claimedAt is when the holder claimed (zero without a claim); releasedAt and
+	// releaseReason the holder's last release of the run after that claim (zero if it had
+	// not released).
+	claimedAt, releasedAt time.Time
+	releaseReason         string
+	// fetchedAt is when the old job was last fetched, as the takeover event recorded it.
+	fetchedAt time.Time
+}
+
+// trail says when the old job was fetched and what the holder last did with the run before
+// the takeover: when it claimed, and whether it had released the run since. A released run
+// was taken over for a job fetched and not claimed (or not yet recorded snoozed), one not
+// released for a lease that lapsed.
+func (t *takeover) trail() string {
+	s := ""
+	if !t.fetchedAt.IsZero() {
+		s = fmt.Sprintf("; the job was fetched at %s (%s before)", stamp(t.fetchedAt), t.at.Sub(t.fetchedAt).Round(time.Millisecond))
+	}
+	if t.claimedAt.IsZero() {
+		return s
+	}
+	s += fmt.Sprintf("; the holder claimed at %s (%s before)", stamp(t.claimedAt), t.at.Sub(t.claimedAt).Round(time.Millisecond))
+	if t.releasedAt.IsZero() {
+		return s + " and had not released the run: its lease lapsed"
+	}
+	return s + fmt.Sprintf(" and released it at %s (%s, %s before)",
+		stamp(t.releasedAt), t.releaseReason, t.at.Sub(t.releasedAt).Round(time.Millisecond))
 }
 
 // failedRun is a run that ended failed, with what its last events say.
@@ -111,20 +140,32 @@ const (
 // loadLiveness reads the takeovers and failed runs the liveness checks judge.
 func loadLiveness(ctx context.Context, q stepwisetype.DBTX) ([]takeover, []failedRun, error) {
 	rows, err := q.Query(ctx, `
-		SELECT t.subject, t.id, t.at,
-		       coalesce((SELECT c.actor FROM stepwise_event c WHERE c.subject = t.subject AND c.kind = 'lease.claim' AND c.id < t.id
-		                  ORDER BY c.id DESC LIMIT 1), ''),
+		SELECT t.subject, t.id, t.at, coalesce(c.actor, ''),
 		       coalesce(t.detail->>'fetched_by',
 		                -- Trails written before takeovers recorded their fetcher: the job as it is now.
 		                (SELECT j.attempted_by[cardinality(j.attempted_by)] FROM river_job j
-		                  WHERE j.id = (t.detail->>'old_job')::bigint), '')
-		  FROM stepwise_event t WHERE t.kind = 'run.takeover' ORDER BY t.id`)
+		                  WHERE j.id = (t.detail->>'old_job')::bigint), ''),
+		       coalesce(c.at, 'epoch'), coalesce(rl.at, 'epoch'), coalesce(rl.detail->>'reason', ''),
+		       coalesce((t.detail->>'fetched_at')::timestamptz, 'epoch')
+		  FROM stepwise_event t
+		  LEFT JOIN LATERAL (SELECT c.id, c.actor, c.at FROM stepwise_event c
+		                      WHERE c.subject = t.subject AND c.kind = 'lease.claim' AND c.id < t.id
+		                      ORDER BY c.id DESC LIMIT 1) c ON true
+		  LEFT JOIN LATERAL (SELECT r.at, r.detail FROM stepwise_event r
+		                      WHERE r.subject = t.subject AND r.kind = 'run.release' AND r.id > c.id AND r.id < t.id AND r.actor = c.actor
+		                      ORDER BY r.id DESC LIMIT 1) rl ON true
+		 WHERE t.kind = 'run.takeover' ORDER BY t.id`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading takeovers: %w", err)
 	}
 	var tos []takeover
 	var t takeover
-	if _, err := pgx.ForEachRow(rows, []any{&t.key, &t.id, &t.at, &t.holder, &t.fetchedBy}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&t.key, &t.id, &t.at, &t.holder, &t.fetchedBy, &t.claimedAt, &t.releasedAt, &t.releaseReason, &t.fetchedAt}, func() error {
+		for _, at := range []*time.Time{&t.claimedAt, &t.releasedAt, &t.fetchedAt} {
+			if at.Unix() == 0 {
+				*at = time.Time{}
+			}
+		}
 		tos = append(tos, t)
 		return nil
 	}); err != nil {
@@ -201,8 +242,8 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 			fetched = fmt.Sprintf("; its job was last fetched by %s, alive too", t.fetchedBy)
 		}
 		out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
-			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before%s",
-			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window, fetched)})
+			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before%s%s",
+			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window, fetched, t.trail())})
 	}
 	for _, f := range frs {
 		if f.deliberate {

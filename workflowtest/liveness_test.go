@@ -92,6 +92,9 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 		require.Equal(t, "no takeover of a run whose worker was alive, running and connected", v.Name)
 		require.Contains(t, v.Evidence, "run needless taken over")
 		require.Contains(t, v.Evidence, "healthy/job-1/attempt-1 (pid 101")
+		// What the holder last did: claimed 5s before, never released, so its lease lapsed.
+		require.Contains(t, v.Evidence, "the holder claimed at")
+		require.Contains(t, v.Evidence, "(5s before) and had not released the run: its lease lapsed")
 	}
 	require.Equal(t, "a run is failed only after MaxAttempts crashes or errors", vs[3].Name)
 	require.Contains(t, vs[3].Evidence, "run needless failed")

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy on loopback in front of a Postgres server, for drill 4 (a worker's
@@ -17,6 +18,7 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	cut   bool
+	delay time.Duration // before each new connection reaches the server
 	conns map[net.Conn]bool
 	wg    sync.WaitGroup
 }
@@ -68,8 +70,9 @@ func (p *Proxy) accept() {
 func (p *Proxy) pipe(c net.Conn) {
 	defer p.wg.Done()
 	p.mu.Lock()
-	target := p.target
+	target, delay := p.target, p.delay
 	p.mu.Unlock()
+	time.Sleep(delay)
 	up, err := net.Dial("tcp", target)
 	if err != nil {
 		c.Close()
@@ -103,6 +106,14 @@ func (p *Proxy) Retarget(hostPort string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.target = hostPort
+}
+
+// DelayConnects makes every new connection wait d before it reaches the server, as a server
+// starved of CPU forks its backends slowly; connections already open are not slowed.
+func (p *Proxy) DelayConnects(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
 }
 
 // Cut closes every proxied connection and refuses new ones, as a network partition between

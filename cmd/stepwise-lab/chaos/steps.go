@@ -245,6 +245,7 @@ func stepsWorkerMain(ctx context.Context, env map[string]string, lease time.Dura
 	}
 	// As in the settle workload: takeover must not wait for River's leader election.
 	go func() { _ = engine.RunMaintenance(ctx, client) }()
+	go watchStalls(ctx, os.Stdout)
 	fmt.Println("ready")
 	<-ctx.Done()
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

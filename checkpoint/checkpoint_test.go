@@ -133,7 +133,9 @@ func TestZombieIsFenced(t *testing.T) {
 func TestBeginRefusesStaleToken(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, _ := setup(t, &checkpoint.Config{Lease: 20 * time.Millisecond})
+	// StallTimeout defaults to the lease: 20 ms would end Begin's own transaction on a loaded
+	// machine before its token check ran (seen beside a CPU hog), which is not what this tests.
+	s, _ := setup(t, &checkpoint.Config{Lease: 20 * time.Millisecond, StallTimeout: 10 * time.Second})
 	old, err := s.Claim(ctx, "k", "old", 1)
 	require.NoError(t, err)
 	time.Sleep(40 * time.Millisecond)

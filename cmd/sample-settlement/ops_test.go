@@ -60,7 +60,10 @@ func readLeaseTrouble(t *testing.T, pool *pgxpool.Pool) leaseTrouble {
 		count(*) FILTER (WHERE kind = 'run.takeover'),
 		count(*) FILTER (WHERE kind = 'lease.fenced'),
 		count(*) FILTER (WHERE kind = 'run.step_error'),
-		coalesce((SELECT max(n) FROM (SELECT count(*) AS n FROM stepwise_event WHERE kind = 'lease.claim' GROUP BY subject) c), 0)
+		-- A run that waits (the settle run waits for its payouts after its last batch) is
+		-- claimed again when woken: each wait accounts for one claim more.
+		coalesce((SELECT max(n) FROM (SELECT count(*) FILTER (WHERE kind = 'lease.claim') - count(*) FILTER (WHERE kind = 'run.wait') AS n
+		                                FROM stepwise_event WHERE kind IN ('lease.claim', 'run.wait') GROUP BY subject) c), 0)
 		FROM stepwise_event`).Scan(&lt.takeovers, &lt.fenced, &lt.stepErrors, &lt.maxClaims)
 	require.NoError(t, err)
 	return lt
@@ -210,7 +213,7 @@ func TestMetricsFloodCostsNoLease(t *testing.T) {
 	require.Zero(t, lt.takeovers, "a run was taken over: its worker lost the lease during the flood")
 	require.Zero(t, lt.fenced, "a commit was fenced: a worker lost its lease during the flood")
 	require.Zero(t, lt.stepErrors, "a step failed during the flood")
-	require.Equal(t, 1, lt.maxClaims, "every run is claimed once: its token never changes")
+	require.LessOrEqual(t, lt.maxClaims, 1, "every run is claimed once, and at most once more after each wait: its token never changes otherwise")
 	require.Zero(t, codes[http.StatusInternalServerError], "no scrape may fail with a 500")
 	// A step under the flood takes about its normal time. The bound is loose: the test's own
 	// 500 scrapers share the 2 cores with the service, and on a shared machine the ratio

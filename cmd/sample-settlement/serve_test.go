@@ -421,7 +421,13 @@ func TestServeLimitsSignInFailures(t *testing.T) {
 		return countLines(p, "sign-in failed") >= int(min(verified.Load(), 5)) &&
 			countLines(p, "sign-in refused without checking") > 0
 	}, 30*time.Second, 50*time.Millisecond, "every failed sign-in and the lockout are logged")
-	require.Positive(t, countLines(p, `user="\"alice\""`)+countLines(p, `user="alice"`)+countLines(p, `user=alice`), "the log names the account tried")
+	// The guesses checked (5 free, then a lockout) may all have been the River UI's "ops" on a
+	// starved machine (seen beside a CPU hog): either account named will do.
+	named := 0
+	for _, user := range []string{"alice", "ops"} {
+		named += countLines(p, `user="\"`+user+`\""`) + countLines(p, `user="`+user+`"`) + countLines(p, `user=`+user+` `)
+	}
+	require.Positive(t, named, "the log names the account tried")
 	for _, l := range p.Lines() {
 		require.NotContains(t, l, "guess-", "no password in the log")
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,7 +212,8 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 	maintainLoop(t, e, maintEvery)
 	loopCtx, stopLoops := context.WithCancel(ctx)
 	loopsDone := make(chan struct{}, 2)
-	var lookups int
+	// Read while the reconciler's loop may still run (the loops stop at cleanup): atomic.
+	var lookups atomic.Int64
 	go func() {
 		defer func() { loopsDone <- struct{}{} }()
 		for loopCtx.Err() == nil {
@@ -229,7 +231,7 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 				t.Logf("reconcile: %v", err)
 			}
 			if res != nil {
-				lookups += res.Checked
+				lookups.Add(int64(res.Checked))
 			}
 			sleepCtx(loopCtx, wpReconcile)
 		}
@@ -312,7 +314,7 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 		                       AND r.to_state IN ('SUCCEEDED', 'FAILED_PERMANENT') AND r.at >= u.at) r ON true
 		 WHERE u.kind = 'op.transition' AND u.to_state = 'UNKNOWN_EXTERNAL'`).Scan(&rep.unknown, &settle))
 	rep.settleMax = time.Duration(settle * float64(time.Second))
-	rep.lookups = lookups
+	rep.lookups = int(lookups.Load())
 	rep.faults = map[string]int{}
 	for _, r := range log {
 		rep.faults[r.Fault.String()]++

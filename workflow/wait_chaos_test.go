@@ -411,9 +411,7 @@ func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000") }
 // taken once (one log row per run and phase), each child item written once, and every signal
 // run woken signalsPerRun times, every succeeded parent once.
 func waitDrillDomain(ctx context.Context, q stepwisetype.DBTX, signalsPerRun int) ([]workflowtest.Violation, error) {
-	checks := []struct {
-		name, query string
-	}{
+	checks := []drillCheck{
 		{"each signal applied exactly once", `
 			SELECT format('run %s signal %s applied %s times (tokens %s, pids %s)', s.run_key, s.signal_id, count(a.run_key),
 			              string_agg(a.token::text, ','), string_agg(a.pid::text, ','))
@@ -436,6 +434,15 @@ func waitDrillDomain(ctx context.Context, q stepwisetype.DBTX, signalsPerRun int
 			SELECT format('run %s is %s: %s', key, status, coalesce(last_error, ''))
 			  FROM stepwise_run WHERE status <> 'succeeded' AND key NOT LIKE 'wd/parent-0%' ORDER BY key`},
 	}
+	return runDrillChecks(ctx, q, checks)
+}
+
+// drillCheck is a domain check of a drill: a query returning one line of evidence per
+// violation.
+type drillCheck struct{ name, query string }
+
+// runDrillChecks runs checks and reports each line of evidence as a violation of invariant 2.
+func runDrillChecks(ctx context.Context, q stepwisetype.DBTX, checks []drillCheck) ([]workflowtest.Violation, error) {
 	var out []workflowtest.Violation
 	for _, c := range checks {
 		rows, err := q.Query(ctx, c.query)

@@ -469,7 +469,7 @@ func loadWPWakes(t *testing.T, e *env, payouts int, workers []workflowtest.Worke
 // wpDomain: every run succeeded, its wait's step and its closing step each ran once, in that
 // order.
 func wpDomain(ctx context.Context, q stepwisetype.DBTX, runs int) ([]workflowtest.Violation, error) {
-	checks := []struct{ name, query string }{
+	checks := []drillCheck{
 		{"every run completes", `SELECT format('run %s is %s: %s', key, status, coalesce(last_error, ''))
 			FROM stepwise_run WHERE key LIKE 'wp/%' AND status <> 'succeeded' ORDER BY key`},
 		{"every run started", fmt.Sprintf(`SELECT format('%%s runs, want %%s', count(*), %d) FROM stepwise_run WHERE key LIKE 'wp/%%%%' HAVING count(*) <> %d`, runs, runs)},
@@ -481,21 +481,7 @@ func wpDomain(ctx context.Context, q stepwisetype.DBTX, runs int) ([]workflowtes
 			WHERE r.key LIKE 'wp/%' AND r.status = 'succeeded'
 			GROUP BY r.key HAVING count(DISTINCT c.at) <> 1 OR min(c.at) < min(l.step_at) ORDER BY 1`},
 	}
-	var out []workflowtest.Violation
-	for _, c := range checks {
-		rows, err := q.Query(ctx, c.query)
-		if err != nil {
-			return out, fmt.Errorf("checking %q: %w", c.name, err)
-		}
-		evidence, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return out, fmt.Errorf("checking %q: %w", c.name, err)
-		}
-		for _, e := range evidence {
-			out = append(out, workflowtest.Violation{Invariant: 2, Name: c.name, Evidence: e})
-		}
-	}
-	return out, nil
+	return runDrillChecks(ctx, q, checks)
 }
 
 // Drill 11: runs that pay out through the outbox and WaitForOperations, while workers (which

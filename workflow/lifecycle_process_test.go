@@ -144,3 +144,82 @@ func TestSleepHoldsAcrossCrashInGap(t *testing.T) {
 	perN, _ := itemCounts(t, e.pool, "items", "dozer")
 	require.Len(t, perN, 1, "only the step before the sleep ran: the run still sleeps")
 }
+
+// A Sleep holds when the attempt that committed it believes its commit failed. A commit can
+// land and still report an error (the connection cut while the answer was on its way, the
+// attempt's context cancelled by a heartbeat that found the lease already released by that
+// very commit), and an error after the commit looks the same to the attempt. The chaos
+// sleepers profile caught it: a run that slept an hour woke 2.3 s later, because the failed-
+// looking attempt recorded a step error (clearing the wake time) or snoozed its own job for a
+// lease, and the job's next attempt took the run up again. Here the step's commit lands and
+// the attempt then fails (a fault point); with River retrying in 50 ms, the old code ran the
+// run's next step at once.
+func TestSleepHoldsWhenItsCommitLooksFailed(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	url, e := processEnv(t, lease, 50*time.Millisecond)
+
+	w := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLEEP_AT_STEP=1", "SLEEP_FOR=1h",
+		"STEPWISE_FAULTS=after-step-commit:error@n=1")...)
+	defer w.Kill()
+	startRun(t, e, "dozer", countArgs{Total: 10, Batch: 1, Table: "items"})
+	_, err := w.WaitForLine(waitCtx(t, 30*time.Second), "sleeping run=dozer")
+	require.NoError(t, err)
+	slept := time.Now()
+
+	// Long enough for River's retries (50 ms), a fenced snooze (one lease) and many
+	// maintenance passes.
+	time.Sleep(3*lease + time.Second)
+	perN, _ := itemCounts(t, e.pool, "items", "dozer")
+	run, err := workflow.GetRun(context.Background(), e.pool, "dozer")
+	require.NoError(t, err)
+	var state string
+	var scheduledIn time.Duration
+	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT state::text, (extract(epoch FROM scheduled_at - now()) * 1e9)::bigint
+		FROM river_job WHERE id = $1`, *run.RiverJobID).Scan(&state, &scheduledIn))
+	t.Logf("%s after the sleep: %d steps' items, run %s, wake_at %v, job %d %s due in %s", time.Since(slept).Round(time.Millisecond),
+		len(perN), run.Status, run.WakeAt, *run.RiverJobID, state, scheduledIn.Round(time.Second))
+	require.Len(t, perN, 1, "the run woke early: it slept for an hour and ran its next step")
+	require.NotNil(t, run.WakeAt, "the run's wake time was lost")
+	require.Greater(t, time.Until(*run.WakeAt), 55*time.Minute)
+	require.Equal(t, "scheduled", state)
+	require.Greater(t, scheduledIn, 55*time.Minute, "the run's job must be due at its wake time")
+}
+
+// A COMMIT that landed but answered with an error is found to have landed: the attempt goes
+// on as after any commit (its Sleep snoozes the job to the wake time), records no step
+// error and no fenced commit. The old code took it for a failed step.
+func TestCommitWhoseAnswerIsLostIsFoundLanded(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	url, e := processEnv(t, lease, 50*time.Millisecond)
+
+	w := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLEEP_AT_STEP=1", "SLEEP_FOR=1h",
+		"STEPWISE_FAULTS=commit-answer-lost:error@n=1")...)
+	defer w.Kill()
+	startRun(t, e, "dozer", countArgs{Total: 10, Batch: 1, Table: "items"})
+	_, err := w.WaitForLine(waitCtx(t, 30*time.Second), "COMMIT reported an error but the step landed")
+	require.NoError(t, err)
+	var run *workflow.Run
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		run, err = workflow.GetRun(context.Background(), e.pool, "dozer")
+		require.NoError(t, err)
+		var state string
+		require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT state::text FROM river_job WHERE id = $1`, *run.RiverJobID).Scan(&state))
+		if state == "scheduled" {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the sleeping run's job was never snoozed (state %s)", state)
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(lease)
+	perN, _ := itemCounts(t, e.pool, "items", "dozer")
+	stepErrors := queryInt(t, e.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'dozer' AND kind IN ('run.step_error', 'lease.fenced')`)
+	t.Logf("run %s, failures %d, %d steps' items, %d step errors or fenced commits, wake in %s", run.Status, run.Failures, len(perN), stepErrors,
+		time.Until(*run.WakeAt).Round(time.Second))
+	require.Len(t, perN, 1)
+	require.Zero(t, stepErrors, "a step that committed was recorded as failed")
+	require.Zero(t, run.Failures)
+	require.Greater(t, time.Until(*run.WakeAt), 55*time.Minute)
+}

@@ -218,7 +218,9 @@ const checkpointStepsSQL = `c AS (SELECT coalesce((SELECT steps FROM stepwise_ch
 // — never because River's attempts ran out: on the job's last attempt the worker snoozes a
 // run that is not failed here (see attempt.stepFailed).
 // Guards: a run taken over or finished meanwhile (then nothing is recorded). It returns the
-// run's status and its failures in a row afterwards.
+// run's status and its failures in a row afterwards. wake_at is kept: the claim cleared it,
+// so it is set only when this attempt's Sleep committed after all (a COMMIT whose answer was
+// lost), and that Sleep still holds (the worker snoozes a job delivered before it).
 func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg string, maxFailures int) (RunStatus, int, error) {
 	var (
 		status   RunStatus
@@ -231,7 +233,7 @@ func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg st
 			       last_error = CASE WHEN `+failureCountSQL+` >= $4
 			                         THEN 'failed after ' || `+failureCountSQL+` || ' failures in a row without progress (the job''s max attempts): ' || $3
 			                         ELSE $3 END,
-			       released_at = clock_timestamp(), wake_at = NULL, updated_at = now(),
+			       released_at = clock_timestamp(), updated_at = now(),
 			       status      = CASE WHEN `+failureCountSQL+` >= $4 THEN 'failed' ELSE status END,
 			       finished_at = CASE WHEN `+failureCountSQL+` >= $4 THEN now() ELSE finished_at END
 			  FROM c

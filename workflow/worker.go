@@ -117,6 +117,17 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		// current job may work it.
 		e.logger.InfoContext(ctx, "stepwise: job superseded, exiting", "run", key, "job", job.ID, "current_job", *run.RiverJobID)
 		return nil
+	case run.WakeAt != nil && run.Awaiting == nil && time.Until(*run.WakeAt) > 0:
+		// Guards: a sleeping run worked before its wake time. The run's wake_at, committed
+		// with its Sleep (or its wait's deadline), is the promise; the job's schedule only
+		// carries it. A job can be delivered early: an attempt that took its committed Sleep
+		// for a failure and went back to River for a retry, River's rescuer, an operator's
+		// "retry now" in River's UI. Every wake that may come early (a wait's condition,
+		// Resume) clears wake_at first. Not a claim, not a failure: the job goes back to sleep.
+		wait := time.Until(*run.WakeAt)
+		e.logger.WarnContext(ctx, "stepwise: job delivered before its run's wake time; snoozing it until then",
+			"run", key, "job", job.ID, "wake_at", *run.WakeAt, "early_by", wait.Round(time.Millisecond))
+		return river.JobSnooze(wait)
 	}
 
 	clientID := "client"
@@ -391,7 +402,7 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 	if err := faultpoint.Hit(faultpoint.StepBeforeCommit); err != nil {
 		return stepResult{}, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := a.commit(ctx, tx); err != nil {
 		return stepResult{}, fmt.Errorf("committing step %d of run %q: %w", s.Number, a.key, err)
 	}
 	a.waitOpen, a.waitHeld = a.waitHeld, false
@@ -406,6 +417,39 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 		return stepResult{}, err
 	}
 	return res, nil
+}
+
+// commit commits the step's transaction and, when COMMIT reports an error, finds out whether
+// it landed anyway.
+//
+// Guards against: a committed step taken for a failed one. A COMMIT can land and still
+// report an error: the connection cut while the answer was on its way, or the attempt's
+// context cancelled under it — by the heartbeat, which finds the lease gone the moment a
+// commit that releases it lands, before pgx has read the answer. The attempt then recorded
+// a step error (clearing a Sleep's wake time) or snoozed its own job for a lease, and the
+// job's next attempt ran the run's next step: the chaos sleepers profile saw a run that
+// slept an hour wake 2.3 s later. So the COMMIT is not cancelled with the step (the fenced
+// write already decided; cancelling can only make the outcome unknown), only bounded, and
+// an error is followed by a read of the checkpoint: our token still current with our step
+// counted means our commit landed, since only the token's holder advances it and any
+// claim moves the token on. Anything else, or a failed read, is a step that did not commit.
+func (a *attempt[A, C]) commit(ctx context.Context, tx pgx.Tx) error {
+	e := a.sw.e
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StallTimeout+5*time.Second)
+	defer cancel()
+	err := tx.Commit(cctx)
+	if err == nil {
+		if err = faultpoint.Hit(faultpoint.CommitAnswerLost); err == nil {
+			return nil
+		}
+	}
+	st, gerr := e.store.Get(cctx, a.key)
+	if gerr != nil || st.Token != a.lease.Token || st.Steps != a.lease.Steps {
+		return err
+	}
+	e.logger.WarnContext(ctx, "stepwise: COMMIT reported an error but the step landed; the run goes on from it",
+		"run", a.key, "step", a.lease.Steps, "error", err)
+	return nil
 }
 
 // actor names this attempt in the audit trail and guards its run transitions by its job.

@@ -48,6 +48,7 @@ const (
 	AfterClaim         = "after-claim"          // lease taken, no step begun
 	StepBeforeCommit   = "step-before-commit"   // user writes done and fenced write issued, COMMIT not sent
 	AfterStepCommit    = "after-step-commit"    // a step committed, the next not begun
+	CommitAnswerLost   = "commit-answer-lost"   // a step's COMMIT landed; error: its answer is taken for an error
 	AfterProcessing    = "after-processing"     // operation marked PROCESSING, not yet sent
 	AfterSend          = "after-send"           // the external call returned, its outcome not recorded
 	AfterOutcomeCommit = "after-outcome-commit" // outcomes recorded and committed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -217,6 +218,7 @@ func (w *reconcileWorker) Step(ctx context.Context, s *workflow.Step[reconcileAr
 		}
 	}
 	if len(failed) > 0 {
+		slices.Sort(failed) // the same message for the same failure, whatever the map's order
 		return workflow.Fail(fmt.Errorf("reconciling %s: currency runs did not succeed (%s); resume %s once the cause is fixed (it resumes them)",
 			s.Args.Date, strings.Join(failed, ", "), s.RunKey)), nil
 	}

@@ -2,16 +2,20 @@ package settlement_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
@@ -190,4 +194,131 @@ func checkNamed(t *testing.T, res *settlement.Result, name string) settlement.Ch
 	}
 	t.Fatalf("no check %q in %+v", name, res.Checks)
 	return settlement.Check{}
+}
+
+// A currency's reconciliation that cannot finish fails the date's, naming it, and resuming
+// the date's run resumes its currency runs with it. The bank's statement cannot be read, so
+// every currency run retries; an operator cancels them (as River would fail them once their
+// attempts ran out, only sooner). The date's run wakes to find them cancelled and fails with
+// what to do; once the statement can be read again, one Resume of the date's run resumes the
+// currency runs too (they are its children), and the date is reconciled.
+func TestFailedCurrencyRunIsResumedWithItsDate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := seededDB(t)
+	bank := fakebank.New(&fakebank.Config{Seed: 12})
+	var statementDown atomic.Bool
+	statementDown.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if statementDown.Load() && r.URL.Path == "/statement" {
+			http.Error(w, "statement service unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		bank.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	client := bankfake.New(fakebank.NewClient(srv.URL, &http.Client{Timeout: time.Second}))
+	svc := startService(t, pool, fastReconcile(&settlement.ServiceConfig{Bank: client, Plan: settlement.Plan{Shards: 2}, BatchSize: 200,
+		PayoutsAtRestTimeout: settlement.PayoutsAtRestTimeoutDefault}))
+	require.NoError(t, settlement.StatementArrived(ctx, pool, testDate, ""))
+	_, _, err := svc.StartDate(ctx, testDate)
+	require.NoError(t, err)
+
+	parent := settlement.ReconcileRunKey(testDate)
+	children := func(ctx context.Context) (map[string]*workflow.Run, error) {
+		rows, err := pool.Query(ctx, `SELECT key FROM stepwise_run WHERE parent_key = $1`, parent)
+		if err != nil {
+			return nil, err
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]*workflow.Run{}
+		for _, k := range keys {
+			if out[k], err = svc.Client.RunGet(ctx, k); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	waitProgress(t, pool, "the date's run waiting for its currency runs", func(ctx context.Context) (bool, string, error) {
+		run, err := svc.Client.RunGet(ctx, parent)
+		if errors.Is(err, workflow.ErrRunNotFound) {
+			p, err := settlement.ReadProgress(ctx, pool, svc.Plan, testDate)
+			if err != nil {
+				return false, "", err
+			}
+			return false, "no reconciliation run yet: " + fmtProgress(p) + "; " + fmtDay(readDay(t, pool)), nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		return run.Wait != nil && run.Wait.Kind == workflow.WaitChildren, fmt.Sprintf("%s, wait %+v", run.Status, run.Wait), nil
+	})
+	var curs []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(DISTINCT currency ORDER BY currency) FROM settlement WHERE settle_date = $1`, testDate).Scan(&curs))
+	require.NotEmpty(t, curs)
+	waitProgress(t, pool, "every currency run failing to read the statement", func(ctx context.Context) (bool, string, error) {
+		cs, err := children(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		failing := 0
+		for _, r := range cs {
+			if r.Failures > 0 {
+				failing++
+			}
+		}
+		return len(cs) == len(curs) && failing == len(cs), fmt.Sprintf("%d of %d currency runs, %d failing", len(cs), len(curs), failing), nil
+	})
+	cs, err := children(ctx)
+	require.NoError(t, err)
+	for key := range cs {
+		_, err := svc.Client.RunCancel(ctx, key, &stepwise.RunCancelOpts{Actor: "alice", Reason: "the bank's statement service is down (INC-7)"})
+		require.NoError(t, err)
+	}
+	waitProgress(t, pool, "the date's reconciliation failed", func(ctx context.Context) (bool, string, error) {
+		run, err := svc.Client.RunGet(ctx, parent)
+		if err != nil {
+			return false, "", err
+		}
+		return run.Status == workflow.RunStatusFailed, string(run.Status), nil
+	})
+	run, err := svc.Client.RunGet(ctx, parent)
+	require.NoError(t, err)
+	t.Logf("the date's run: %s: %s", run.Status, deref(run.LastError))
+	require.Contains(t, deref(run.LastError), parent+"/"+curs[0]+" cancelled")
+	require.Contains(t, deref(run.LastError), "resume "+parent)
+	d := readDay(t, pool)
+	require.Nil(t, d.ReconciledAt)
+
+	statementDown.Store(false)
+	_, err = svc.Client.RunResume(ctx, parent, &stepwise.RunResumeOpts{Actor: "alice", Reason: "statement service back (INC-7)", ExpectedVersion: run.Version})
+	require.NoError(t, err)
+	waitProgress(t, pool, "the date reconciled after the resume", func(ctx context.Context) (bool, string, error) {
+		d, err := settlement.ReadDay(ctx, pool, testDate)
+		if err != nil {
+			return false, "", err
+		}
+		return d.ReconciledAt != nil, fmtDay(d), nil
+	})
+	cs, err = children(ctx)
+	require.NoError(t, err)
+	require.Len(t, cs, len(curs))
+	for key, r := range cs {
+		require.Equal(t, workflow.RunStatusSucceeded, r.Status, key)
+	}
+	run, err = svc.Client.RunGet(ctx, parent)
+	require.NoError(t, err)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
+	d = readDay(t, pool)
+	require.True(t, d.Match, fmtDay(d))
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -134,6 +134,7 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		{"reconcile", r.reconcileSection},
 		{"takeover", r.takeoverSection},
 		{"maintenance", r.maintenanceSection},
+		{"waits", r.waitsSection},
 		{"scale", r.scaleSection},
 		{"size", r.sizeSection},
 		{"slowbank", r.slowbankSection},

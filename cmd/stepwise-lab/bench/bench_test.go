@@ -130,12 +130,12 @@ func TestBenchQuick(t *testing.T) {
 		"--history-ops", "20000", "--history-runs", "2000", "--history-merchants", "300", "--history-rounds", "2"}, &out, &errw)
 	require.NoError(t, err, "report:\n%s\nstderr:\n%s", out.String(), errw.String())
 	report := out.String()
-	for _, section := range []string{"== settle:", "== settle, concurrent:", "== delivery:", "== reconcile:", "== takeover:", "== scale:", "== size:", "== history:", "== targets"} {
+	for _, section := range []string{"== settle:", "== settle, concurrent:", "== delivery:", "== reconcile:", "== takeover:", "== waits:", "== scale:", "== size:", "== history:", "== targets"} {
 		require.Contains(t, report, section)
 	}
 	// Every section says what memory it took, so a section that needs more than the machine
 	// has shows which.
-	for _, section := range []string{"settle", "delivery", "reconcile", "takeover", "maintenance", "scale", "size", "history"} {
+	for _, section := range []string{"settle", "delivery", "reconcile", "takeover", "maintenance", "waits", "scale", "size", "history"} {
 		require.Regexp(t, "(?m)^"+section+`: peak RSS \d+ MiB \(`, report)
 	}
 	require.Contains(t, report, "step slowdown while pruning")

@@ -22,7 +22,9 @@
 //
 // Then: payout delivery to the zero-latency fake bank (ops/s), reconciler lookups (lookups/s),
 // takeover after kill -9 of the worker process holding a run (median and max), one
-// maintenance pass with a backlog of 100,000 pending runs (and its statements' plans), settle
+// maintenance pass with a backlog of 100,000 pending runs (and its statements' plans), runs
+// that wait for a signal (a maintenance pass with 10,000 of them waiting, the statements they
+// cost between passes, and the wake latency from a signal's commit to the run's next step), settle
 // throughput with 1, 2 and 4 worker processes over 8 shards, and time per merchant as the
 // merchant table grows to a million, with the settle statement's executed plan. The history
 // section compares a step, delivery, enqueue and a claim on a ledger of 10M operations and 1M

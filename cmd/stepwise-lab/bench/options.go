@@ -13,7 +13,7 @@ import (
 )
 
 // Sections are the parts of the bench, in the order they run. --only picks some of them.
-var Sections = []string{"floor", "stepwise", "river", "concurrent", "delivery", "reconcile", "takeover", "maintenance", "scale", "size", "slowbank", "bigday", "history"}
+var Sections = []string{"floor", "stepwise", "river", "concurrent", "delivery", "reconcile", "takeover", "maintenance", "waits", "scale", "size", "slowbank", "bigday", "history"}
 
 // options are the bench's flags after defaults (and --quick) were applied.
 type options struct {
@@ -45,6 +45,9 @@ type options struct {
 	takeoverProcs       int
 	takeoverMaintenance string
 	bank                bankOptions // the slowbank and bigday sections (bankopts.go)
+
+	// The waits section (waits.go).
+	waitsRuns, waitsWakes int
 
 	// The history section (history.go).
 	historyOps, historyRuns, historyMerchants, historyRounds int
@@ -112,6 +115,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&scaleProcs, "scale-procs", "1,2,4", "worker process counts of the scale section")
 	fs.IntVar(&o.scaleShards, "scale-shards", 8, "shards (runs) the scale section's merchants are split into")
 	fs.IntVar(&o.scaleItems, "scale-merchants", 40000, "merchants settled per scale run")
+	fs.IntVar(&o.waitsRuns, "waits-runs", 10_000, "runs waiting for a signal (seeded set-based) while the waits section times maintenance passes and idle statements")
+	fs.IntVar(&o.waitsWakes, "waits-wakes", 200, "runs the waits section wakes by a signal, one at a time, for the wake latency")
 	fs.IntVar(&o.historyOps, "history-ops", 10_000_000, "operations of the history section's long ledger (seeded set-based; 10M take several minutes)")
 	fs.IntVar(&o.historyRuns, "history-runs", 1_000_000, "runs of the history section's long ledger")
 	fs.IntVar(&o.historyMerchants, "history-merchants", 5000, "merchants per Stepwise run of the history section (and payouts per delivery)")
@@ -180,6 +185,7 @@ func (o *options) applyQuick() {
 	set("reconcile-ops", func() { o.reconcileOps = 500 })
 	set("scale-procs", func() { o.scaleProcs = []int{1, 2} })
 	set("scale-merchants", func() { o.scaleItems = 3000 })
+	set("waits-wakes", func() { o.waitsWakes = 40 })
 	set("history-ops", func() { o.historyOps = 30_000 })
 	set("history-runs", func() { o.historyRuns = 3_000 })
 	set("history-merchants", func() { o.historyMerchants = 300 })
@@ -217,6 +223,8 @@ func (o *options) validate() error {
 		{"scale-shards", o.scaleShards, 1, 1024, ""},
 		{"scale-merchants", o.scaleItems, 1, maxBenchItems, ""},
 		{"size-batch", o.sizeBatch, 1, maxBenchBatch, ""},
+		{"waits-runs", o.waitsRuns, 1, maxBenchItems, ""},
+		{"waits-wakes", o.waitsWakes, 1, 100_000, ""},
 		{"history-ops", o.historyOps, 1, 10 * maxBenchItems, ""},
 		{"history-runs", o.historyRuns, 1, maxBenchItems, ""},
 		{"history-merchants", o.historyMerchants, 1, maxBenchItems, ""},

@@ -77,8 +77,15 @@ func TestBuildsAsExternalModule(t *testing.T) {
 			"use the public API instead (or make what it needs public)", list)
 	}
 
+	// The module's requirements are the SDK and every module the SDK's go.mod requires, as
+	// "go mod tidy" would write them for a team's service, so that the build resolves what it
+	// imports from the module cache alone (-mod=readonly). With -mod=mod and only the SDK
+	// required, go had to load the whole module graph, down to go.mod files of versions that
+	// nothing builds (go-logr/logr v1.2.2, required by a go1.16 module): on a machine whose
+	// cache held only what the repository's own build needs, the test failed offline.
 	gomod := "module example.com/settlement\n\ngo " + goVersion + "\n\n" +
 		"require " + sdkModule + " v0.0.0\n\n" +
+		"require (\n" + strings.Join(moduleRequirements(t, filepath.Join(root, "go.mod")), "\n") + "\n)\n\n" +
 		"replace " + sdkModule + " => " + filepath.ToSlash(root) + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644); err != nil {
 		t.Fatal(err)
@@ -94,7 +101,7 @@ func TestBuildsAsExternalModule(t *testing.T) {
 	for _, args := range [][]string{{"build", "./..."}, {"vet", "./..."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
@@ -117,4 +124,34 @@ func moduleGoVersion(t *testing.T, path string) string {
 		t.Fatalf("%s has no go directive", path)
 	}
 	return string(m[1])
+}
+
+// moduleRequirements is every "path version" the go.mod at path requires, in single-line and
+// block form, with its comments (// indirect) dropped.
+func moduleRequirements(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []string
+	inBlock := false
+	for _, line := range strings.Split(string(data), "\n") {
+		line, _, _ = strings.Cut(line, "//")
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "require (":
+			inBlock = true
+		case inBlock && line == ")":
+			inBlock = false
+		case inBlock && line != "":
+			reqs = append(reqs, "\t"+line)
+		case strings.HasPrefix(line, "require ") && !strings.HasSuffix(line, "("):
+			reqs = append(reqs, "\t"+strings.TrimSpace(strings.TrimPrefix(line, "require ")))
+		}
+	}
+	if len(reqs) == 0 {
+		t.Fatalf("%s requires nothing; cannot build the sample outside the repository", path)
+	}
+	return reqs
 }

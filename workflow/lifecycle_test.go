@@ -536,3 +536,45 @@ func ptrString(s *string) string {
 	}
 	return *s
 }
+
+// A Sleep holds against "retry now" (River's JobRetry, as River's UI offers it): the job comes
+// early, claims nothing and snoozes back to the run's wake time, measured on the database's
+// clock.
+func TestRetryNowOnASleepingRunSleepsOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	w := &countWorker{next: func(s *workflow.Step[countArgs, countCursor]) (workflow.Next, bool) {
+		return workflow.Sleep(time.Hour), true
+	}}
+	e := newEnv(t, pool, &workflow.Config{Lease: time.Second}, w, nil)
+	run, err := workflow.Start(ctx, e.client, "dozer", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
+	require.NoError(t, err)
+	jobState := func() (string, time.Duration) {
+		var state string
+		var dueIn time.Duration
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text, (extract(epoch FROM scheduled_at - now()) * 1e9)::bigint FROM river_job WHERE id = $1`,
+			*run.RiverJobID).Scan(&state, &dueIn))
+		return state, dueIn
+	}
+	require.Eventually(t, func() bool { st, _ := jobState(); return st == "scheduled" }, 10*time.Second, 20*time.Millisecond)
+	retried := time.Now()
+	_, err = e.client.JobRetry(ctx, *run.RiverJobID)
+	require.NoError(t, err)
+	// The retried job is fetched (attempted again), finds the run asleep and snoozes back to
+	// its wake time.
+	require.Eventually(t, func() bool {
+		var attemptedAt time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT attempted_at FROM river_job WHERE id = $1`, *run.RiverJobID).Scan(&attemptedAt))
+		st, dueIn := jobState()
+		return attemptedAt.After(retried) && st == "scheduled" && dueIn > 55*time.Minute
+	}, 20*time.Second, 20*time.Millisecond, "the retried job of a sleeping run was not snoozed back to its wake time")
+	var items int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM items WHERE run_key = 'dozer'`).Scan(&items))
+	require.Equal(t, 1, items, "the sleeping run's next step ran on a retry-now")
+	after, err := workflow.GetRun(ctx, pool, "dozer")
+	require.NoError(t, err)
+	require.NotNil(t, after.WakeAt)
+	require.Greater(t, time.Until(*after.WakeAt), 55*time.Minute)
+}

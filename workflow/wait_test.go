@@ -548,3 +548,53 @@ func TestWaitOperationsManualUntilResolved(t *testing.T) {
 	require.False(t, l.woken.TimedOut)
 	require.Equal(t, map[string]int{"SUCCEEDED": 4, "FAILED_PERMANENT": 1}, l.woken.Operations)
 }
+
+// "Retry now" (River's JobRetry, as River's UI offers it) on the timeout job of a wait whose
+// condition holds but woke no one (a signal written by hand) takes the wait at once: the step
+// after a wait checks the condition itself, so an early job is safe there. The guard that
+// holds a Sleep to its wake time (stepWorker.work) first snoozed it back to the wait's
+// deadline, ten minutes out (found in review).
+func TestRetryNowOnAWaitWhoseConditionHolds(t *testing.T) {
+	t.Parallel()
+	pool := testkit.DB(t)
+	we := newWaitEnv(t, pool, false)
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_maintenance' AND state = 'completed'`).Scan(&n)
+		return err == nil && n > 0
+	}, time.Minute, 10*time.Millisecond, "the engine's start-up maintenance pass never ran")
+	we.start(t, "nudged", waitArgs{Mode: "signal", TimeoutMS: 600_000})
+	run := waitingRun(t, pool, "nudged")
+	_, err := pool.Exec(ctx, `INSERT INTO stepwise_signal (run_key, name, signal_id, payload) VALUES ('nudged', 'go', 'by-hand', '7')`)
+	require.NoError(t, err)
+	_, err = we.client.JobRetry(ctx, *run.RiverJobID)
+	require.NoError(t, err)
+	requireWaitLogged(t, pool, "nudged", 30*time.Second)
+}
+
+// requireWaitLogged waits until the run's step after its wait has logged, or fails naming
+// where the run and its job are.
+func requireWaitLogged(t *testing.T, pool *pgxpool.Pool, key string, within time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(within)
+	for {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM wait_log WHERE run_key = $1`, key).Scan(&n))
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			run, err := workflow.GetRun(ctx, pool, key)
+			require.NoError(t, err)
+			var state string
+			var dueIn time.Duration
+			require.NoError(t, pool.QueryRow(ctx, `SELECT state::text, (extract(epoch FROM scheduled_at - now()) * 1e9)::bigint FROM river_job WHERE id = $1`,
+				*run.RiverJobID).Scan(&state, &dueIn))
+			t.Fatalf("the step after the wait never ran within %s: run %s, wake_at %v, job %d %s due in %s", within, run.Status, run.WakeAt,
+				*run.RiverJobID, state, dueIn.Round(time.Second))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

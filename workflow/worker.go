@@ -117,17 +117,26 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		// current job may work it.
 		e.logger.InfoContext(ctx, "stepwise: job superseded, exiting", "run", key, "job", job.ID, "current_job", *run.RiverJobID)
 		return nil
-	case run.WakeAt != nil && run.Awaiting == nil && time.Until(*run.WakeAt) > 0:
+	case run.WakeAt != nil && run.Wait == nil && run.Awaiting == nil:
 		// Guards: a sleeping run worked before its wake time. The run's wake_at, committed
-		// with its Sleep (or its wait's deadline), is the promise; the job's schedule only
-		// carries it. A job can be delivered early: an attempt that took its committed Sleep
-		// for a failure and went back to River for a retry, River's rescuer, an operator's
-		// "retry now" in River's UI. Every wake that may come early (a wait's condition,
-		// Resume) clears wake_at first. Not a claim, not a failure: the job goes back to sleep.
-		wait := time.Until(*run.WakeAt)
-		e.logger.WarnContext(ctx, "stepwise: job delivered before its run's wake time; snoozing it until then",
-			"run", key, "job", job.ID, "wake_at", *run.WakeAt, "early_by", wait.Round(time.Millisecond))
-		return river.JobSnooze(wait)
+		// with its Sleep, is the promise; the job's schedule only carries it. A job can be
+		// delivered early: an attempt that took its committed Sleep for a failure and went
+		// back to River for a retry, River's rescuer, an operator's "retry now" in River's
+		// UI. Resume clears wake_at. Not a claim, not a failure: the job goes back to sleep.
+		// Waits are not held here: their next step checks the condition again and re-enters
+		// the wait when it does not hold, so an early job is safe (and "retry now" on a wait
+		// whose condition holds must work). Measured on the database's clock, which River's
+		// schedule uses: a worker whose clock runs behind would otherwise snooze again each
+		// time River hands it the job.
+		early, err := sleepsOn(ctx, e.pool, key)
+		if err != nil {
+			return err
+		}
+		if early > 0 {
+			e.logger.WarnContext(ctx, "stepwise: job delivered before its run's wake time; snoozing it until then",
+				"run", key, "job", job.ID, "wake_at", *run.WakeAt, "early_by", early.Round(time.Millisecond))
+			return river.JobSnooze(early)
+		}
 	}
 
 	clientID := "client"
@@ -443,13 +452,31 @@ func (a *attempt[A, C]) commit(ctx context.Context, tx pgx.Tx) error {
 			return nil
 		}
 	}
-	st, gerr := e.store.Get(cctx, a.key)
+	// Its own deadline: a COMMIT that used up the bound above must still be looked up.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer rcancel()
+	st, gerr := e.store.Get(rctx, a.key)
 	if gerr != nil || st.Token != a.lease.Token || st.Steps != a.lease.Steps {
 		return err
 	}
 	e.logger.WarnContext(ctx, "stepwise: COMMIT reported an error but the step landed; the run goes on from it",
 		"run", a.key, "step", a.lease.Steps, "error", err)
 	return nil
+}
+
+// sleepsOn is how long the run key still sleeps (its wake_at ahead of the database's clock),
+// or 0.
+func sleepsOn(ctx context.Context, q dbtx, key string) (time.Duration, error) {
+	var us int64
+	err := q.QueryRow(ctx, `SELECT coalesce(greatest(extract(epoch FROM wake_at - clock_timestamp()) * 1e6, 0), 0)::bigint
+		FROM stepwise_run WHERE key = $1`, key).Scan(&us)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the wake time of run %q: %w", key, err)
+	}
+	return time.Duration(us) * time.Microsecond, nil
 }
 
 // actor names this attempt in the audit trail and guards its run transitions by its job.

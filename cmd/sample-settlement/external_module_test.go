@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -126,32 +127,26 @@ func moduleGoVersion(t *testing.T, path string) string {
 	return string(m[1])
 }
 
-// moduleRequirements is every "path version" the go.mod at path requires, in single-line and
-// block form, with its comments (// indirect) dropped.
+// moduleRequirements is every "path version" the go.mod at path requires, as go mod edit
+// reads it.
 func moduleRequirements(t *testing.T, path string) []string {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	out, err := exec.Command("go", "mod", "edit", "-json", path).Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("go mod edit -json %s: %v", path, err)
 	}
-	var reqs []string
-	inBlock := false
-	for _, line := range strings.Split(string(data), "\n") {
-		line, _, _ = strings.Cut(line, "//")
-		line = strings.TrimSpace(line)
-		switch {
-		case line == "require (":
-			inBlock = true
-		case inBlock && line == ")":
-			inBlock = false
-		case inBlock && line != "":
-			reqs = append(reqs, "\t"+line)
-		case strings.HasPrefix(line, "require ") && !strings.HasSuffix(line, "("):
-			reqs = append(reqs, "\t"+strings.TrimSpace(strings.TrimPrefix(line, "require ")))
-		}
+	var mod struct {
+		Require []struct{ Path, Version string }
 	}
-	if len(reqs) == 0 {
+	if err := json.Unmarshal(out, &mod); err != nil {
+		t.Fatalf("reading go mod edit -json %s: %v", path, err)
+	}
+	if len(mod.Require) == 0 {
 		t.Fatalf("%s requires nothing; cannot build the sample outside the repository", path)
+	}
+	reqs := make([]string, len(mod.Require))
+	for i, r := range mod.Require {
+		reqs[i] = "\t" + r.Path + " " + r.Version
 	}
 	return reqs
 }

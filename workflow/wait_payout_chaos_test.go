@@ -43,7 +43,8 @@ const (
 	wpOutboxLease  = time.Second
 	wpGrace        = time.Second
 	wpCheckBackoff = 300 * time.Millisecond
-	wpReconcile    = time.Second // the test process's reconciliation interval (River's minimum period)
+	wpReconcile    = time.Second            // the test process's reconciliation interval (River's minimum period)
+	wpArrival      = 400 * time.Millisecond // between two runs' starts
 )
 
 // wpArgs drive wpWorker: step 1 enqueues Payouts payouts (the first Declined to a closed
@@ -238,11 +239,27 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 	}()
 	t.Cleanup(func() { stopLoops(); <-loopsDone; <-loopsDone })
 
-	for i := range runs {
-		_, err := workflow.Start(ctx, e.client, fmt.Sprintf("wp/%02d", i), wpArgs{Payouts: payouts, Declined: i % 3},
-			&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: "wf", MaxAttempts: 100}})
-		require.NoError(t, err)
-	}
+	// Runs arrive one every wpArrival, as a day's work does, so the work spans the chaos on
+	// any machine: started all at once, 12 runs finished in 4.3 s on a fast CI machine, before
+	// the killer's fourth kill (one hit each 300-900 ms, every third a freeze), and the drill
+	// proved less than it claims. Until holds the chaos until the last run has started.
+	var started atomic.Int64
+	startErr := make(chan error, 1)
+	go func() {
+		defer close(startErr)
+		for i := range runs {
+			if i > 0 {
+				time.Sleep(wpArrival)
+			}
+			_, err := workflow.Start(ctx, e.client, fmt.Sprintf("wp/%02d", i), wpArgs{Payouts: payouts, Declined: i % 3},
+				&workflow.StartOpts{InsertOpts: &river.InsertOpts{Queue: "wf", MaxAttempts: 100}})
+			if err != nil {
+				startErr <- fmt.Errorf("starting run wp/%02d: %w", i, err)
+				return
+			}
+			started.Add(1)
+		}
+	}()
 
 	// A settling batch (the dispatcher's recorder, a reconciler pass) wakes many runs in one
 	// commit: the workers have a slot for about each run, so that the lateness bound judges
@@ -263,6 +280,9 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 		StopFor:   2500 * time.Millisecond,
 		Duration:  chaosFor,
 		Until: func(ctx context.Context) (bool, error) {
+			if started.Load() < int64(runs) {
+				return false, nil
+			}
 			var open int
 			err := e.pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_run WHERE status IN ('pending', 'running')`).Scan(&open)
 			return open == 0, err
@@ -271,6 +291,7 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 		Logf:         t.Logf,
 	})
 	require.NoError(t, err)
+	require.NoError(t, <-startErr)
 	stopLoops()
 	rep := &wpReport{chaos: report, payouts: runs * payouts}
 	if !report.Quiet {

@@ -26,7 +26,9 @@ import (
 //
 // want: a second connection per worker (a step's cancel watch and checks beside its
 // transaction), a lease renewer and a heartbeat per outbox kind, three for River (leader
-// election too) and one per maintenance pass that may run at once.
+// election too) and one per maintenance pass that may run at once (a reconcile pass makes its
+// next claim beside its recording transaction when a second connection is free; without one,
+// the claim waits for the recording to commit).
 func poolNeeds(rc *river.Config, cfg *Config, passes int) (need, want, workers int) {
 	for _, qc := range rc.Queues {
 		workers += qc.MaxWorkers

@@ -8,7 +8,8 @@ never got it, or handed to a person (MANUAL). It never sends a new operation.
 
 A pass takes the UNKNOWN_EXTERNAL operations whose next check is due, in batches (FOR UPDATE
 SKIP LOCKED), asks the kind's Checker about each (at most Concurrency at once, RatePerSecond
-per second, Timeout each), and records what each answer proves:
+per second, Timeout each), and records what each answer proves, in transactions of whatever
+answers arrived meanwhile; the next batch is claimed while the last is still being asked about:
 
 	lookup                                      the operation
 	------------------------------------------  ---------------------------------------------

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -132,34 +131,25 @@ func (r *Reconciler) run(ctx context.Context, opts *RunOpts, deadline time.Time)
 		return total, fmt.Errorf("reading the database clock: %w", err)
 	}
 	for _, kind := range kinds {
-		ks := r.kinds[kind]
-		for {
-			if !deadline.IsZero() && time.Now().After(deadline) {
-				return total, errSliceOver
-			}
-			res, n, err := r.batch(ctx, ks, opts, start)
-			total.add(res)
-			if err != nil {
-				return total, err
-			}
-			if n == 0 || opts.OperationID != uuid.Nil {
-				break
-			}
+		res, err := r.pass(ctx, r.kinds[kind], opts, start, deadline)
+		total.add(res)
+		if err != nil {
+			return total, err
 		}
 	}
 	return total, nil
 }
 
-var errSliceOver = errors.New("reconcile: slice over")
-
-// claimHold is how far a claim pushes an operation's next check: past the batch's lookups, so
-// that an overlapping pass leaves it alone, and short enough that a pass that died mid-batch
-// is retried soon.
+// claimHold is how far a claim pushes an operation's next check: past its lookup and recording,
+// so that an overlapping pass leaves it alone, and short enough that a pass that died mid-batch
+// is retried soon. A claimed operation waits behind at most the lookups in flight, a queue of
+// Concurrency and the rest of its own batch (see pass): BatchSize/Concurrency + 2 rounds of
+// Timeout, one more for its own, and 30 s for its recording.
 func claimHold(k *KindConfig) time.Duration {
-	rounds := (k.BatchSize + k.Concurrency - 1) / k.Concurrency
+	rounds := (k.BatchSize+k.Concurrency-1)/k.Concurrency + 2
 	d := time.Duration(rounds+1)*k.Timeout + 30*time.Second
 	if k.RatePerSecond > 0 {
-		d += time.Duration(float64(k.BatchSize) / k.RatePerSecond * float64(time.Second))
+		d += time.Duration(float64(k.BatchSize+2*k.Concurrency) / k.RatePerSecond * float64(time.Second))
 	}
 	return d
 }
@@ -180,78 +170,6 @@ WITH c AS (
 UPDATE stepwise_operation o SET checks = o.checks + 1, next_check_at = now() + $6::interval, updated_at = now()
 FROM c WHERE o.operation_id = c.operation_id
 RETURNING ` + ledger.Columns("o") + `, now()`
-
-func (r *Reconciler) batch(ctx context.Context, ks *kindState, opts *RunOpts, passStart time.Time) (*PassResult, int, error) {
-	res := newPassResult()
-	var only *uuid.UUID
-	if opts.OperationID != uuid.Nil {
-		only = &opts.OperationID
-	}
-	rows, err := r.db.Query(ctx, claimSQL, ks.name, ks.cfg.BatchSize, only, opts.Force, passStart, claimHold(ks.cfg))
-	if err != nil {
-		return res, 0, fmt.Errorf("claiming unknown operations of kind %q: %w", ks.name, err)
-	}
-	// Time comes from the database's clock, like every time in the ledger: a worker whose
-	// clock runs fast must not cut a grace period short.
-	var dbNow time.Time
-	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Operation, error) {
-		return ledger.Scan[*outbox.Operation](row, &dbNow)
-	})
-	if err != nil {
-		return res, 0, fmt.Errorf("claiming unknown operations of kind %q: %w", ks.name, err)
-	}
-	if len(ops) == 0 {
-		return res, 0, nil
-	}
-	clock := func(claimed time.Time) func() time.Time {
-		return func() time.Time { return dbNow.Add(time.Since(claimed)) }
-	}(time.Now())
-
-	decisions := r.lookupAll(ctx, ks, ops, clock)
-	for _, d := range decisions {
-		res.Checked++
-		res.Lookups[d.result]++
-		r.metrics.lookup(ks.name, d.result)
-	}
-	moved, waiting, err := r.apply(ctx, ks, ops, decisions)
-	res.Waiting = waiting
-	for _, oo := range moved {
-		res.Moved[oo.Outcome.To]++
-	}
-	return res, len(ops), err
-}
-
-// lookupAll asks the external system about each operation, at most Concurrency at once and
-// RatePerSecond begun per second, and decides what each answer proves.
-func (r *Reconciler) lookupAll(ctx context.Context, ks *kindState, ops []*outbox.Operation, now func() time.Time) []decision {
-	out := make([]decision, len(ops))
-	sem := make(chan struct{}, ks.cfg.Concurrency)
-	var wg sync.WaitGroup
-	for i, op := range ops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// The check's span, in the reconciler's trace, links to the span that enqueued
-			// the operation; it ends with what the answer decides.
-			ctx, span := r.tracer.Start(ctx, "stepwise.check")
-			var res LookupResult
-			err := ks.limiter.Wait(ctx)
-			if err == nil {
-				select {
-				case sem <- struct{}{}:
-					res, err = r.lookupOne(ctx, ks, op)
-					<-sem
-				case <-ctx.Done():
-					err = ctx.Err()
-				}
-			}
-			out[i] = decide(op, res, err, now(), ks.cfg, ks.maxAttempts)
-			endCheckSpan(span, ks.name, op, out[i], err)
-		}()
-	}
-	wg.Wait()
-	return out
-}
 
 func (r *Reconciler) lookupOne(ctx context.Context, ks *kindState, op *outbox.Operation) (res LookupResult, err error) {
 	lctx, cancel := context.WithTimeout(ctx, ks.cfg.Timeout)

@@ -288,3 +288,59 @@ func TestForcedCheckDuringAPassFencesTheSlowerDecision(t *testing.T) {
 	require.Equal(t, []string{"PROCESSING>UNKNOWN_EXTERNAL", "UNKNOWN_EXTERNAL>SUCCEEDED"}, b.callbacks(t, id))
 	require.Equal(t, 2, b.get(t, op.BusinessKey).Checks)
 }
+
+// A pass keeps Concurrency lookups in flight across its batches: it claims the next batch
+// while the last is still being looked up. When a pass looked up and recorded one batch before
+// claiming the next, a batch of 5 held it to 5 lookups at once whatever Concurrency said (and
+// every batch waited for its slowest lookup).
+func TestPassKeepsConcurrencyLookupsInFlightAcrossBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const concurrency, batch, n = 20, 5, 40
+	var (
+		mu       sync.Mutex
+		inFlight int
+		peak     int
+		release  = make(chan struct{})
+	)
+	b := setup(t, nil, func(_ *outbox.KindConfig, rk *reconcile.KindConfig) {
+		rk.BatchSize, rk.Concurrency = batch, concurrency
+		inner := rk.Checker
+		rk.Checker = reconcile.CheckerFunc(func(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
+			mu.Lock()
+			inFlight++
+			if inFlight > peak {
+				peak = inFlight
+				if peak == concurrency {
+					close(release)
+				}
+			}
+			mu.Unlock()
+			select { // held until Concurrency lookups are in flight at once, or a second
+			case <-release:
+			case <-time.After(time.Second):
+			}
+			mu.Lock()
+			inFlight--
+			mu.Unlock()
+			return inner.Lookup(ctx, op)
+		})
+	})
+	var ops []outbox.EnqueueParams
+	for i := range n {
+		ops = append(ops, payout(key(i), "acct", int64(100+i)))
+		b.bank.FailKey(outbox.OperationID("payout", key(i)).String(), fakebank.Error5xxAfterApply)
+	}
+	b.enqueue(t, ops...)
+	b.drain(t)
+	require.Equal(t, int64(n), b.counts(t)[outbox.StateUnknownExternal])
+
+	res, err := b.rec.RunOnce(ctx, nil)
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, concurrency, peak, "lookups in flight at once with batches of %d and Concurrency %d", batch, concurrency)
+	require.Equal(t, n, res.Checked)
+	require.Equal(t, n, res.Moved[outbox.StateSucceeded], "lookups %v", res.Lookups)
+	require.Equal(t, int64(n), b.counts(t)[outbox.StateSucceeded])
+}

@@ -110,14 +110,16 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 	type config struct{ c, batch int }
 	var configs []config
 	largest := 0
+	// Each Concurrency with BatchSize unset, as a user leaves it; then the largest once more,
+	// with the smallest batch (BatchSizeDefault), reconciling the rest of the day: a pass
+	// streams claims, lookups and recording, so a batch smaller than Concurrency no longer
+	// caps the lookups in flight (it did, when a pass looked up and recorded one batch before
+	// claiming the next).
 	for _, c := range o.bigdayConc {
-		configs = append(configs, config{c, reconcile.BatchSizeDefault})
+		configs = append(configs, config{c, 0})
 		largest = max(largest, c)
 	}
-	// The knob: a batch of several rounds of Concurrency (a pass looks a batch up, then
-	// records it, so a batch smaller than Concurrency leaves lookups unused), what an unset
-	// BatchSize now is. This last measurement reconciles the rest of the day.
-	configs = append(configs, config{largest, 4 * largest})
+	configs = append(configs, config{largest, reconcile.BatchSizeDefault})
 	remaining := unknown
 	for i, cf := range configs {
 		// Each measurement takes its window's worth, leaving a share for those after it; the
@@ -135,7 +137,7 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 			settlement.PayoutKind, k); err != nil {
 			return fmt.Errorf("making %d unknown payouts due: %w", k, err)
 		}
-		rec, err := reconcile.New(pool, &reconcile.Config{
+		rcfg := (&reconcile.Config{
 			Outbox: ob,
 			Logger: quietLogger(),
 			Kinds: map[string]*reconcile.KindConfig{
@@ -147,7 +149,9 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 					Grace:       time.Minute,
 				},
 			},
-		})
+		}).WithDefaults()
+		cf.batch = rcfg.Kinds[settlement.PayoutKind].BatchSize // the row prints what the pass used
+		rec, err := reconcile.New(pool, rcfg)
 		if err != nil {
 			return err
 		}
@@ -192,9 +196,9 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 			100*x.db.claimWait.Seconds()/x.elapsed.Seconds(), 100*(x.db.wait-x.db.claimWait).Seconds()/x.elapsed.Seconds(),
 			fmtDur(x.cpu/time.Duration(x.k)), 100*x.cpu.Seconds()/x.elapsed.Seconds()/float64(runtime.NumCPU()), x.load)
 	}
-	r.printf("a pass claims a batch, looks it up (Concurrency at once), records it, then claims the next: with batch < Concurrency at most\n" +
-		"batch lookups are in flight (limit batch / latency), and each batch also waits for its slowest lookup and its recording;\n" +
-		"an unset BatchSize is 4 × Concurrency (at least 100); the rows with batch 100 set it\n")
+	r.printf("a pass claims BatchSize at a time while the last batch is looked up (Concurrency at once) and records decisions as they\n" +
+		"arrive; an unset BatchSize is 4 × Concurrency (at least 100), the last row sets the smallest; claim and record are the\n" +
+		"shares of the pass's time its claims and recording transactions took (they overlap the lookups)\n")
 	if bigDayTotals != nil {
 		d, err := bigDayTotals(ctx, pool, client, date)
 		if err != nil {

@@ -140,18 +140,24 @@ func (r *Reconciler) run(ctx context.Context, opts *RunOpts, deadline time.Time)
 	return total, nil
 }
 
-// claimHold is how far a claim pushes an operation's next check: past its lookup and recording,
-// so that an overlapping pass leaves it alone, and short enough that a pass that died mid-batch
-// is retried soon. A claimed operation waits behind at most the lookups in flight, a queue of
-// Concurrency and the rest of its own batch (see pass): BatchSize/Concurrency + 2 rounds of
-// Timeout, one more for its own, and 30 s for its recording.
+// claimHold is how far a claim pushes an operation's next check: past its lookup and its
+// recording, so that an overlapping pass leaves it alone, and short enough that a pass that
+// died mid-batch is retried soon. In a pass (see pass) a claimed operation has ahead of it at
+// most the rest of its batch, the queue and the lookups in flight (B + 2C lookups, in rounds
+// of C, each at most Timeout, and at RatePerSecond), then the decisions waiting in done, in
+// the recorder's gathering and in the claimer's next batch (2B + 3C decisions, recorded at
+// most B a transaction, each transaction at most recordTimeout), and its own recording.
+// Guards against: an operation whose answer waits behind slow recordings past its hold being
+// claimed again by another pass, which asks the bank twice, spends a check and drops the
+// first answer (the checks guard keeps it from being applied twice).
 func claimHold(k *KindConfig) time.Duration {
-	rounds := (k.BatchSize+k.Concurrency-1)/k.Concurrency + 2
-	d := time.Duration(rounds+1)*k.Timeout + 30*time.Second
+	b, c := k.BatchSize, k.Concurrency
+	lookups := time.Duration((b+2*c+c-1)/c+1) * k.Timeout
 	if k.RatePerSecond > 0 {
-		d += time.Duration(float64(k.BatchSize+2*k.Concurrency) / k.RatePerSecond * float64(time.Second))
+		lookups += time.Duration(float64(b+2*c) / k.RatePerSecond * float64(time.Second))
 	}
-	return d
+	recordings := time.Duration((2*b+3*c+b-1)/b+2) * recordTimeout
+	return lookups + recordings
 }
 
 // claimSQL takes a batch of due UNKNOWN_EXTERNAL operations. It counts the check (checks + 1,
@@ -193,7 +199,7 @@ func (r *Reconciler) apply(ctx context.Context, ks *kindState, ops []*outbox.Ope
 	// Record even when the pass is being cancelled: the lookups happened, and what they
 	// proved must not be thrown away. WithoutCancel keeps the values, River's client among
 	// them, which wakes the dispatcher.
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	var moved []outbox.OperationOutcome
 	var waiting int
@@ -285,7 +291,8 @@ type reconcileWorker struct {
 	r *Reconciler
 }
 
-// Timeout covers a slice plus the longest batch in flight when it ends.
+// Timeout covers a slice plus the longest a claimed operation may wait for its recording when
+// the slice ends (claimHold), so that River never cancels a pass that still holds claims.
 func (w *reconcileWorker) Timeout(*river.Job[reconcileArgs]) time.Duration {
 	longest := time.Duration(0)
 	for _, ks := range w.r.kinds {

@@ -286,14 +286,16 @@ func (k KindConfig) withDefaults() KindConfig {
 	return k
 }
 
-// holdLimit is the longest a dispatcher may legitimately hold an operation it claimed: up to
-// two batches outstanding, every round of sends timing out, the rate limit's spacing, and one
-// more lease for claiming and recording. Leases are not renewed past it.
+// holdLimit is the longest a dispatcher may legitimately hold an operation it claimed: behind
+// up to Concurrency + 2 × BatchSize outstanding (the pump claims a batch while Concurrency +
+// BatchSize are outstanding), every round of sends timing out, its own send, the rate limit's
+// spacing, and one more lease for claiming and recording. Leases are not renewed past it.
 func (k *KindConfig) holdLimit() time.Duration {
-	rounds := 2 * ((k.BatchSize + k.Concurrency - 1) / k.Concurrency)
+	ahead := 2*k.BatchSize + k.Concurrency
+	rounds := (ahead + k.Concurrency - 1) / k.Concurrency
 	d := time.Duration(rounds+1)*k.Timeout + k.Lease
 	if k.RatePerSecond > 0 {
-		d += time.Duration(float64(2*k.BatchSize) / k.RatePerSecond * float64(time.Second))
+		d += time.Duration(float64(ahead) / k.RatePerSecond * float64(time.Second))
 	}
 	return d
 }

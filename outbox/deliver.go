@@ -137,7 +137,10 @@ type delivered struct {
 }
 
 // pump delivers operations of one kind as a pipeline: it claims a batch whenever no more
-// than a batch (or Concurrency) of claimed operations is still outstanding, hands them to
+// than Concurrency + a batch of claimed operations is still outstanding (so a batch waits
+// queued behind the sends in flight while the next claim is made: claiming only when at most
+// Concurrency were outstanding left senders idle for each claim's round trip, 6-8% of the time
+// at Concurrency 256 and a 50 ms bank), hands them to
 // Concurrency senders, and records outcomes in transactions of up to BatchSize as they come
 // back, on a recorder goroutine of its own. A slow send so holds up its own operation only, never a batch, and the round
 // trips of claiming and recording overlap with sending.
@@ -216,7 +219,7 @@ func (o *Outbox) pump(ctx context.Context, ks *kindState, deadline time.Time, on
 			// finish what we hold.
 			exhausted = true
 		}
-		if !exhausted && outstanding <= max(c, b) {
+		if !exhausted && outstanding <= c+b {
 			ops, err := o.claim(ctx, ks)
 			switch {
 			case err != nil:

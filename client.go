@@ -47,7 +47,9 @@ type Client struct {
 // kinds), the reconciler (when a kind has a Checker) and the scheduler (when Config.Schedules
 // has schedules), installs their workers, queues, periodic jobs and worker middleware into a
 // copy of config.River, and builds the River client on it. It checks that pool has enough
-// connections for the config (see PoolConns), and refuses one that cannot work.
+// connections for the config: it refuses one with fewer than every River worker (Stepwise's
+// queues included) plus River's two and the maintenance loop's one, with an error that names
+// the pool_max_conns to set, and logs a warning for one below what runs without waiting.
 //
 // Nothing runs until Start.
 func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {

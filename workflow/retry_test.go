@@ -413,3 +413,61 @@ func TestRepeatedNonStepErrorsBackOff(t *testing.T) {
 	require.Zero(t, run.Failures)
 	require.Equal(t, []int{1, 2, 3}, policy.counts(), "three refusals in a row back off as 1, 2, 3")
 }
+
+// A hard stop (StopAndCancel, a deploy's last resort) that lands while a step's COMMIT is in
+// flight lets that commit land (it is not cancelled with the step) and ends the attempt before
+// the next step begins: the run is not charged a failure for a step that never ran, and on a
+// job with one attempt it is not failed for it. A deferred trigger makes step 2's COMMIT take
+// 3 s; the stop comes during it.
+func TestHardStopBetweenStepsChargesNoFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	createItems(t, pool, "items", true)
+	_, err := pool.Exec(ctx, `
+		CREATE SEQUENCE test_slow_commit;
+		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('test_slow_commit') = 2 THEN
+				PERFORM pg_sleep(3);
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON items DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION test_slow_commit();`)
+	require.NoError(t, err)
+
+	cfg := &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond, Logger: quietLogger()}
+	engine, err := workflow.New(pool, cfg)
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, workflow.Stepper[countArgs, countCursor](&countWorker{}))
+	rc := &river.Config{
+		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}, Workers: workers, RetryPolicy: fastRetry{},
+		FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quietLogger(),
+	}
+	require.NoError(t, engine.Install(rc))
+	first, err := river.NewClient(riverpgxv5.New(pool), rc)
+	require.NoError(t, err)
+	require.NoError(t, first.Start(ctx))
+	_, err = workflow.Start(ctx, first, "hard-stopped", countArgs{Total: 5, Batch: 1, Table: "items"},
+		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "step 2's commit never reached the trigger")
+	stopCtx, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	require.NoError(t, first.StopAndCancel(stopCtx))
+	after, err := workflow.GetRun(ctx, pool, "hard-stopped")
+	require.NoError(t, err)
+	t.Logf("after the hard stop: run %s, %d steps, failures %d, last error %v", after.Status, after.Steps, after.Failures, ptrString(after.LastError))
+	require.EqualValues(t, 2, after.Steps, "step 2's commit did not land")
+	require.Zero(t, after.Failures, "the hard stop between steps was charged as a failure: %v", ptrString(after.LastError))
+
+	newPolicyEnv(t, pool, &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, fastRetry{})
+	run := waitRun(t, pool, "hard-stopped", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop between steps failed the run: %v", ptrString(run.LastError))
+	perN, _ := itemCounts(t, pool, "items", "hard-stopped")
+	requireExactlyOnce(t, perN, 5)
+}

@@ -213,7 +213,21 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 	defer stopWatch()
 
 	deadline := time.Now().Add(sw.slice)
-	for {
+	for first := true; ; first = false {
+		if !first && ctx.Err() != nil {
+			// Guards against: a hard stop (StopAndCancel, a deploy's last resort) or the job's
+			// timeout landing while a step's COMMIT was in flight. The commit is not cancelled
+			// with the step (see commit) and lands; the next step would then begin on a
+			// cancelled context, fail, and be charged to the run as a failure: on a job with
+			// one attempt, the run failed for a deploy. The attempt ends here instead, the
+			// lease goes back, and River takes the stop as a stop (no attempt spent).
+			rctx, cancelRelease := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = e.store.Release(rctx, a.lease)
+			cancelRelease()
+			e.logger.InfoContext(ctx, "stepwise: attempt stopped between steps; the run goes on from its last commit",
+				"run", a.key, "steps", a.lease.Steps, "job", a.job.ID, "cause", context.Cause(ctx))
+			return context.Cause(ctx)
+		}
 		res, err := a.step(stepCtx, deadline)
 		if err != nil {
 			if cause := context.Cause(stepCtx); cause != nil && stepCtx.Err() != nil && ctx.Err() == nil {

@@ -414,27 +414,43 @@ func TestRepeatedNonStepErrorsBackOff(t *testing.T) {
 	require.Equal(t, []int{1, 2, 3}, policy.counts(), "three refusals in a row back off as 1, 2, 3")
 }
 
-// A hard stop (StopAndCancel, a deploy's last resort) that lands while a step's COMMIT is in
-// flight lets that commit land (it is not cancelled with the step) and ends the attempt before
-// the next step begins: the run is not charged a failure for a step that never ran, and on a
-// job with one attempt it is not failed for it. A deferred trigger makes step 2's COMMIT take
-// 3 s; the stop comes during it.
-func TestHardStopBetweenStepsChargesNoFailure(t *testing.T) {
+// A hard stop (StopAndCancel, a deploy's last resort) charges the run no failure, wherever it
+// lands: while a step's COMMIT is in flight (the commit is not cancelled with the step and
+// lands; the attempt must end before the next step begins, not begin it on a cancelled
+// context), or inside a step (which rolls back). On a job with one attempt either used to fail
+// the run ("failed after 1 failures in a row ... context canceled"). A trigger holds step 2,
+// in its COMMIT (deferred) or in its INSERT, for 3 s; the stop comes during it.
+func TestHardStopChargesNoFailure(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		trigger   string
+		wantSteps int64
+	}{
+		{"during the commit", "CONSTRAINT TRIGGER test_slow AFTER INSERT ON items DEFERRABLE INITIALLY DEFERRED", 2},
+		{"inside the step", "TRIGGER test_slow BEFORE INSERT ON items", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			hardStopDrill(t, tc.trigger, tc.wantSteps)
+		})
+	}
+}
+
+func hardStopDrill(t *testing.T, trigger string, wantSteps int64) {
 	ctx := context.Background()
 	pool := testkit.DB(t)
 	createItems(t, pool, "items", true)
 	_, err := pool.Exec(ctx, `
-		CREATE SEQUENCE test_slow_commit;
-		CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		CREATE SEQUENCE test_slow;
+		CREATE FUNCTION test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			IF nextval('test_slow_commit') = 2 THEN
+			IF nextval('test_slow') = 2 THEN
 				PERFORM pg_sleep(3);
 			END IF;
-			RETURN NULL;
+			RETURN NEW;
 		END $$;
-		CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON items DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW EXECUTE FUNCTION test_slow_commit();`)
+		CREATE `+trigger+` FOR EACH ROW EXECUTE FUNCTION test_slow();`)
 	require.NoError(t, err)
 
 	cfg := &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond, Logger: quietLogger()}
@@ -455,19 +471,19 @@ func TestHardStopBetweenStepsChargesNoFailure(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 1
-	}, 10*time.Second, 10*time.Millisecond, "step 2's commit never reached the trigger")
+	}, 10*time.Second, 10*time.Millisecond, "step 2 never reached the trigger")
 	stopCtx, stop := context.WithTimeout(ctx, 10*time.Second)
 	defer stop()
 	require.NoError(t, first.StopAndCancel(stopCtx))
 	after, err := workflow.GetRun(ctx, pool, "hard-stopped")
 	require.NoError(t, err)
 	t.Logf("after the hard stop: run %s, %d steps, failures %d, last error %v", after.Status, after.Steps, after.Failures, ptrString(after.LastError))
-	require.EqualValues(t, 2, after.Steps, "step 2's commit did not land")
-	require.Zero(t, after.Failures, "the hard stop between steps was charged as a failure: %v", ptrString(after.LastError))
+	require.Equal(t, wantSteps, after.Steps)
+	require.Zero(t, after.Failures, "the hard stop was charged as a failure: %v", ptrString(after.LastError))
 
 	newPolicyEnv(t, pool, &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, fastRetry{})
 	run := waitRun(t, pool, "hard-stopped", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
-	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop between steps failed the run: %v", ptrString(run.LastError))
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop failed the run: %v", ptrString(run.LastError))
 	perN, _ := itemCounts(t, pool, "items", "hard-stopped")
 	requireExactlyOnce(t, perN, 5)
 }

@@ -213,23 +213,25 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 	defer stopWatch()
 
 	deadline := time.Now().Add(sw.slice)
-	for first := true; ; first = false {
-		if !first && ctx.Err() != nil {
+	for {
+		if ctx.Err() != nil {
 			// Guards against: a hard stop (StopAndCancel, a deploy's last resort) or the job's
 			// timeout landing while a step's COMMIT was in flight. The commit is not cancelled
 			// with the step (see commit) and lands; the next step would then begin on a
 			// cancelled context, fail, and be charged to the run as a failure: on a job with
-			// one attempt, the run failed for a deploy. The attempt ends here instead, the
-			// lease goes back, and River takes the stop as a stop (no attempt spent).
-			rctx, cancelRelease := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = e.store.Release(rctx, a.lease)
-			cancelRelease()
-			e.logger.InfoContext(ctx, "stepwise: attempt stopped between steps; the run goes on from its last commit",
-				"run", a.key, "steps", a.lease.Steps, "job", a.job.ID, "cause", context.Cause(ctx))
-			return context.Cause(ctx)
+			// one attempt, the run failed for a deploy. No step has begun: end the attempt.
+			return a.stopped(ctx, nil)
 		}
 		res, err := a.step(stepCtx, deadline)
 		if err != nil {
+			if errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrRunCancelled) {
+				// River stopped the attempt (a hard stop, or the client's context ended) in
+				// the middle of a step, which rolled back. Guards against: a deploy charged to
+				// the run as a failure of its step (on a job of one attempt, failing it).
+				// The job's timeout (context.DeadlineExceeded) still is a failure: a step
+				// that always outlives it must end in the crash-loop guard, not loop forever.
+				return a.stopped(ctx, err)
+			}
 			if cause := context.Cause(stepCtx); cause != nil && stepCtx.Err() != nil && ctx.Err() == nil {
 				err = fmt.Errorf("%w (step interrupted: %w)", err, cause)
 			}
@@ -507,6 +509,24 @@ func callStep[A river.JobArgs, C any](ctx context.Context, w Stepper[A, C], s *S
 		}
 	}()
 	return w.Step(ctx, s)
+}
+
+// stopped ends an attempt that River stopped between or inside steps: the lease goes back at
+// once (a new worker need not wait for it to lapse) and the context's cause goes to River,
+// which takes a stop as a stop (the job back to available, no attempt spent). Nothing is
+// charged to the run: its last commit stands, and no step of it failed. stepErr is the
+// rolled-back step's error, if a step was cut.
+func (a *attempt[A, C]) stopped(ctx context.Context, stepErr error) error {
+	e := a.sw.e
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = e.store.Release(rctx, a.lease)
+	cancel()
+	attrs := []any{"run", a.key, "steps", a.lease.Steps, "job", a.job.ID, "cause", context.Cause(ctx)}
+	if stepErr != nil {
+		attrs = append(attrs, "rolled_back", stepErr)
+	}
+	e.logger.InfoContext(ctx, "stepwise: attempt stopped by River; the run goes on from its last commit", attrs...)
+	return context.Cause(ctx)
 }
 
 // stepFailed handles a step that did not commit: everything it wrote is rolled back. A fenced

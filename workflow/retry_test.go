@@ -343,11 +343,7 @@ func TestGetRunWithoutItsJob(t *testing.T) {
 // error; settle now keeps the job alive whatever the wording.)
 func TestLastAttemptHardStopDoesNotFailTheRun(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := testkit.DB(t)
-	createItems(t, pool, "items", true)
-	_, err := pool.Exec(ctx, `
-		CREATE SEQUENCE test_slow;
+	after := hardStopDrill(t, `
 		CREATE FUNCTION test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.attempts > OLD.attempts AND nextval('test_slow') = 1 THEN
@@ -356,40 +352,7 @@ func TestLastAttemptHardStopDoesNotFailTheRun(t *testing.T) {
 			RETURN NEW;
 		END $$;
 		CREATE TRIGGER test_slow BEFORE UPDATE ON stepwise_run FOR EACH ROW EXECUTE FUNCTION test_slow();`)
-	require.NoError(t, err)
-
-	cfg := &workflow.Config{Lease: time.Second, MaintenanceInterval: 100 * time.Millisecond, Logger: quietLogger()}
-	engine, err := workflow.New(pool, cfg)
-	require.NoError(t, err)
-	workers := river.NewWorkers()
-	workflow.AddWorker(engine, workers, workflow.Stepper[countArgs, countCursor](&countWorker{}))
-	rc := &river.Config{
-		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}, Workers: workers, RetryPolicy: fastRetry{},
-		FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quietLogger(),
-	}
-	require.NoError(t, engine.Install(rc))
-	first, err := river.NewClient(riverpgxv5.New(pool), rc)
-	require.NoError(t, err)
-	require.NoError(t, first.Start(ctx))
-	_, err = workflow.Start(ctx, first, "stopped", countArgs{Total: 5, Batch: 1, Table: "items"},
-		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 1
-	}, 10*time.Second, 10*time.Millisecond, "the attempt never reached markRunning")
-	stopCtx, stop := context.WithTimeout(ctx, 10*time.Second)
-	defer stop()
-	require.NoError(t, first.StopAndCancel(stopCtx))
-	var state string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT j.state::text FROM stepwise_run r JOIN river_job j ON j.id = r.river_job_id WHERE r.key = 'stopped'`).Scan(&state))
-	t.Logf("after the hard stop the job is %s", state)
-
-	newPolicyEnv(t, pool, &workflow.Config{Lease: time.Second, MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, fastRetry{})
-	run := waitRun(t, pool, "stopped", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
-	t.Logf("run %s; failures %d; last error: %v", run.Status, run.Failures, ptrString(run.LastError))
-	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop on the job's last attempt failed the run")
-	perN, _ := itemCounts(t, pool, "items", "stopped")
-	requireExactlyOnce(t, perN, 5)
+	require.Zero(t, after.Steps)
 }
 
 // Errors outside the steps that repeat (here the database refuses markRunning three times in
@@ -432,25 +395,30 @@ func TestHardStopChargesNoFailure(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			hardStopDrill(t, tc.trigger, tc.wantSteps)
+			after := hardStopDrill(t, `
+				CREATE FUNCTION test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+					IF nextval('test_slow') = 2 THEN
+						PERFORM pg_sleep(3);
+					END IF;
+					RETURN NEW;
+				END $$;
+				CREATE `+tc.trigger+` FOR EACH ROW EXECUTE FUNCTION test_slow();`)
+			require.Equal(t, tc.wantSteps, after.Steps)
+			require.Zero(t, after.Failures, "the hard stop was charged as a failure: %v", ptrString(after.LastError))
 		})
 	}
 }
 
-func hardStopDrill(t *testing.T, trigger string, wantSteps int64) {
+// hardStopDrill runs a 5-step run (one item a step, the job's only attempt) on a River client,
+// waits until a trigger of slowDDL (function test_slow, sequence test_slow given) sleeps in the
+// database, stops the client with StopAndCancel, and returns the run as the stop left it. Then
+// a new client must finish the run, every item written once, the run not failed for the stop.
+func hardStopDrill(t *testing.T, slowDDL string) *workflow.Run {
 	ctx := context.Background()
 	pool := testkit.DB(t)
 	createItems(t, pool, "items", true)
-	_, err := pool.Exec(ctx, `
-		CREATE SEQUENCE test_slow;
-		CREATE FUNCTION test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF nextval('test_slow') = 2 THEN
-				PERFORM pg_sleep(3);
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE `+trigger+` FOR EACH ROW EXECUTE FUNCTION test_slow();`)
+	_, err := pool.Exec(ctx, `CREATE SEQUENCE test_slow;`+slowDDL)
 	require.NoError(t, err)
 
 	cfg := &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond, Logger: quietLogger()}
@@ -466,24 +434,27 @@ func hardStopDrill(t *testing.T, trigger string, wantSteps int64) {
 	first, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	require.NoError(t, first.Start(ctx))
-	_, err = workflow.Start(ctx, first, "hard-stopped", countArgs{Total: 5, Batch: 1, Table: "items"},
+	_, err = workflow.Start(ctx, first, "stopped", countArgs{Total: 5, Batch: 1, Table: "items"},
 		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 1
-	}, 10*time.Second, 10*time.Millisecond, "step 2 never reached the trigger")
+	}, 10*time.Second, 10*time.Millisecond, "the attempt never reached the trigger")
 	stopCtx, stop := context.WithTimeout(ctx, 10*time.Second)
 	defer stop()
 	require.NoError(t, first.StopAndCancel(stopCtx))
-	after, err := workflow.GetRun(ctx, pool, "hard-stopped")
+	after, err := workflow.GetRun(ctx, pool, "stopped")
 	require.NoError(t, err)
-	t.Logf("after the hard stop: run %s, %d steps, failures %d, last error %v", after.Status, after.Steps, after.Failures, ptrString(after.LastError))
-	require.Equal(t, wantSteps, after.Steps)
-	require.Zero(t, after.Failures, "the hard stop was charged as a failure: %v", ptrString(after.LastError))
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, *after.RiverJobID).Scan(&state))
+	t.Logf("after the hard stop: run %s, %d steps, failures %d, last error %v; its job %s",
+		after.Status, after.Steps, after.Failures, ptrString(after.LastError), state)
 
 	newPolicyEnv(t, pool, &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, fastRetry{})
-	run := waitRun(t, pool, "hard-stopped", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
-	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop failed the run: %v", ptrString(run.LastError))
-	perN, _ := itemCounts(t, pool, "items", "hard-stopped")
+	run := waitRun(t, pool, "stopped", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	t.Logf("run %s; failures %d; last error: %v", run.Status, run.Failures, ptrString(run.LastError))
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop failed the run")
+	perN, _ := itemCounts(t, pool, "items", "stopped")
 	requireExactlyOnce(t, perN, 5)
+	return after
 }

@@ -224,12 +224,15 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		}
 		res, err := a.step(stepCtx, deadline)
 		if err != nil {
-			if errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, ErrRunCancelled) {
+			if errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, checkpoint.ErrFenced) &&
+				!errors.Is(context.Cause(stepCtx), ErrRunCancelled) && !errors.Is(err, ErrRunCancelled) {
 				// River stopped the attempt (a hard stop, or the client's context ended) in
 				// the middle of a step, which rolled back. Guards against: a deploy charged to
 				// the run as a failure of its step (on a job of one attempt, failing it).
 				// The job's timeout (context.DeadlineExceeded) still is a failure: a step
 				// that always outlives it must end in the crash-loop guard, not loop forever.
+				// A fenced step and an operator's cancel go on as usual: their audit events
+				// and the run's end are recorded whatever stopped the attempt.
 				return a.stopped(ctx, err)
 			}
 			if cause := context.Cause(stepCtx); cause != nil && stepCtx.Err() != nil && ctx.Err() == nil {
@@ -511,23 +514,46 @@ func callStep[A river.JobArgs, C any](ctx context.Context, w Stepper[A, C], s *S
 	return w.Step(ctx, s)
 }
 
-// stopped ends an attempt that River stopped between or inside steps: the lease goes back at
-// once (a new worker need not wait for it to lapse) and the context's cause goes to River,
-// which takes a stop as a stop (the job back to available, no attempt spent). Nothing is
-// charged to the run: its last commit stands, and no step of it failed. stepErr is the
-// rolled-back step's error, if a step was cut.
+// stopped ends an attempt that River stopped between or inside steps. The lease goes back at
+// once, recorded as a release on purpose (reason "stop") in the same transaction, and the
+// context's cause goes to River wrapped in a stoppedError (see settle). Nothing is charged to
+// the run: its last commit stands, and no step of it failed. stepErr is the rolled-back step's
+// error, if a step was cut.
+//
+// Guards against: maintenance taking the run over as a crash in the gap before River records
+// the job's end. A lease released without released_at looks, to the unleased scan, like a
+// worker that vanished; on a job of one attempt that failed the run as a crash loop, for every
+// run a deploy's hard stop caught. markReleased makes maintenance leave the run alone for a
+// lease, as after a slice. (A run being worked has no wake time; markReleased's nil keeps it
+// so.)
 func (a *attempt[A, C]) stopped(ctx context.Context, stepErr error) error {
 	e := a.sw.e
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	_ = e.store.Release(rctx, a.lease)
-	cancel()
+	defer cancel()
+	err := pgx.BeginFunc(rctx, e.pool, func(tx pgx.Tx) error {
+		if ok, err := e.store.ReleaseIn(rctx, tx, a.lease); err != nil || !ok {
+			return err // not ours any more: nothing to release, nothing to mark
+		}
+		return markReleased(rctx, tx, a.key, a.actor(), "stop", nil)
+	})
+	if err != nil {
+		_ = e.store.Release(rctx, a.lease) // the run moved on, or the database failed: at least the lease
+	}
 	attrs := []any{"run", a.key, "steps", a.lease.Steps, "job", a.job.ID, "cause", context.Cause(ctx)}
 	if stepErr != nil {
 		attrs = append(attrs, "rolled_back", stepErr)
 	}
 	e.logger.InfoContext(ctx, "stepwise: attempt stopped by River; the run goes on from its last commit", attrs...)
-	return context.Cause(ctx)
+	return &stoppedError{cause: context.Cause(ctx)}
 }
+
+// stoppedError is what an attempt River stopped returns: the context's cause, so that River
+// handles a stop as a stop, marked so that settle neither warns about it nor counts it among
+// the job's errors outside the steps.
+type stoppedError struct{ cause error }
+
+func (e *stoppedError) Error() string { return "attempt stopped: " + e.cause.Error() }
+func (e *stoppedError) Unwrap() error { return e.cause }
 
 // stepFailed handles a step that did not commit: everything it wrote is rolled back. A fenced
 // attempt stops quietly (someone else owns the run now); any other error is recorded on the
@@ -634,9 +660,10 @@ func (e *retryError) Unwrap() error { return e.err }
 // the run on the job's last attempt.
 func (sw *stepWorker[A, C]) settle(ctx context.Context, job *river.Job[A], err error, failures int) error {
 	var (
-		snooze *rivertype.JobSnoozeError
-		cancel *rivertype.JobCancelError
-		retry  *retryError
+		snooze  *rivertype.JobSnoozeError
+		cancel  *rivertype.JobCancelError
+		retry   *retryError
+		stopped *stoppedError
 	)
 	if err == nil || errors.As(err, &snooze) || errors.As(err, &cancel) {
 		sw.outside.forget(job.ID)
@@ -647,6 +674,8 @@ func (sw *stepWorker[A, C]) settle(ctx context.Context, job *river.Job[A], err e
 		failures, step = retry.failures, retry.step
 		err = retry.err
 		sw.outside.forget(job.ID)
+	} else if errors.As(err, &stopped) {
+		sw.outside.forget(job.ID) // a stop is no error of the job's
 	} else {
 		// An error outside the steps that repeats (the database unreachable, or refusing
 		// this run's writes) must not retry at a constant pace forever once the job's
@@ -661,7 +690,7 @@ func (sw *stepWorker[A, C]) settle(ctx context.Context, job *river.Job[A], err e
 		err = fmt.Errorf("%w (attempt interrupted: %w)", err, context.Cause(ctx))
 	}
 	e := sw.e
-	if !step {
+	if !step && stopped == nil {
 		e.logger.WarnContext(ctx, "stepwise: attempt failed outside its steps (not counted as a failure of the run); River retries it",
 			"job", job.ID, "attempt", job.Attempt, "workflow", job.Kind, "error", err)
 	}

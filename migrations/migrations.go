@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
@@ -99,7 +100,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	// the lock must not sit on pool connections, or the holder could not get the one
 	// rivermigrate needs and every caller would wait forever (seen with 8 callers on a
 	// 4-connection pool).
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	conn, err := connectWaiting(ctx, pool.Config().ConnConfig.Copy(), connectWait)
 	if err != nil {
 		return fmt.Errorf("connecting to migrate: %w", err)
 	}
@@ -123,6 +124,44 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("migrating River's schema: %w", err)
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return migrateStepwise(ctx, tx) })
+}
+
+// connectWait bounds how long Migrate waits for the server to have a connection free.
+const connectWait = 30 * time.Second
+
+// connectWaiting opens a connection, waiting up to wait (with back-off) while the server
+// refuses it for want of a free connection: SQLSTATE 53300, max_connections or the role's
+// CONNECTION LIMIT reached, or 57P03, the server starting up. Any other error is returned at
+// once.
+//
+// Guards against: a deploy whose processes all start, and all call Migrate, at once. Each
+// process opens this one connection beyond its pool; while the old processes still hold
+// theirs the server can be momentarily full, and a process that gave up at once would crash
+// and restart into the same crowd. (Seen in our own CI: a CLI's Migrate refused "too many
+// clients" while test packages beside it held their connections for a few seconds.)
+func connectWaiting(ctx context.Context, cfg *pgx.ConnConfig, wait time.Duration) (*pgx.Conn, error) {
+	deadline := time.Now().Add(wait)
+	backoff := 100 * time.Millisecond
+	for {
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err == nil {
+			return conn, nil
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "53300" && pgErr.Code != "57P03") {
+			return nil, err
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return nil, fmt.Errorf("the server had no connection free for %s (max_connections, or the role's CONNECTION LIMIT; "+
+				"raise it, or lower the pools' MaxConns): %w", wait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for a free connection: %w (last: %w)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 func migrateStepwise(ctx context.Context, tx pgx.Tx) error {

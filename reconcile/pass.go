@@ -55,8 +55,8 @@ type checked struct {
 func (r *Reconciler) pass(ctx context.Context, ks *kindState, opts *RunOpts, passStart, deadline time.Time) (*PassResult, error) {
 	c := ks.cfg.Concurrency
 	// The queues are bounded so that claimHold can bound an operation's wait from its claim to
-	// its recording (see there): a claimed operation has at most its batch, todo, the lookups
-	// in flight, done and the recorder's gathering ahead of it.
+	// its lookup (see there): a claimed operation has at most the rest of its batch, todo and
+	// the lookups in flight ahead of it; done keeps the recorder's backlog to a batch or so.
 	todo := make(chan claimed, c)
 	done := make(chan checked, c)
 

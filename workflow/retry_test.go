@@ -343,15 +343,8 @@ func TestGetRunWithoutItsJob(t *testing.T) {
 // error; settle now keeps the job alive whatever the wording.)
 func TestLastAttemptHardStopDoesNotFailTheRun(t *testing.T) {
 	t.Parallel()
-	after := hardStopDrill(t, `
-		CREATE FUNCTION test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.attempts > OLD.attempts AND nextval('test_slow') = 1 THEN
-				PERFORM pg_sleep(5);
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER test_slow BEFORE UPDATE ON stepwise_run FOR EACH ROW EXECUTE FUNCTION test_slow();`)
+	after := hardStopDrill(t, slowTrigger("NEW.attempts > OLD.attempts AND nextval('test_slow') = 1", 5*time.Second,
+		"TRIGGER test_slow BEFORE UPDATE ON stepwise_run"))
 	require.Zero(t, after.Steps)
 }
 
@@ -375,86 +368,4 @@ func TestRepeatedNonStepErrorsBackOff(t *testing.T) {
 	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	require.Zero(t, run.Failures)
 	require.Equal(t, []int{1, 2, 3}, policy.counts(), "three refusals in a row back off as 1, 2, 3")
-}
-
-// A hard stop (StopAndCancel, a deploy's last resort) charges the run no failure, wherever it
-// lands: while a step's COMMIT is in flight (the commit is not cancelled with the step and
-// lands; the attempt must end before the next step begins, not begin it on a cancelled
-// context), or inside a step (which rolls back). On a job with one attempt either used to fail
-// the run ("failed after 1 failures in a row ... context canceled"). A trigger holds step 2,
-// in its COMMIT (deferred) or in its INSERT, for 3 s; the stop comes during it.
-func TestHardStopChargesNoFailure(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name      string
-		trigger   string
-		wantSteps int64
-	}{
-		{"during the commit", "CONSTRAINT TRIGGER test_slow AFTER INSERT ON items DEFERRABLE INITIALLY DEFERRED", 2},
-		{"inside the step", "TRIGGER test_slow BEFORE INSERT ON items", 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			after := hardStopDrill(t, `
-				CREATE FUNCTION test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
-				BEGIN
-					IF nextval('test_slow') = 2 THEN
-						PERFORM pg_sleep(3);
-					END IF;
-					RETURN NEW;
-				END $$;
-				CREATE `+tc.trigger+` FOR EACH ROW EXECUTE FUNCTION test_slow();`)
-			require.Equal(t, tc.wantSteps, after.Steps)
-			require.Zero(t, after.Failures, "the hard stop was charged as a failure: %v", ptrString(after.LastError))
-		})
-	}
-}
-
-// hardStopDrill runs a 5-step run (one item a step, the job's only attempt) on a River client,
-// waits until a trigger of slowDDL (function test_slow, sequence test_slow given) sleeps in the
-// database, stops the client with StopAndCancel, and returns the run as the stop left it. Then
-// a new client must finish the run, every item written once, the run not failed for the stop.
-func hardStopDrill(t *testing.T, slowDDL string) *workflow.Run {
-	ctx := context.Background()
-	pool := testkit.DB(t)
-	createItems(t, pool, "items", true)
-	_, err := pool.Exec(ctx, `CREATE SEQUENCE test_slow;`+slowDDL)
-	require.NoError(t, err)
-
-	cfg := &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond, Logger: quietLogger()}
-	engine, err := workflow.New(pool, cfg)
-	require.NoError(t, err)
-	workers := river.NewWorkers()
-	workflow.AddWorker(engine, workers, workflow.Stepper[countArgs, countCursor](&countWorker{}))
-	rc := &river.Config{
-		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}, Workers: workers, RetryPolicy: fastRetry{},
-		FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quietLogger(),
-	}
-	require.NoError(t, engine.Install(rc))
-	first, err := river.NewClient(riverpgxv5.New(pool), rc)
-	require.NoError(t, err)
-	require.NoError(t, first.Start(ctx))
-	_, err = workflow.Start(ctx, first, "stopped", countArgs{Total: 5, Batch: 1, Table: "items"},
-		&workflow.StartOpts{InsertOpts: &river.InsertOpts{MaxAttempts: 1}})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 1
-	}, 10*time.Second, 10*time.Millisecond, "the attempt never reached the trigger")
-	stopCtx, stop := context.WithTimeout(ctx, 10*time.Second)
-	defer stop()
-	require.NoError(t, first.StopAndCancel(stopCtx))
-	after, err := workflow.GetRun(ctx, pool, "stopped")
-	require.NoError(t, err)
-	var state string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, *after.RiverJobID).Scan(&state))
-	t.Logf("after the hard stop: run %s, %d steps, failures %d, last error %v; its job %s",
-		after.Status, after.Steps, after.Failures, ptrString(after.LastError), state)
-
-	newPolicyEnv(t, pool, &workflow.Config{Lease: 2 * time.Second, MaintenanceInterval: 100 * time.Millisecond}, &countWorker{}, fastRetry{})
-	run := waitRun(t, pool, "stopped", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
-	t.Logf("run %s; failures %d; last error: %v", run.Status, run.Failures, ptrString(run.LastError))
-	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "a hard stop failed the run")
-	perN, _ := itemCounts(t, pool, "items", "stopped")
-	requireExactlyOnce(t, perN, 5)
-	return after
 }

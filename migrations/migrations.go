@@ -148,7 +148,7 @@ func connectWaiting(ctx context.Context, cfg *pgx.ConnConfig, wait time.Duration
 			return conn, nil
 		}
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || (pgErr.Code != "53300" && pgErr.Code != "57P03") {
+		if !errors.As(err, &pgErr) || (pgErr.Code != "53300" && pgErr.Code != "57P03") { // too_many_connections, cannot_connect_now
 			return nil, err
 		}
 		if time.Now().Add(backoff).After(deadline) {

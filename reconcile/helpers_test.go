@@ -99,6 +99,20 @@ func (b *bundle) enqueue(t testing.TB, ops ...outbox.EnqueueParams) {
 	}))
 }
 
+// paidButUnknown enqueues payouts key(0) to key(n-1) (100+i cents each), which the bank applies
+// and answers with a 5xx, and drains them: n operations UNKNOWN_EXTERNAL, every payment made.
+func (b *bundle) paidButUnknown(t testing.TB, n int) {
+	t.Helper()
+	var ops []outbox.EnqueueParams
+	for i := range n {
+		ops = append(ops, payout(key(i), "acct", int64(100+i)))
+		b.bank.FailKey(outbox.OperationID("payout", key(i)).String(), fakebank.Error5xxAfterApply)
+	}
+	b.enqueue(t, ops...)
+	b.drain(t)
+	require.Equal(t, int64(n), b.counts(t)[outbox.StateUnknownExternal])
+}
+
 func (b *bundle) drain(t testing.TB) {
 	t.Helper()
 	_, err := b.ob.Drain(context.Background(), "payout")

@@ -13,7 +13,6 @@ import (
 
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
-	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
 // passGoroutines counts the goroutines a pass started (its claimer, its lookup workers, the
@@ -48,14 +47,7 @@ func TestPanickingCallbackLeavesNoPassGoroutines(t *testing.T) {
 			return inner(ctx, tx, op, oc)
 		}
 	})
-	var ops []outbox.EnqueueParams
-	for i := range n {
-		ops = append(ops, payout(key(i), "acct", int64(100+i)))
-		b.bank.FailKey(outbox.OperationID("payout", key(i)).String(), fakebank.Error5xxAfterApply)
-	}
-	b.enqueue(t, ops...)
-	b.drain(t)
-	require.Equal(t, int64(n), b.counts(t)[outbox.StateUnknownExternal])
+	b.paidButUnknown(t, n)
 	panicNow.Store(true)
 
 	var recovered any

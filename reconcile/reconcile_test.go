@@ -204,14 +204,7 @@ func TestOverlappingPassesProcessEachOperationOnce(t *testing.T) {
 			return inner.Lookup(ctx, op)
 		})
 	})
-	var ops []outbox.EnqueueParams
-	for i := range 40 {
-		ops = append(ops, payout(key(i), "acct", int64(100+i)))
-		b.bank.FailKey(outbox.OperationID("payout", key(i)).String(), fakebank.Error5xxAfterApply)
-	}
-	b.enqueue(t, ops...)
-	b.drain(t)
-	require.Equal(t, int64(40), b.counts(t)[outbox.StateUnknownExternal])
+	b.paidButUnknown(t, 40)
 
 	var wg sync.WaitGroup
 	var results [2]*reconcile.PassResult
@@ -326,14 +319,7 @@ func TestPassKeepsConcurrencyLookupsInFlightAcrossBatches(t *testing.T) {
 			return inner.Lookup(ctx, op)
 		})
 	})
-	var ops []outbox.EnqueueParams
-	for i := range n {
-		ops = append(ops, payout(key(i), "acct", int64(100+i)))
-		b.bank.FailKey(outbox.OperationID("payout", key(i)).String(), fakebank.Error5xxAfterApply)
-	}
-	b.enqueue(t, ops...)
-	b.drain(t)
-	require.Equal(t, int64(n), b.counts(t)[outbox.StateUnknownExternal])
+	b.paidButUnknown(t, n)
 
 	res, err := b.rec.RunOnce(ctx, nil)
 	require.NoError(t, err)

@@ -530,7 +530,7 @@ func (o *Outbox) record(ctx context.Context, ks *kindState, batch []delivered) e
 // dispatch is the River dispatcher job: it delivers batches for at most one slice, then
 // snoozes itself to run again; when no work is left it completes, in a transaction that
 // proves nothing was enqueued meanwhile.
-func (o *Outbox) dispatch(ctx context.Context, job *river.Job[DispatchArgs]) error {
+func (o *Outbox) dispatch(ctx context.Context, job *river.Job[dispatchArgs]) error {
 	ks, ok := o.kinds[job.Args.OperationKind]
 	if !ok {
 		return river.JobCancel(fmt.Errorf("%w: %q has no KindConfig in this process; configure it, or do not work queue %q here",
@@ -580,7 +580,7 @@ func (o *Outbox) dispatch(ctx context.Context, job *river.Job[DispatchArgs]) err
 // roll back and go on). A wake that comes after our completion commits finds the job
 // completed and queues a new one. Either way no operation waits for the poll. (A wake
 // swallowed by a dead dispatcher's job is the waker's to pass on: passDeadDispatchers.)
-func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.Job[DispatchArgs]) (bool, error) {
+func (o *Outbox) completeIfIdle(ctx context.Context, ks *kindState, job *river.Job[dispatchArgs]) (bool, error) {
 	if _, err := river.ClientFromContextSafely[pgx.Tx](ctx); err != nil {
 		return true, nil // not run by River (a test calling dispatch directly): nothing to complete
 	}

@@ -320,9 +320,9 @@ func checkExisting(ctx context.Context, tx pgx.Tx, ops []EnqueueParams, inserted
 	return existing, nil
 }
 
-// DispatchArgs is the River job that delivers the due operations of one kind. Enqueue and the
+// dispatchArgs is the River job that delivers the due operations of one kind. Enqueue and the
 // poll insert it unique per kind, so at most one dispatcher per kind is queued or running.
-type DispatchArgs struct {
+type dispatchArgs struct {
 	OperationKind string `json:"operation_kind"`
 	// Takeover is set by the poll when the kind's dispatcher job is still "running" in River
 	// but its process stopped heartbeating (it was killed): the id of that job, so that the
@@ -331,12 +331,12 @@ type DispatchArgs struct {
 }
 
 // Kind is the River job kind.
-func (DispatchArgs) Kind() string { return "stepwise_outbox_dispatch" }
+func (dispatchArgs) Kind() string { return "stepwise_outbox_dispatch" }
 
 // InsertOpts puts the job in its kind's queue, unique per kind among jobs that are waiting,
 // running or retrying. "completed" is deliberately not a unique state: a wake after the last
 // dispatcher finished must queue a new one.
-func (a DispatchArgs) InsertOpts() river.InsertOpts {
+func (a dispatchArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{
 		Queue:       QueueName(a.OperationKind),
 		MaxAttempts: 1000, // a dispatcher is a loop, not a task: never give up on a kind
@@ -391,7 +391,7 @@ func wake(ctx context.Context, tx pgx.Tx, kinds ...string) (bool, error) {
 	sorted = slices.Compact(sorted)
 	params := make([]river.InsertManyParams, len(sorted))
 	for i, k := range sorted {
-		params[i] = river.InsertManyParams{Args: DispatchArgs{OperationKind: k}}
+		params[i] = river.InsertManyParams{Args: dispatchArgs{OperationKind: k}}
 	}
 	if _, err := client.InsertManyTx(ctx, tx, params); err != nil {
 		return false, fmt.Errorf("queueing the dispatcher for %v: %w", sorted, err)

@@ -19,3 +19,7 @@ var (
 func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	return scanOperation(row, extra...)
 }
+
+// DispatchArgsForTest is the dispatcher's River job args, for tests that insert a
+// dispatcher job by hand (a dead one, a takeover).
+type DispatchArgsForTest = dispatchArgs

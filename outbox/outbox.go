@@ -121,7 +121,7 @@ func (o *Outbox) addWorkers(workers *river.Workers) error {
 	if err := o.Register(ctx); err != nil {
 		return err
 	}
-	if err := river.AddWorkerSafely[DispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
+	if err := river.AddWorkerSafely[dispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
 		return fmt.Errorf("outbox: Install: adding the dispatcher: %w", err)
 	}
 	if err := river.AddWorkerSafely[pollArgs](workers, &pollWorker{o: o}); err != nil {
@@ -190,14 +190,14 @@ func (o *Outbox) Install(rc *river.Config) error {
 }
 
 type dispatchWorker struct {
-	river.WorkerDefaults[DispatchArgs]
+	river.WorkerDefaults[dispatchArgs]
 	o *Outbox
 }
 
 // Timeout covers one slice plus the longest the operations in flight when it ends may take
 // (the kind's hold limit). A dispatcher never runs longer: it stops claiming at the end of its
 // slice, finishes what it holds and snoozes itself.
-func (w *dispatchWorker) Timeout(job *river.Job[DispatchArgs]) time.Duration {
+func (w *dispatchWorker) Timeout(job *river.Job[dispatchArgs]) time.Duration {
 	if ks, ok := w.o.kinds[job.Args.OperationKind]; ok {
 		return w.o.config.Slice + ks.cfg.holdLimit() + time.Minute
 	}
@@ -207,11 +207,11 @@ func (w *dispatchWorker) Timeout(job *river.Job[DispatchArgs]) time.Duration {
 // NextRetry keeps a failing dispatcher (the database was unreachable, say) coming back within
 // seconds rather than River's default hours-long backoff: while it waits as "retryable" its
 // uniqueness swallows every wake of the kind, and delivery would wait with it.
-func (w *dispatchWorker) NextRetry(job *river.Job[DispatchArgs]) time.Time {
+func (w *dispatchWorker) NextRetry(job *river.Job[dispatchArgs]) time.Time {
 	return time.Now().Add(min(time.Duration(job.Attempt)*time.Second, 30*time.Second))
 }
 
-func (w *dispatchWorker) Work(ctx context.Context, job *river.Job[DispatchArgs]) error {
+func (w *dispatchWorker) Work(ctx context.Context, job *river.Job[dispatchArgs]) error {
 	return w.o.dispatch(ctx, job)
 }
 
@@ -286,7 +286,7 @@ func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
 			}
 		}
 		err := pgx.BeginFunc(ctx, o.db, func(tx pgx.Tx) error {
-			res, err := client.InsertTx(ctx, tx, DispatchArgs{OperationKind: d.kind}, nil)
+			res, err := client.InsertTx(ctx, tx, dispatchArgs{OperationKind: d.kind}, nil)
 			if err != nil {
 				return err
 			}
@@ -296,7 +296,7 @@ func (o *Outbox) poll(ctx context.Context, kinds []string) ([]string, error) {
 			// without a dispatcher until River's one-hour rescue (seen in the chaos suite:
 			// 27,709 payouts left PENDING after a takeover dispatcher was killed).
 			for hop := 0; hop < 100 && res.UniqueSkippedAsDuplicate && res.Job.State == rivertype.JobStateRunning && !d.alive; hop++ {
-				res, err = client.InsertTx(ctx, tx, DispatchArgs{OperationKind: d.kind, Takeover: res.Job.ID}, nil)
+				res, err = client.InsertTx(ctx, tx, dispatchArgs{OperationKind: d.kind, Takeover: res.Job.ID}, nil)
 				if err != nil {
 					return err
 				}

@@ -147,7 +147,7 @@ func TestRiverTakeoverOfADeadDispatcher(t *testing.T) {
 	// The corpse: a dispatcher job River believes is running, with no heartbeat.
 	insertOnly, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	dead, err := insertOnly.Insert(ctx, outbox.DispatchArgs{OperationKind: "payout"}, nil)
+	dead, err := insertOnly.Insert(ctx, outbox.DispatchArgsForTest{OperationKind: "payout"}, nil)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 minute' WHERE id = $1`, dead.Job.ID)
 	require.NoError(t, err)
@@ -178,9 +178,9 @@ func TestRiverTakeoverOfADeadTakeover(t *testing.T) {
 
 	insertOnly, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	dead, err := insertOnly.Insert(ctx, outbox.DispatchArgs{OperationKind: "payout"}, nil)
+	dead, err := insertOnly.Insert(ctx, outbox.DispatchArgsForTest{OperationKind: "payout"}, nil)
 	require.NoError(t, err)
-	deadTakeover, err := insertOnly.Insert(ctx, outbox.DispatchArgs{OperationKind: "payout", Takeover: dead.Job.ID}, nil)
+	deadTakeover, err := insertOnly.Insert(ctx, outbox.DispatchArgsForTest{OperationKind: "payout", Takeover: dead.Job.ID}, nil)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 minute' WHERE id = ANY($1)`,
 		[]int64{dead.Job.ID, deadTakeover.Job.ID})

@@ -205,7 +205,7 @@ func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
 	kinds = slices.Compact(kinds)
 	params := make([]river.InsertManyParams, len(kinds))
 	for i, k := range kinds {
-		params[i] = river.InsertManyParams{Args: DispatchArgs{OperationKind: k}}
+		params[i] = river.InsertManyParams{Args: dispatchArgs{OperationKind: k}}
 	}
 	res, err := w.client.InsertMany(ctx, params)
 	if err != nil {
@@ -252,7 +252,7 @@ func (w *waker) passDeadDispatchers(ctx context.Context, kind string, res *river
 		if !superseded {
 			return res, nil
 		}
-		next, err := w.client.Insert(ctx, DispatchArgs{OperationKind: kind, Takeover: res.Job.ID}, nil)
+		next, err := w.client.Insert(ctx, dispatchArgs{OperationKind: kind, Takeover: res.Job.ID}, nil)
 		if err != nil {
 			return res, fmt.Errorf("queueing a dispatcher of kind %q past dead job %d: %w", kind, res.Job.ID, err)
 		}

@@ -219,7 +219,7 @@ func (e *Engine) periodicJobs() []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		river.NewPeriodicJob(
 			river.PeriodicInterval(e.cfg.MaintenanceInterval),
-			func() (river.JobArgs, *river.InsertOpts) { return MaintenanceArgs{}, e.maintenanceInsertOpts() },
+			func() (river.JobArgs, *river.InsertOpts) { return maintenanceArgs{}, e.maintenanceInsertOpts() },
 			&river.PeriodicJobOpts{ID: "stepwise_maintenance", RunOnStart: true},
 		),
 	}
@@ -344,7 +344,7 @@ func (e *Engine) addMaintenanceWorker(workers *river.Workers) error {
 	if e.registered[workers] {
 		return nil
 	}
-	if err := river.AddWorkerSafely[MaintenanceArgs](workers, &maintenanceWorker{e: e}); err != nil {
+	if err := river.AddWorkerSafely[maintenanceArgs](workers, &maintenanceWorker{e: e}); err != nil {
 		return err
 	}
 	e.registered[workers] = true

@@ -55,3 +55,7 @@ func MarkStepErrorForTest(ctx context.Context, e *Engine, key string, jobID int6
 	status, _, err := markStepError(ctx, e.pool, key, stepActor{owner: "test-worker", jobID: jobID}, msg, maxFailures)
 	return status, err
 }
+
+// MaintenanceArgsForTest is the maintenance job's River args, for tests that insert one by
+// hand.
+type MaintenanceArgsForTest = maintenanceArgs

@@ -14,18 +14,18 @@ import (
 	"github.com/stepwise-go/stepwise/internal/runstart"
 )
 
-// MaintenanceArgs are the args of Stepwise's leader-run maintenance job.
-type MaintenanceArgs struct{}
+// maintenanceArgs are the args of Stepwise's leader-run maintenance job.
+type maintenanceArgs struct{}
 
 // Kind is the River job kind of the maintenance job.
-func (MaintenanceArgs) Kind() string { return "stepwise_maintenance" }
+func (maintenanceArgs) Kind() string { return "stepwise_maintenance" }
 
 type maintenanceWorker struct {
-	river.WorkerDefaults[MaintenanceArgs]
+	river.WorkerDefaults[maintenanceArgs]
 	e *Engine
 }
 
-func (w *maintenanceWorker) Work(ctx context.Context, job *river.Job[MaintenanceArgs]) error {
+func (w *maintenanceWorker) Work(ctx context.Context, job *river.Job[maintenanceArgs]) error {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
 		return err

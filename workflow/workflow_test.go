@@ -427,7 +427,7 @@ func TestMaintenanceNotBlockedByADeadJob(t *testing.T) {
 	cfg := &workflow.Config{MaintenanceInterval: time.Second}
 	insertOnly := newEnv(t, pool, cfg, nil, map[string]river.QueueConfig{})
 	// The corpse: inserted exactly as the periodic job inserts it, then "running" forever.
-	dead, err := insertOnly.client.Insert(ctx, workflow.MaintenanceArgs{}, workflow.MaintenanceInsertOptsForTest(insertOnly.engine))
+	dead, err := insertOnly.client.Insert(ctx, workflow.MaintenanceArgsForTest{}, workflow.MaintenanceInsertOptsForTest(insertOnly.engine))
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 minute' WHERE id = $1`, dead.Job.ID)
 	require.NoError(t, err)

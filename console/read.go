@@ -28,8 +28,8 @@ import (
 // a scan of them; "10,000+" tells an operator as much.
 const countCap = 10000
 
-// Event is one row of stepwise_event.
-type Event struct {
+// eventRow is one row of stepwise_event.
+type eventRow struct {
 	ID        int64
 	Subject   string
 	Kind      string
@@ -44,9 +44,9 @@ type Event struct {
 
 const eventColumns = `id, subject, kind, coalesce(from_state, ''), coalesce(to_state, ''), coalesce(actor, ''), token, attempt, coalesce(detail::text, ''), at`
 
-func scanEvents(rows pgx.Rows) ([]Event, error) {
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
-		var e Event
+func scanEvents(rows pgx.Rows) ([]eventRow, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (eventRow, error) {
+		var e eventRow
 		err := r.Scan(&e.ID, &e.Subject, &e.Kind, &e.FromState, &e.ToState, &e.Actor, &e.Token, &e.Attempt, &e.Detail, &e.At)
 		return e, err
 	})
@@ -97,7 +97,7 @@ type overviewData struct {
 	RetryingTotal int
 	// Waiting counts the runs that wait, by kind of wait.
 	Waiting []waitingCount
-	Recent  []Event
+	Recent  []eventRow
 	Now     time.Time
 }
 
@@ -244,8 +244,8 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 
 // --- runs ---
 
-// RunRow is a run with its checkpoint.
-type RunRow struct {
+// runRow is a run with its checkpoint.
+type runRow struct {
 	workflow.Run
 	Cursor     string
 	Owner      string
@@ -258,7 +258,7 @@ type RunRow struct {
 }
 
 // Held reports whether a worker holds the run's lease now.
-func (r *RunRow) Held() bool { return r.LeaseUntil != nil && r.LeaseUntil.After(time.Now()) }
+func (r *runRow) Held() bool { return r.LeaseUntil != nil && r.LeaseUntil.After(time.Now()) }
 
 const runColumns = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.shard, r.river_job_id, r.attempts, r.last_error,
 	r.created_at, r.updated_at, r.finished_at, r.cancel_requested_at, r.version,
@@ -267,8 +267,8 @@ const runColumns = `r.key, r.workflow, r.input, r.status, r.schedule, r.slot, r.
 // runJoins joins a run r with its checkpoint c and its open wait w (primary keys).
 const runJoins = ` LEFT JOIN stepwise_checkpoint c ON c.key = r.key LEFT JOIN stepwise_wait w ON w.run_key = r.key AND ` + waitingSQL
 
-func scanRun(row pgx.Row) (*RunRow, error) {
-	var x RunRow
+func scanRun(row pgx.Row) (*runRow, error) {
+	var x runRow
 	var input []byte
 	err := row.Scan(&x.Key, &x.Workflow, &input, &x.Status, &x.Schedule, &x.Slot, &x.Shard, &x.RiverJobID, &x.Attempts, &x.LastError,
 		&x.CreatedAt, &x.UpdatedAt, &x.FinishedAt, &x.CancelRequestedAt, &x.Version, &x.Cursor, &x.Owner, &x.LeaseUntil, &x.Token, &x.Steps, &x.Waiting)
@@ -280,7 +280,7 @@ type runsData struct {
 	Filter   *runFilter
 	Statuses []string
 	Waits    []string
-	Runs     []*RunRow
+	Runs     []*runRow
 	Next     template.URL
 }
 
@@ -343,7 +343,7 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.internal(w, r, "listing runs", err)
 		return
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*RunRow, error) { return scanRun(row) })
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*runRow, error) { return scanRun(row) })
 	if err != nil {
 		h.internal(w, r, "listing runs", err)
 		return
@@ -360,10 +360,10 @@ func (h *Handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
 }
 
 type runData struct {
-	Run        *RunRow
+	Run        *runRow
 	Wait       *waitView
 	Family     *family
-	Events     []Event
+	Events     []eventRow
 	Next       template.URL
 	CanCancel  bool
 	CanResume  bool
@@ -561,7 +561,7 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 type operationData struct {
 	Op         *outbox.Operation
 	Payload    string
-	Events     []Event
+	Events     []eventRow
 	Requests   []Request
 	HasReqs    bool
 	CanResolve bool
@@ -846,7 +846,7 @@ func (h *Handler) renderTotals(w http.ResponseWriter, r *http.Request, v *viewer
 // --- audit ---
 
 type auditData struct {
-	Events []Event
+	Events []eventRow
 	Next   template.URL
 }
 

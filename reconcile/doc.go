@@ -57,7 +57,7 @@ decision is dropped and no outcome callback runs twice.
 Resolve records a person's decision on a MANUAL or UNKNOWN_EXTERNAL operation — SUCCEEDED,
 FAILED_PERMANENT, or RETRYABLE to send it again under the same id — with the person's name and
 reason in the audit trail and the outcome callback in the same transaction. It is refused with
-ErrStateChanged if the operation left the state the person saw:
+outbox.ErrStateChanged if the operation left the state the person saw:
 
 	_, err := rec.Resolve(ctx, &reconcile.ResolveParams{
 		OperationID:   id,

@@ -75,7 +75,7 @@ func TestMismatchAndGiveUpGoToManualThenResolve(t *testing.T) {
 		OperationID: mismatchID, Outcome: outbox.StateFailedPermanent, ExpectedState: outbox.StateManual,
 		Actor: "bob", Reason: "looked unpaid to me",
 	})
-	require.ErrorIs(t, err, reconcile.ErrStateChanged)
+	require.ErrorIs(t, err, outbox.ErrStateChanged)
 	require.Contains(t, err.Error(), "is SUCCEEDED, not MANUAL")
 	require.Equal(t, outbox.StateSucceeded, b.get(t, mismatch.BusinessKey).State)
 

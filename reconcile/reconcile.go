@@ -117,7 +117,7 @@ func (r *Reconciler) run(ctx context.Context, opts *RunOpts, deadline time.Time)
 	kinds := r.kindNames
 	if opts.Kind != "" {
 		if _, ok := r.kinds[opts.Kind]; !ok {
-			return nil, fmt.Errorf("%w: %q; configured kinds are %v", ErrUnknownKind, opts.Kind, r.kindNames)
+			return nil, fmt.Errorf("%w: %q; configured kinds are %v", outbox.ErrUnknownKind, opts.Kind, r.kindNames)
 		}
 		kinds = []string{opts.Kind}
 	}

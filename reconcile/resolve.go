@@ -21,11 +21,11 @@ type ResolveOpts struct {
 	// will not), or RETRYABLE (it did not: send it again, under the same id). Required.
 	Outcome outbox.State
 	// ExpectedState is the state the person saw when deciding: MANUAL or UNKNOWN_EXTERNAL.
-	// The decision is refused with ErrStateChanged if the operation has moved since.
+	// The decision is refused with outbox.ErrStateChanged if the operation has moved since.
 	// Required.
 	ExpectedState outbox.State
 	// ExpectedVersion is the operation's Version the person saw, or 0 to check the state
-	// only. With it, the decision is refused with ErrStateChanged if the operation moved
+	// only. With it, the decision is refused with outbox.ErrStateChanged if the operation moved
 	// since, even if it is back in ExpectedState: MANUAL because "never sent", then sent
 	// again, then MANUAL because "the bank holds 999 EUR" is another question, and an answer
 	// to the first (FAILED_PERMANENT) would record a payment the bank made as failed. A tool
@@ -44,7 +44,7 @@ type ResolveOpts struct {
 
 // Resolve records a person's decision about a MANUAL or UNKNOWN_EXTERNAL operation: audited,
 // with the kind's outcome callback in the same transaction, and only if the operation is still
-// in the state (and, with ExpectedVersion, the version) the person saw (ErrStateChanged
+// in the state (and, with ExpectedVersion, the version) the person saw (outbox.ErrStateChanged
 // otherwise, an *outbox.StateChangedError saying what it is now). A RETRYABLE decision also wakes the
 // dispatcher when ctx carries a River client (see outbox.ContextWithClient); otherwise the
 // outbox's poll sends it.

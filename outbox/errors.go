@@ -77,7 +77,7 @@ type StateChangedError struct {
 	Expected    State
 	Actual      State
 	// ExpectedVersion and ActualVersion are set when the caller gave the version it saw
-	// (reconcile.ResolveParams.ExpectedVersion): the state may be the same, the operation
+	// (reconcile.ResolveOpts.ExpectedVersion): the state may be the same, the operation
 	// has moved since (and come back).
 	ExpectedVersion, ActualVersion int64
 }

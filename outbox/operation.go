@@ -166,7 +166,7 @@ type Operation struct {
 	UpdatedAt     time.Time
 	FinishedAt    *time.Time
 	// Version counts the operation's state changes (1 when enqueued). A person's decision
-	// carries the version it was taken on (reconcile.ResolveParams.ExpectedVersion): an
+	// carries the version it was taken on (reconcile.ResolveOpts.ExpectedVersion): an
 	// operation that left MANUAL and came back MANUAL for another reason has another version.
 	Version int64
 	// TraceParent is the W3C traceparent of the span that enqueued the operation (inside a

@@ -36,17 +36,17 @@ type LookupResult struct {
 	// ExternalRef is the external system's reference for a found operation.
 	ExternalRef string
 	// Amount (minor units) and Currency are what the external system holds for a
-	// FoundSucceeded operation. When the operation carries a currency, they must match the
+	// LookupFoundSucceeded operation. When the operation carries a currency, they must match the
 	// ledger's, or the operation goes to MANUAL with reason "mismatch".
 	Amount   int64
 	Currency string
-	// Reason is the external system's reason for FoundFailed (a decline reason).
+	// Reason is the external system's reason for LookupFoundFailed (a decline reason).
 	Reason string
 }
 
 // Checker asks the external system of one kind what became of an operation, by its
 // operation_id (op.IdempotencyKey()). Return an error only when the question itself failed
-// (a timeout, a 5xx): the reconciler then asks again later. "No such operation" is NotFound,
+// (a timeout, a 5xx): the reconciler then asks again later. "No such operation" is LookupNotFound,
 // not an error.
 type Checker interface {
 	Lookup(ctx context.Context, op *outbox.Operation) (LookupResult, error)
@@ -96,7 +96,7 @@ type KindConfig struct {
 	// Defaults to TimeoutDefault (10s).
 	Timeout time.Duration
 
-	// Grace is how long after an operation was last sent a NotFound is believed. Before
+	// Grace is how long after an operation was last sent a LookupNotFound is believed. Before
 	// that, the request may still be in flight (queued in a load balancer, retried by a
 	// proxy) and land after the lookup, so the reconciler waits instead of resending. It
 	// must exceed the outbox kind's send Timeout.

@@ -59,7 +59,7 @@ FAILED_PERMANENT, or RETRYABLE to send it again under the same id — with the p
 reason in the audit trail and the outcome callback in the same transaction. It is refused with
 outbox.ErrStateChanged if the operation left the state the person saw:
 
-	_, err := rec.Resolve(ctx, &reconcile.ResolveParams{
+	_, err := rec.Resolve(ctx, &reconcile.ResolveOpts{
 		OperationID:   id,
 		Outcome:       outbox.StateSucceeded,
 		ExpectedState: outbox.StateManual,

@@ -41,7 +41,7 @@ func (w *tickWorker) Work(ctx context.Context, _ *river.Job[tickArgs]) error {
 }
 
 // Install wires the Scheduler into a River client config, before river.NewClient: it adds
-// the tick worker, the tick periodic job (TickArgs, every TickInterval) and River's default
+// the tick worker, the tick periodic job (every Config.TickInterval) and River's default
 // queue, which the tick job is inserted in, if the config has no queue of that name. It
 // returns an error if the tick worker is already registered in rc.Workers (one Scheduler per
 // client). Run RunMaintenance beside it in every process.

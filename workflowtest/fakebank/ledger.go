@@ -61,7 +61,7 @@ func (s Sender) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt,
 // Checker answers the reconciler's question about an UNKNOWN_EXTERNAL operation (what did the
 // bank do under this operation id?) from the bank's lookup by idempotency key. A failed
 // lookup is returned as an error, so the reconciler asks again later; only the bank's
-// explicit "no payment under this key" is reconcile.NotFound.
+// explicit "no payment under this key" is reconcile.LookupNotFound.
 type Checker struct {
 	Client *Client
 }

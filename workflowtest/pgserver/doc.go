@@ -12,7 +12,7 @@
 //
 // Find tries, in order:
 //
-//  1. the first set variable of Options.EnvVars (TEST_DATABASE_URL, then DATABASE_URL). A
+//  1. the first set variable of Opts.EnvVars (TEST_DATABASE_URL, then DATABASE_URL). A
 //     set variable is a decision by the user: if that server does not answer, Find fails and
 //     names the variable and the host; it never falls back to another server silently;
 //  2. a server on 127.0.0.1:5432 that lets user postgres (then $PGUSER, then $USER) connect
@@ -35,13 +35,13 @@
 //
 // # Testing the fallback
 //
-// STEPWISE_PG_SKIP_LOCAL=1 makes Find skip step 2, as Options.SkipLocal does. It exists only
+// STEPWISE_PG_SKIP_LOCAL=1 makes Find skip step 2, as Opts.SkipLocal does. It exists only
 // to exercise the throwaway path on a machine that has a local server; do not set it
 // otherwise.
 //
 // # Example
 //
-//	srv, err := pgserver.Find(ctx, &pgserver.Options{Logf: log.Printf})
+//	srv, err := pgserver.Find(ctx, &pgserver.Opts{Logf: log.Printf})
 //	if err != nil {
 //		log.Fatal(err)
 //	}

@@ -51,7 +51,7 @@ func (b *Bank) Send(ctx context.Context, op *outbox.Operation) (outbox.Receipt, 
 }
 
 // Lookup asks the bank about op's operation id (fakebank.Checker: only the bank's explicit
-// "no payment under this key" is reconcile.NotFound).
+// "no payment under this key" is reconcile.LookupNotFound).
 func (b *Bank) Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error) {
 	return fakebank.Checker{Client: b.Client}.Lookup(ctx, op)
 }

@@ -28,7 +28,7 @@ type Bank interface {
 
 	// Lookup asks what the bank did under op's operation id: the reconciler's
 	// reconcile.Checker for UNKNOWN_EXTERNAL payouts. Only the bank's explicit "no payment
-	// under this id" may be reconcile.NotFound (the payout is then resent, same id); a failed
+	// under this id" may be reconcile.LookupNotFound (the payout is then resent, same id); a failed
 	// lookup is an error, asked again later.
 	Lookup(ctx context.Context, op *outbox.Operation) (reconcile.LookupResult, error)
 

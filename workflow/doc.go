@@ -95,8 +95,9 @@
 //  5. Maintenance (Engine.Maintain: a leader-run periodic job added by Engine.Install, and
 //     Engine.RunMaintenance in every process) re-enqueues runs whose worker vanished:
 //     takeover after about Lease + MaintenanceInterval, not River's hour, and not River's
-//     leader failover either when every process runs RunMaintenance. A run released on
-//     purpose is left to River for one Lease past the release.
+//     leader failover either when every process runs RunMaintenance. A run nobody holds
+//     (its job fetched and not yet claimed, or released on purpose and not yet recorded by
+//     River) is left alone for two Leases.
 //  6. Outcomes: Continue, Done, Sleep/Until, Fail, and the waits WaitForOperations,
 //     WaitForChildren, WaitForSignal (woken by the commit that satisfies them; see
 //     docs/design.md, "Waits"); an error or panic rolls back and River

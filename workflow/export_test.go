@@ -43,7 +43,7 @@ func MaintenanceScansForTest(e *Engine, afterJob, lastJob int64) map[string][]an
 	return map[string][]any{
 		"expired":  {expiredScanSQL, e.cfg.Lease.Milliseconds()},
 		"running":  {runningPageSQL, afterJob, sweepPage},
-		"unleased": {unleasedScanSQL, e.cfg.Lease.Milliseconds(), afterJob, lastJob},
+		"unleased": {unleasedScanSQL, e.unleasedGrace().Milliseconds(), afterJob, lastJob},
 		"sweep":    {sweepScanSQL, "", sweepPage},
 		"cancel":   {cancelScanSQL},
 	}

@@ -66,7 +66,7 @@ func TestHardStopChargesNoFailure(t *testing.T) {
 
 // A run whose attempt River's hard stop cut is not taken for a crash by maintenance passing
 // before River records the job's end: the attempt gives its lease back as a release on purpose
-// (released_at), so the unleased scan leaves the run alone for a lease. Before, the lease went
+// (released_at), so the unleased scan leaves the run alone for two leases. Before, the lease went
 // back bare, and a pass in that gap took the run over as "its worker vanished" and, on a job of
 // one attempt, failed it as a crash loop: every run in flight at a deploy was exposed. (Found
 // by an adversarial review of the hard-stop change; its probe is this test.)

@@ -77,8 +77,9 @@ func (r rawArgs) MarshalJSON() ([]byte, error) { return r.raw, nil }
 //   - takeover of running jobs with no lease at all (a worker that died after River fetched
 //     its job and before it claimed, or after it released and before River recorded the
 //     snooze): a page of 100 of River's running jobs per pass, resuming where the last pass
-//     stopped, so a full round takes (running jobs / 100) passes. A run its worker released
-//     on purpose is left alone for one Lease past the release (the rule in runstate.go);
+//     stopped, so a full round takes (running jobs / 100) passes. Such a job is left alone
+//     for two Leases past its fetch, and a run its worker released on purpose for two Leases
+//     past the release (unleasedGrace; the rule in runstate.go);
 //   - sweep: a page of unfinished runs by key, resuming where the last pass stopped, for
 //     runs whose River job ended or vanished without finishing them (rare: an operator
 //     cancelled or deleted the job). A full sweep takes (unfinished runs / 100) passes;
@@ -110,7 +111,7 @@ func (e *Engine) Maintain(ctx context.Context, client *river.Client[pgx.Tx]) (*M
 		return nil, fmt.Errorf("paging River's running jobs: %w", err)
 	}
 	if pageLen > 0 {
-		rows, err = e.pool.Query(ctx, unleasedScanSQL, e.cfg.Lease.Milliseconds(), afterJob, *lastJob)
+		rows, err = e.pool.Query(ctx, unleasedScanSQL, e.unleasedGrace().Milliseconds(), afterJob, *lastJob)
 		if err != nil {
 			return nil, fmt.Errorf("finding running jobs without a lease: %w", err)
 		}
@@ -363,6 +364,19 @@ func (e *Engine) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 	}
 }
 
+// unleasedGrace is how long a running job whose run nobody holds is left alone: past its
+// fetch (attempted_at), and past its run's release on purpose (released_at). Two Leases,
+// where a lapsed lease (expiredScanSQL) is taken over after one. Guards against: a live but
+// starved worker taken over. A held lease is renewed every third of a Lease, so its holder
+// proves itself alive throughout; nothing renews these two states, which a live worker
+// leaves at its next statement (the claim; River recording the snooze) — in milliseconds on
+// a healthy machine, but measured at over 2 s on a 2-core machine beside a CPU hog
+// (the chaos long profile, 2 s Lease: a run taken over 2.35 s after a live worker fetched its
+// job and before its claim). A worker that really dies inside one of them is rare (its
+// window is those milliseconds), so the second Lease costs recovery time only then; the
+// common crash, a worker killed holding its lease, is still taken over after one.
+func (e *Engine) unleasedGrace() time.Duration { return 2 * e.cfg.Lease }
+
 // The scans of a maintenance pass. Each is driven by a small index range, so a pass costs the
 // same with a hundred thousand pending runs as with none (BenchmarkMaintainPass shows the
 // plans): expired leases by stepwise_checkpoint_lease_idx; running jobs by river_job's
@@ -388,7 +402,8 @@ const (
 		SELECT max(id), count(*)::int FROM (
 			SELECT id FROM river_job WHERE state = 'running' AND id > $1 ORDER BY id + 0 LIMIT $2
 		) p`
-	// The page's jobs whose run has no lease at all and was not released just now.
+	// The page's jobs whose run has no lease at all, fetched and released (if at all) more
+	// than unleasedGrace ($1) ago.
 	unleasedScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
 		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,

@@ -32,10 +32,11 @@ import (
 // the same commit. River records the job's new state (snoozed, retryable) a little later, and
 // until it does the job is still 'running' with an old attempted_at and no lease, which is
 // what a vanished worker looks like too. Maintenance therefore leaves a run released by its
-// current attempt alone for one Lease past released_at. If the job is still 'running' after
-// that, the process died between releasing and River recording it, and the run is taken over
-// (bounded: released_at + Lease + MaintenanceInterval), under a new job scheduled at wake_at,
-// so a Sleep still holds to its wake time.
+// current attempt alone for two Leases past released_at (unleasedGrace: a starved live
+// process can take longer than one to have River record the snooze). If the job is still
+// 'running' after that, the process died between releasing and River recording it, and the
+// run is taken over (bounded: released_at + 2 × Lease + MaintenanceInterval), under a new job
+// scheduled at wake_at, so a Sleep still holds to its wake time.
 //
 // The rule for counting failures (issue: a chaos soak failed a run that had committed 6,676
 // steps as "a crash loop" because its workers were killed 25 times). failures counts the

@@ -1,0 +1,84 @@
+package workflow_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/workflow"
+)
+
+// delayFirstWork is River worker middleware that holds the first job it is handed for d
+// before the worker sees it: a live process, starved between River's fetch (which marks the
+// job running, attempted_at) and the step worker's claim.
+type delayFirstWork struct {
+	river.MiddlewareDefaults
+	d       time.Duration
+	delayed atomic.Bool
+}
+
+func (m *delayFirstWork) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	if m.delayed.CompareAndSwap(false, true) {
+		select {
+		case <-time.After(m.d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return doInner(ctx)
+}
+
+// A live worker slow between River's fetch and its claim holds no lease, and nothing renews
+// that state: maintenance must leave it two Leases before it calls the worker vanished. With
+// one (the rule before), a worker starved for 1.6 s at a 1 s Lease was taken over while alive
+// — the needless takeover the chaos long profile met beside a CPU hog (2.35 s at 2 s).
+func TestSlowClaimAfterFetchIsNotTakenOver(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	pool := mustPool(t, testkit.DBURL(t))
+	createItems(t, pool, "items", true)
+	engine, err := workflow.New(pool, &workflow.Config{Lease: lease, Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, &countWorker{})
+	delay := &delayFirstWork{d: 1600 * time.Millisecond}
+	rc := &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
+		Workers:           workers,
+		Middleware:        []rivertype.Middleware{delay},
+		RetryPolicy:       fastRetry{},
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		Logger:            quietLogger(),
+	}
+	require.NoError(t, engine.Install(rc))
+	client, err := river.NewClient(riverDriver(pool), rc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.Stop(stopCtx)
+	})
+	e := &env{pool: pool, engine: engine, client: client, workers: workers}
+	maintainLoop(t, e, 100*time.Millisecond)
+
+	_, err = workflow.Start(ctx, client, "slowclaim", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
+	require.NoError(t, err)
+	run := waitRun(t, pool, "slowclaim", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.True(t, delay.delayed.Load(), "the middleware never held a job")
+	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'slowclaim' AND kind = 'run.takeover'`)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
+	require.Zero(t, takeovers, "a live worker was taken over between River's fetch and its claim")
+	require.Zero(t, run.Failures)
+	require.Equal(t, 1, run.Attempts, "the run was claimed once, by the worker River handed it to")
+	perN, _ := itemCounts(t, pool, "items", "slowclaim")
+	requireExactlyOnce(t, perN, 30)
+}

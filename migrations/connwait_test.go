@@ -18,7 +18,11 @@ import (
 // Migrate waits for a connection when the server refuses one for want of a free one (SQLSTATE
 // 53300), as in a deploy whose processes all start and migrate at once, instead of failing at
 // once. A role with CONNECTION LIMIT 2 makes the server refuse exactly like a full one: the
-// test holds both of its connections, and lets them go after 700 ms.
+// test holds both of its connections and lets them go one at a time, 700 ms and 1.5 s in, so
+// that Migrate's lock connection gets the first free slot and the connection River's migrator
+// opens through the pool is refused until the second. (Beside a CPU hog the two held
+// connections' backends ended one after the other, and Migrate, which waited only for its own
+// connection, failed in River's migration with "too many connections for role".)
 func TestMigrateWaitsForAFreeConnection(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -51,16 +55,19 @@ func TestMigrateWaitsForAFreeConnection(t *testing.T) {
 	pool, err := pgxpool.New(ctx, roleURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	released := time.Now().Add(700 * time.Millisecond)
-	go func() {
-		time.Sleep(time.Until(released))
-		for _, c := range held {
-			_ = c.Close(context.Background())
-		}
-	}()
 	start := time.Now()
+	first, second := start.Add(700*time.Millisecond), start.Add(1500*time.Millisecond)
+	go func() {
+		time.Sleep(time.Until(first))
+		_ = held[0].Close(context.Background())
+		time.Sleep(time.Until(second))
+		_ = held[1].Close(context.Background())
+	}()
 	err = migrations.Migrate(ctx, pool)
-	t.Logf("Migrate returned %v after %s (connections freed after 700ms)", err, time.Since(start).Round(time.Millisecond))
+	t.Logf("Migrate returned %v after %s (connections freed after 700ms and 1.5s)", err, time.Since(start).Round(time.Millisecond))
 	require.NoError(t, err)
-	require.False(t, time.Now().Before(released), "Migrate returned before a connection was free")
+	require.False(t, time.Now().Before(second), "Migrate returned before it could have had both connections")
+	var version int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT max(version) FROM stepwise_migration`).Scan(&version))
+	require.Positive(t, version, "Stepwise's schema was not migrated")
 }

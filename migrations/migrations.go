@@ -100,7 +100,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	// the lock must not sit on pool connections, or the holder could not get the one
 	// rivermigrate needs and every caller would wait forever (seen with 8 callers on a
 	// 4-connection pool).
-	conn, err := connectWaiting(ctx, pool.Config().ConnConfig.Copy(), connectWait)
+	deadline := time.Now().Add(connectWait)
+	conn, err := connectWaiting(ctx, pool.Config().ConnConfig.Copy(), deadline)
 	if err != nil {
 		return fmt.Errorf("connecting to migrate: %w", err)
 	}
@@ -120,8 +121,24 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("creating River migrator: %w", err)
 	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return fmt.Errorf("migrating River's schema: %w", err)
+	// rivermigrate works through the pool, which may have to open a connection of its own:
+	// on a server that was full a moment ago (the lock connection above waited for a free
+	// one), that connection can be refused too. River's migrations are idempotent (each
+	// version in its own transaction, recorded with it), so a refusal is waited out and the
+	// whole call repeated, within the same bound.
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+		_, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+		if err == nil {
+			break
+		}
+		if !noFreeConnection(err) || time.Now().Add(backoff).After(deadline) {
+			return fmt.Errorf("migrating River's schema: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrating River's schema: waiting for a free connection: %w (last: %w)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return migrateStepwise(ctx, tx) })
 }
@@ -129,7 +146,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // connectWait bounds how long Migrate waits for the server to have a connection free.
 const connectWait = 30 * time.Second
 
-// connectWaiting opens a connection, waiting up to wait (with back-off) while the server
+// connectWaiting opens a connection, waiting until deadline (with back-off) while the server
 // refuses it for want of a free connection: SQLSTATE 53300, max_connections or the role's
 // CONNECTION LIMIT reached, or 57P03, the server starting up. Any other error is returned at
 // once.
@@ -139,21 +156,20 @@ const connectWait = 30 * time.Second
 // theirs the server can be momentarily full, and a process that gave up at once would crash
 // and restart into the same crowd. (Seen in our own CI: a CLI's Migrate refused "too many
 // clients" while test packages beside it held their connections for a few seconds.)
-func connectWaiting(ctx context.Context, cfg *pgx.ConnConfig, wait time.Duration) (*pgx.Conn, error) {
-	deadline := time.Now().Add(wait)
+func connectWaiting(ctx context.Context, cfg *pgx.ConnConfig, deadline time.Time) (*pgx.Conn, error) {
+	start := time.Now()
 	backoff := 100 * time.Millisecond
 	for {
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err == nil {
 			return conn, nil
 		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || (pgErr.Code != "53300" && pgErr.Code != "57P03") { // too_many_connections, cannot_connect_now
+		if !noFreeConnection(err) {
 			return nil, err
 		}
 		if time.Now().Add(backoff).After(deadline) {
 			return nil, fmt.Errorf("the server had no connection free for %s (max_connections, or the role's CONNECTION LIMIT; "+
-				"raise it, or lower the pools' MaxConns): %w", wait, err)
+				"raise it, or lower the pools' MaxConns): %w", time.Since(start).Round(time.Second), err)
 		}
 		select {
 		case <-ctx.Done():
@@ -162,6 +178,14 @@ func connectWaiting(ctx context.Context, cfg *pgx.ConnConfig, wait time.Duration
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// noFreeConnection reports whether err is the server refusing a connection for want of a free
+// one: SQLSTATE 53300 (too_many_connections: max_connections or the role's CONNECTION LIMIT)
+// or 57P03 (cannot_connect_now: the server starting up).
+func noFreeConnection(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "53300" || pgErr.Code == "57P03")
 }
 
 func migrateStepwise(ctx context.Context, tx pgx.Tx) error {

@@ -37,8 +37,11 @@ const RiverRescueStuckJobsAfterDefault = time.Hour
 
 // Config configures an Engine.
 type Config struct {
-	// Lease is how long a worker keeps a run between renewals. A worker killed mid-run is
-	// taken over after about Lease + MaintenanceInterval. Defaults to LeaseDefault (30s).
+	// Lease is how long a worker keeps a run between renewals. A worker killed mid-run,
+	// holding its lease, is taken over after about Lease + MaintenanceInterval; one killed in
+	// the milliseconds when it holds none (fetched and not yet claimed, released and not yet
+	// recorded by River) after about 2 × Lease + MaintenanceInterval. Defaults to
+	// LeaseDefault (30s).
 	Lease time.Duration
 
 	// Heartbeat is how often a running step renews its lease. Must be shorter than Lease.

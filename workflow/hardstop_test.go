@@ -75,9 +75,12 @@ func TestHardStopIsNoCrashToMaintenance(t *testing.T) {
 	ctx := context.Background()
 	hook := &heldReport{kind: (countArgs{}).Kind(), returned: make(chan error, 1), proceed: make(chan struct{})}
 	// No maintenance loop of its own: the test runs the one pass that matters, in the gap.
-	s := startStoppable(t, slowTrigger("nextval('test_slow') = 2", 4*time.Second, "TRIGGER test_slow BEFORE INSERT ON items"),
+	s := startStoppable(t, slowTrigger("nextval('test_slow') = 2", 8*time.Second, "TRIGGER test_slow BEFORE INSERT ON items"),
 		time.Hour, hook)
-	time.Sleep(2200 * time.Millisecond) // the attempt began more than a lease ago, as in a long slice
+	// The attempt began more than two leases ago (4 s at 2 s), as in a long slice: its job's
+	// attempted_at alone no longer keeps the unleased scan off (unleasedGrace), only the
+	// recorded release does.
+	time.Sleep(4200 * time.Millisecond)
 
 	stopped := make(chan error, 1)
 	go func() {

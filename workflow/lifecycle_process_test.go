@@ -76,7 +76,7 @@ func TestReleasedRunIsNotTakenOver(t *testing.T) {
 	const lease = time.Second
 	url, e := processEnv(t, lease, 50*time.Millisecond)
 
-	w := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLICE_MS=1", "STEP_SLEEP=1200ms",
+	w := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second, "SLICE_MS=1", "STEP_SLEEP=2200ms",
 		"STEPWISE_FAULTS=after-step-commit:pause=600ms")...)
 	startRun(t, e, "released", countArgs{Total: 4, Batch: 1, Table: "items"})
 	run := waitRun(t, e.pool, "released", 60*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
@@ -92,7 +92,7 @@ func TestReleasedRunIsNotTakenOver(t *testing.T) {
 
 // A lease given up on purpose is not a crash: Sleep holds. A run that sleeps an hour is not woken by maintenance; and
 // when its worker dies right after committing the sleep, before River records the snooze,
-// the run is taken over after about a lease past the release, under a job scheduled at the
+// the run is taken over after about two leases past the release, under a job scheduled at the
 // run's wake time, not at once.
 func TestSleepHoldsAcrossCrashInGap(t *testing.T) {
 	t.Parallel()

@@ -361,7 +361,9 @@ func TestStepErrorBackoffHonoured(t *testing.T) {
 	var steps atomic.Int32
 	w := &countWorker{hook: func(ctx context.Context, s *workflow.Step[countArgs, countCursor]) error {
 		steps.Add(1)
-		time.Sleep(1200 * time.Millisecond)
+		// Longer than two leases: the job's attempted_at alone no longer protects it from
+		// the unleased scan (unleasedGrace), only the release recorded with the error does.
+		time.Sleep(2200 * time.Millisecond)
 		return errors.New("bank said 503")
 	}}
 	engine, err := workflow.New(pool, &workflow.Config{Lease: time.Second, StallTimeout: 10 * time.Second, Logger: quietLogger()})
@@ -389,13 +391,13 @@ func TestStepErrorBackoffHonoured(t *testing.T) {
 	_, err = workflow.Start(ctx, client, "backoff", countArgs{Total: 10, Batch: 1, Table: "items"}, nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return steps.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
-	time.Sleep(3 * time.Second) // the step's 1.2s, River's completer, many maintenance passes
+	time.Sleep(4 * time.Second) // the step's 2.2s, River's completer, many maintenance passes
 	run, err := workflow.GetRun(ctx, pool, "backoff")
 	require.NoError(t, err)
 	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'backoff' AND kind = 'run.takeover'`)
 	job, err := client.JobGet(ctx, *run.RiverJobID)
 	require.NoError(t, err)
-	t.Logf("after 3s: %d step attempts, %d takeovers, job %d %s due in %s", steps.Load(), takeovers, job.ID, job.State, time.Until(job.ScheduledAt).Round(time.Second))
+	t.Logf("after 4s: %d step attempts, %d takeovers, job %d %s due in %s", steps.Load(), takeovers, job.ID, job.State, time.Until(job.ScheduledAt).Round(time.Second))
 	require.Zero(t, takeovers, "a run waiting for River's retry was taken over")
 	require.Equal(t, int32(1), steps.Load(), "the step ran again before River's backoff")
 	require.Equal(t, "retryable", string(job.State))

@@ -24,7 +24,9 @@ type delayFirstWork struct {
 }
 
 func (m *delayFirstWork) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
-	if m.delayed.CompareAndSwap(false, true) {
+	// Only the run's job: the engine's maintenance job shares the queue and may be fetched
+	// first, and holding it would leave the run undelayed and the test proving nothing.
+	if job.Kind == (countArgs{}).Kind() && m.delayed.CompareAndSwap(false, true) {
 		select {
 		case <-time.After(m.d):
 		case <-ctx.Done():
@@ -73,7 +75,13 @@ func TestSlowClaimAfterFetchIsNotTakenOver(t *testing.T) {
 	_, err = workflow.Start(ctx, client, "slowclaim", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
 	require.NoError(t, err)
 	run := waitRun(t, pool, "slowclaim", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
-	require.True(t, delay.delayed.Load(), "the middleware never held a job")
+	require.True(t, delay.delayed.Load(), "the middleware never held the run's job")
+	// The claim came more than a Lease after River's fetch: the state the old rule took over.
+	var fetchToClaim time.Duration
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT min(at) FROM stepwise_event WHERE subject = 'slowclaim' AND kind = 'lease.claim')
+		- (SELECT attempted_at FROM river_job WHERE kind = $1 ORDER BY id LIMIT 1)`, (countArgs{}).Kind()).Scan(&fetchToClaim))
+	require.Greater(t, fetchToClaim, lease, "the claim was not delayed past a lease after the fetch")
+	t.Logf("fetch to claim: %s (Lease %s)", fetchToClaim.Round(time.Millisecond), lease)
 	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'slowclaim' AND kind = 'run.takeover'`)
 	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
 	require.Zero(t, takeovers, "a live worker was taken over between River's fetch and its claim")

@@ -523,8 +523,8 @@ func callStep[A river.JobArgs, C any](ctx context.Context, w Stepper[A, C], s *S
 // Guards against: maintenance taking the run over as a crash in the gap before River records
 // the job's end. A lease released without released_at looks, to the unleased scan, like a
 // worker that vanished; on a job of one attempt that failed the run as a crash loop, for every
-// run a deploy's hard stop caught. markReleased makes maintenance leave the run alone for a
-// lease, as after a slice. (A run being worked has no wake time; markReleased's nil keeps it
+// run a deploy's hard stop caught. markReleased makes maintenance leave the run alone for two
+// leases (unleasedGrace), as after a slice. (A run being worked has no wake time; markReleased's nil keeps it
 // so.)
 func (a *attempt[A, C]) stopped(ctx context.Context, stepErr error) error {
 	e := a.sw.e

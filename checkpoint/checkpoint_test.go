@@ -208,14 +208,16 @@ func TestRacingClaimsOneHolder(t *testing.T) {
 func TestHeartbeatKeepsLeaseAndReportsFence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	// A lease long enough that a renewal (budget: Lease - interval) survives a loaded machine;
-	// with 150ms it failed under a full parallel test run.
-	s, b := setup(t, &checkpoint.Config{Lease: 600 * time.Millisecond})
+	// A lease long enough that a renewal (budget: Lease - interval) survives a loaded machine:
+	// with 150ms it failed under a full parallel test run, and with 600ms once in a quiet CI
+	// run of the whole suite (the heartbeat's first renewals also wait for its own
+	// connection's dial); the test is about renewing and fencing, not about a short lease.
+	s, b := setup(t, &checkpoint.Config{Lease: 2 * time.Second})
 	l, err := s.Claim(ctx, "k", "a", 1)
 	require.NoError(t, err)
 	lost := make(chan error, 1)
 	stop := s.Heartbeat(ctx, l, 0, func(err error) { lost <- err })
-	time.Sleep(1500 * time.Millisecond) // well past the lease: the heartbeat kept it
+	time.Sleep(4500 * time.Millisecond) // well past the lease: the heartbeat kept it
 	_, err = s.Claim(ctx, "k", "b", 1)
 	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
 
@@ -226,7 +228,7 @@ func TestHeartbeatKeepsLeaseAndReportsFence(t *testing.T) {
 	select {
 	case err := <-lost:
 		require.True(t, errors.Is(err, checkpoint.ErrFenced), "%v", err)
-	case <-time.After(2 * time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("heartbeat did not report the lost lease")
 	}
 	stop()

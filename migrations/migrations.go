@@ -126,19 +126,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	// one), that connection can be refused too. River's migrations are idempotent (each
 	// version in its own transaction, recorded with it), so a refusal is waited out and the
 	// whole call repeated, within the same bound.
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+	if err := whileNoFreeConnection(ctx, deadline, func() error {
 		_, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
-		if err == nil {
-			break
-		}
-		if !noFreeConnection(err) || time.Now().Add(backoff).After(deadline) {
-			return fmt.Errorf("migrating River's schema: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("migrating River's schema: waiting for a free connection: %w (last: %w)", ctx.Err(), err)
-		case <-time.After(backoff):
-		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("migrating River's schema: %w", err)
 	}
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return migrateStepwise(ctx, tx) })
 }
@@ -146,10 +138,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // connectWait bounds how long Migrate waits for the server to have a connection free.
 const connectWait = 30 * time.Second
 
-// connectWaiting opens a connection, waiting until deadline (with back-off) while the server
-// refuses it for want of a free connection: SQLSTATE 53300, max_connections or the role's
-// CONNECTION LIMIT reached, or 57P03, the server starting up. Any other error is returned at
-// once.
+// connectWaiting opens a connection, waiting until deadline while the server refuses it for
+// want of a free one (whileNoFreeConnection).
 //
 // Guards against: a deploy whose processes all start, and all call Migrate, at once. Each
 // process opens this one connection beyond its pool; while the old processes still hold
@@ -157,26 +147,33 @@ const connectWait = 30 * time.Second
 // and restart into the same crowd. (Seen in our own CI: a CLI's Migrate refused "too many
 // clients" while test packages beside it held their connections for a few seconds.)
 func connectWaiting(ctx context.Context, cfg *pgx.ConnConfig, deadline time.Time) (*pgx.Conn, error) {
+	var conn *pgx.Conn
+	err := whileNoFreeConnection(ctx, deadline, func() (err error) {
+		conn, err = pgx.ConnectConfig(ctx, cfg)
+		return err
+	})
+	return conn, err
+}
+
+// whileNoFreeConnection calls f until it returns anything but the server refusing a connection
+// for want of a free one (noFreeConnection), backing off from 100 ms to 2 s, until deadline;
+// then the error says which limit to raise.
+func whileNoFreeConnection(ctx context.Context, deadline time.Time, f func() error) error {
 	start := time.Now()
-	backoff := 100 * time.Millisecond
-	for {
-		conn, err := pgx.ConnectConfig(ctx, cfg)
-		if err == nil {
-			return conn, nil
-		}
-		if !noFreeConnection(err) {
-			return nil, err
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+		err := f()
+		if err == nil || !noFreeConnection(err) {
+			return err
 		}
 		if time.Now().Add(backoff).After(deadline) {
-			return nil, fmt.Errorf("the server had no connection free for %s (max_connections, or the role's CONNECTION LIMIT; "+
+			return fmt.Errorf("the server had no connection free for %s (max_connections, or the role's CONNECTION LIMIT; "+
 				"raise it, or lower the pools' MaxConns): %w", time.Since(start).Round(time.Second), err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for a free connection: %w (last: %w)", ctx.Err(), err)
+			return fmt.Errorf("waiting for a free connection: %w (last: %w)", ctx.Err(), err)
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 

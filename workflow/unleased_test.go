@@ -50,29 +50,11 @@ func TestSlowClaimAfterFetchIsNotTakenOver(t *testing.T) {
 	workers := river.NewWorkers()
 	workflow.AddWorker(engine, workers, &countWorker{})
 	delay := &delayFirstWork{d: 1600 * time.Millisecond}
-	rc := &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
-		Workers:           workers,
-		Middleware:        []rivertype.Middleware{delay},
-		RetryPolicy:       fastRetry{},
-		FetchCooldown:     5 * time.Millisecond,
-		FetchPollInterval: 50 * time.Millisecond,
-		Logger:            quietLogger(),
-	}
-	require.NoError(t, engine.Install(rc))
-	client, err := river.NewClient(riverDriver(pool), rc)
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, client.Start(ctx))
-	t.Cleanup(func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = client.Stop(stopCtx)
-	})
-	e := &env{pool: pool, engine: engine, client: client, workers: workers}
+	e := newEnvWith(t, pool, engine, workers, delay)
 	maintainLoop(t, e, 100*time.Millisecond)
 
-	_, err = workflow.Start(ctx, client, "slowclaim", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
+	ctx := context.Background()
+	_, err = workflow.Start(ctx, e.client, "slowclaim", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
 	require.NoError(t, err)
 	run := waitRun(t, pool, "slowclaim", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	require.True(t, delay.delayed.Load(), "the middleware never held the run's job")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
@@ -311,12 +312,15 @@ func TestOutcomes(t *testing.T) {
 	require.Equal(t, 3, run.Attempts)
 }
 
-func newEnvWith(t testing.TB, pool interface{}, engine *workflow.Engine, workers *river.Workers) *env {
+// newEnvWith starts a River client for engine's workers (with middleware, if any) on the
+// default queue.
+func newEnvWith(t testing.TB, pool interface{}, engine *workflow.Engine, workers *river.Workers, middleware ...rivertype.Middleware) *env {
 	t.Helper()
 	p := testkitPool(pool)
 	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
 		Workers:           workers,
+		Middleware:        middleware,
 		RetryPolicy:       fastRetry{},
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,

@@ -383,7 +383,12 @@ func (e *Engine) unleasedGrace() time.Duration { return 2 * e.cfg.Lease }
 // (state, ...) index, a page at a time, then stepwise_run_job_idx; the sweep by
 // stepwise_run_active_key_idx from the last key; cancellations by stepwise_run_cancel_idx.
 const (
-	// Expired leases: a worker killed or frozen while it held the run.
+	// Expired leases: a worker killed or frozen while it held the run. Only a lease that
+	// outlived the job's fetch counts (lease_until > attempted_at): a takeover leaves the dead
+	// holder's lapsed lease on the checkpoint until the next claim, and judging the new job by
+	// it would take a live worker, starved between fetch and claim, over after one Lease
+	// instead of unleasedGrace (TestSlowClaimAfterTakeoverIsNotTakenOverAgain). Such a job is
+	// the unleased scan's.
 	expiredScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
 		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,
@@ -394,6 +399,7 @@ const (
 		 WHERE c.lease_until IS NOT NULL AND c.lease_until < now()
 		   AND j.state = 'running'
 		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
+		   AND c.lease_until > j.attempted_at
 		 LIMIT 100`
 	// A page of River's running jobs, by id. "id + 0" keeps the planner on the state index
 	// (a top-N sort of the running jobs) instead of walking the primary key past every
@@ -402,8 +408,9 @@ const (
 		SELECT max(id), count(*)::int FROM (
 			SELECT id FROM river_job WHERE state = 'running' AND id > $1 ORDER BY id + 0 LIMIT $2
 		) p`
-	// The page's jobs whose run has no lease at all, fetched and released (if at all) more
-	// than unleasedGrace ($1) ago.
+	// The page's jobs whose run has no lease taken since the job's fetch (none at all, or a
+	// lapsed one of an earlier attempt: the expired scan's complement), fetched and released
+	// (if at all) more than unleasedGrace ($1) ago.
 	unleasedScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
 		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,
@@ -413,7 +420,7 @@ const (
 		  JOIN stepwise_checkpoint c ON c.key = r.key
 		 WHERE j.state = 'running' AND j.id > $2 AND j.id <= $3
 		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
-		   AND c.lease_until IS NULL
+		   AND (c.lease_until IS NULL OR c.lease_until <= j.attempted_at)
 		   AND (r.released_at IS NULL OR r.released_at < j.attempted_at
 		        OR r.released_at < now() - $1 * interval '1 millisecond')`
 	// The sweep: a page of unfinished runs by key, each one's checkpoint and job read by

@@ -72,3 +72,45 @@ func TestSlowClaimAfterFetchIsNotTakenOver(t *testing.T) {
 	perN, _ := itemCounts(t, pool, "items", "slowclaim")
 	requireExactlyOnce(t, perN, 30)
 }
+
+// The same starved fetcher, on a run that was taken over before: the takeover leaves the dead
+// holder's lapsed lease on the checkpoint until the next claim, and the rule before judged the
+// new job by that lease, with one Lease (a lease counts only when taken after the job's
+// fetch). A live worker starved 1.6 s between fetch and claim at a 1 s Lease was taken over a
+// second time, one takeover after the other, while it was alive.
+func TestSlowClaimAfterTakeoverIsNotTakenOverAgain(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	pool := mustPool(t, testkit.DBURL(t))
+	createItems(t, pool, "items", true)
+	cfg := &workflow.Config{Lease: lease}
+	insertOnly := newEnv(t, pool, cfg, nil, map[string]river.QueueConfig{})
+	ctx := context.Background()
+	_, err := workflow.Start(ctx, insertOnly.client, "retaken", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
+	require.NoError(t, err)
+	// A worker claimed the run an hour ago and died: its lease lapsed, its job still 'running'.
+	fakeAttempt(t, insertOnly, "retaken")
+
+	engine, err := workflow.New(pool, &workflow.Config{Lease: lease, Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, &countWorker{})
+	// The first job this client works is the takeover's: held 1.6 s between fetch and claim.
+	delay := &delayFirstWork{d: 1600 * time.Millisecond}
+	e := newEnvWith(t, pool, engine, workers, delay)
+	maintainLoop(t, e, 100*time.Millisecond)
+
+	run := waitRun(t, pool, "retaken", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.True(t, delay.delayed.Load(), "the middleware never held the run's job")
+	var fetchToClaim time.Duration
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT min(at) FROM stepwise_event WHERE subject = 'retaken' AND kind = 'lease.claim' AND actor <> 'stalled-worker')
+		- (SELECT attempted_at FROM river_job WHERE kind = $1 AND id <> (SELECT min(id) FROM river_job WHERE kind = $1) ORDER BY id LIMIT 1)`,
+		(countArgs{}).Kind()).Scan(&fetchToClaim))
+	t.Logf("takeover job: fetch to claim %s (Lease %s)", fetchToClaim.Round(time.Millisecond), lease)
+	require.Greater(t, fetchToClaim, lease, "the takeover job's claim was not delayed past a lease after its fetch")
+	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'retaken' AND kind = 'run.takeover'`)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
+	require.Equal(t, 1, takeovers, "the live worker of the takeover's job was taken over again between fetch and claim")
+	perN, _ := itemCounts(t, pool, "items", "retaken")
+	requireExactlyOnce(t, perN, 30)
+}

@@ -274,7 +274,7 @@ func waitDrill(t *testing.T, seed uint64, brokenWake bool) *waitDrillReport {
 
 	more, err := workflowtest.CheckInvariants(ctx, e.pool, &workflowtest.CheckOpts{
 		Quiet:    report.Quiet,
-		Liveness: report.Liveness(lease+maintEvery+2*time.Second, 100),
+		Liveness: unleasedPause(report.Liveness(lease+maintEvery+2*time.Second, 100), lease),
 		Domain: []workflowtest.CheckFunc{workflowtest.CheckWaitTables, func(ctx context.Context, q stepwisetype.DBTX) ([]workflowtest.Violation, error) {
 			return waitDrillDomain(ctx, q, signalsPerRun)
 		}},
@@ -288,9 +288,18 @@ func waitDrill(t *testing.T, seed uint64, brokenWake bool) *waitDrillReport {
 	return rep
 }
 
+// unleasedPause sets l.UnleasedPause: a run nobody held is taken over after two leases, so a
+// freeze shorter than one lease does not explain it.
+func unleasedPause(l *workflowtest.Liveness, lease time.Duration) *workflowtest.Liveness {
+	l.UnleasedPause = lease
+	return l
+}
+
 // waitDrillBound is how long a satisfied wait may sleep: the lease plus the maintenance
-// interval (the backstop and the takeover of a run whose woken job went to a worker that
-// died before claiming it), plus 2s of scheduling margin: on this shared 2-core machine a
+// interval (the backstop), plus 2s of scheduling margin. A takeover in between (the woken
+// job's worker killed holding the lease, or before claiming it, which maintenance answers
+// after one lease or two) restarts the measure (Wake.Asleep); the liveness checks judge the
+// takeover itself. The margin: on this shared 2-core machine a
 // worker process restarted after a kill takes up to about a second to start fetching, River
 // polls every 50ms, and a maintenance pass can itself be delayed by a loaded CPU.
 func waitDrillBound(lease, maintEvery time.Duration) time.Duration {

@@ -312,7 +312,7 @@ func wpDrill(t *testing.T, seed uint64, blindResend bool) *wpReport {
 		Quiet:    report.Quiet,
 		Requests: bankLog(log),
 		Grace:    wpGrace,
-		Liveness: report.Liveness(lease+maintEvery+2*time.Second, 100),
+		Liveness: unleasedPause(report.Liveness(lease+maintEvery+2*time.Second, 100), lease),
 		Domain: []workflowtest.CheckFunc{workflowtest.CheckWaitTables, func(ctx context.Context, q stepwisetype.DBTX) ([]workflowtest.Violation, error) {
 			return wpDomain(ctx, q, runs)
 		}},

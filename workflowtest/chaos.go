@@ -39,7 +39,10 @@ type ChaosConfig struct {
 	// -1 disables stops.
 	StopEvery int
 
-	// StopFor is how long a stopped worker stays frozen; make it longer than the lease.
+	// StopFor is how long a stopped worker stays frozen; make it longer than the lease, so a
+	// worker frozen holding a lease is taken over and wakes a zombie. (A worker frozen
+	// between fetching a job and claiming it holds no lease and is taken over only after two
+	// leases: a shorter freeze just delays its run, as it would any River job.)
 	// Defaults to 3s.
 	StopFor time.Duration
 

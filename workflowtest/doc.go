@@ -44,7 +44,7 @@
 //
 // RunChaos runs N worker processes and hits a random one every KillMin..KillMax: SIGKILL and
 // restart, or (every StopEvery-th hit) SIGSTOP for StopFor, longer than the lease, then
-// SIGCONT, so a frozen worker wakes into a run someone else now owns. Then it waits for quiet:
+// SIGCONT, so a worker frozen holding a lease wakes into a run someone else now owns. Then it waits for quiet:
 //
 //	report, err := workflowtest.RunChaos(ctx, &workflowtest.ChaosConfig{
 //		Start: func() (workflowtest.Worker, error) {

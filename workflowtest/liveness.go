@@ -39,18 +39,22 @@ type WorkerLife struct {
 
 // interrupted reports why the process could not have been working its run at some point in
 // [from, to], or "" if it was alive, running and connected throughout.
-func (w *WorkerLife) interrupted(from, to time.Time) string {
+// A death any time before to counts, not only within the window: a dead process never
+// renews, claims or releases again, however late maintenance comes to its run (every worker
+// may be dead for a while). Pauses and cut-offs count only if they overlap [from, to] and
+// last at least min.
+func (w *WorkerLife) interrupted(from, to time.Time, min time.Duration) string {
 	switch {
 	case !w.Died.IsZero() && !w.Died.After(to):
 		return "killed at " + stamp(w.Died)
 	}
 	for _, p := range w.Paused {
-		if p.overlaps(from, to) {
+		if p.overlaps(from, to) && p.To.Sub(p.From) >= min {
 			return "paused at " + stamp(p.From)
 		}
 	}
 	for _, c := range w.CutOff {
-		if c.overlaps(from, to) {
+		if c.overlaps(from, to) && c.To.Sub(c.From) >= min {
 			return "cut off at " + stamp(c.From)
 		}
 	}
@@ -67,6 +71,13 @@ type Liveness struct {
 	// off) still explains it: the lease plus the maintenance interval, with slack for a
 	// loaded machine. Required.
 	Window time.Duration
+
+	// UnleasedPause is the shortest pause or cut-off that explains a takeover of a run
+	// nobody held: a job fetched and not yet claimed, or a run released and not yet recorded
+	// snoozed. Maintenance leaves those states two Leases (a lapsed lease one), so a short
+	// stall of a live process there explains nothing, though it may explain a lapsed lease.
+	// Zero: any pause explains it.
+	UnleasedPause time.Duration
 
 	// MaxAttempts is the River job's MaxAttempts: a run may be failed for crashing or
 	// erroring that many times, not fewer. Defaults to river.MaxAttemptsDefault.
@@ -227,23 +238,39 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 			continue
 		}
 		from := t.at.Add(-l.Window)
-		if w.interrupted(from, t.at) != "" {
+		// A job fetched by another process after the holder's claim (the takeover's own
+		// job, or the holder's snoozed job fetched again) is that process's: it held no
+		// lease, and the takeover answers it alone. Whatever became of the holder before
+		// (killed long ago, say) explains nothing now.
+		fetcherOnly := t.fetchedBy != "" && t.fetchedBy != holderID && !t.fetchedAt.IsZero() && t.fetchedAt.After(t.claimedAt)
+		min := time.Duration(0)
+		if fetcherOnly || !t.releasedAt.IsZero() {
+			min = l.UnleasedPause
+		}
+		if !fetcherOnly && w.interrupted(from, t.at, min) != "" {
 			justified[t.key]++
 			continue
 		}
-		if f := byID[t.fetchedBy]; t.fetchedBy != "" && t.fetchedBy != holderID && (f == nil || f.interrupted(from, t.at) != "") {
+		if f := byID[t.fetchedBy]; t.fetchedBy != "" && t.fetchedBy != holderID && (f == nil || f.interrupted(from, t.at, min) != "") {
 			justified[t.key]++ // the job's fetcher died (or is unknown) before it claimed
 			continue
 		}
 		c.Needless++
 		needless[t.key]++
+		if fetcherOnly {
+			f := byID[t.fetchedBy]
+			out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
+				"run %s taken over at %s (event %d) from the job fetched by %s (pid %d, up since %s) after %s's claim, and that process was neither killed, paused nor cut off (for %s or more) in the %s before%s",
+				t.key, stamp(t.at), t.id, t.fetchedBy, f.Pid, stamp(f.Started), t.holder, min, l.Window, t.trail())})
+			continue
+		}
 		fetched := ""
 		if t.fetchedBy != "" && t.fetchedBy != holderID {
 			fetched = fmt.Sprintf("; its job was last fetched by %s, alive too", t.fetchedBy)
 		}
 		out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
-			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off in the %s before%s%s",
-			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), l.Window, fetched, t.trail())})
+			"run %s taken over at %s (event %d) from %s (pid %d, up since %s), which was neither killed, paused nor cut off (for %s or more) in the %s before%s%s",
+			t.key, stamp(t.at), t.id, t.holder, w.Pid, stamp(w.Started), min, l.Window, fetched, t.trail())})
 	}
 	for _, f := range frs {
 		if f.deliberate {

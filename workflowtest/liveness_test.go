@@ -43,7 +43,9 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 			{ID: "killed", Pid: 102, Started: at(0), Died: at(20)},
 			{ID: "paused", Pid: 103, Started: at(0), Paused: []workflowtest.Interval{{From: at(30), To: at(34)}}},
 			{ID: "cut", Pid: 104, Started: at(0), CutOff: []workflowtest.Interval{{From: at(40), To: at(41)}}},
+			{ID: "stalled", Pid: 105, Started: at(0), Paused: []workflowtest.Interval{{From: at(60), To: at(61)}}},
 		},
+		UnleasedPause: 2 * time.Second,
 	}
 	// needless: held by "healthy" at each takeover, and failed after them.
 	run("needless", "failed")
@@ -78,6 +80,22 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (kind, args, max_attempts, queue, state, attempted_by, priority)
 		VALUES ('w', '{}', 25, 'default', 'running', ARRAY['healthy', 'paused', 'healthy'], 1) RETURNING id`).Scan(&job))
 	event("refetched", "run.takeover", "maintenance", 33, fmt.Sprintf(`{"old_job": %d, "fetched_by": "paused"}`, job))
+	// after-kill: held by "killed", which died (justified), and then the takeover's own job,
+	// fetched by "healthy" after that claim and never claimed, taken over again: that answers
+	// "healthy", alive, not the holder's death long before.
+	run("after-kill", "running")
+	claim("after-kill", "killed/job-8/attempt-1", 15)
+	takeover("after-kill", 22)
+	event("after-kill", "run.takeover", "maintenance", 27, fmt.Sprintf(`{"old_job": 9, "fetched_by": "healthy", "fetched_at": %q}`, at(24).Format(time.RFC3339Nano)))
+	// A one-second stall of "stalled": enough to lapse a lease (justified), not enough to leave
+	// a released run unrecorded for two leases (needless, at UnleasedPause 2s).
+	run("stall-lapsed", "running")
+	claim("stall-lapsed", "stalled/job-10/attempt-1", 55)
+	takeover("stall-lapsed", 62)
+	run("stall-released", "running")
+	claim("stall-released", "stalled/job-11/attempt-1", 55)
+	event("stall-released", "run.release", "stalled/job-11/attempt-1", 59.5, `{"reason": "slice"}`)
+	takeover("stall-released", 62)
 	// deliberate: the step failed the run.
 	run("deliberate", "failed")
 	claim("deliberate", "healthy/job-5/attempt-1", 1)
@@ -86,8 +104,8 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 	count, vs, err := workflowtest.CountTakeovers(ctx, pool, live)
 	require.NoError(t, err)
 	t.Log(workflowtest.FormatViolations(vs))
-	require.Equal(t, workflowtest.TakeoverCount{Takeovers: 8, Needless: 3}, count)
-	require.Len(t, vs, 4)
+	require.Equal(t, workflowtest.TakeoverCount{Takeovers: 12, Needless: 5}, count)
+	require.Len(t, vs, 6)
 	for _, v := range vs[:3] {
 		require.Equal(t, "no takeover of a run whose worker was alive, running and connected", v.Name)
 		require.Contains(t, v.Evidence, "run needless taken over")
@@ -96,9 +114,13 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 		require.Contains(t, v.Evidence, "the holder claimed at")
 		require.Contains(t, v.Evidence, "(5s before) and had not released the run: its lease lapsed")
 	}
-	require.Equal(t, "a run is failed only after MaxAttempts crashes or errors", vs[3].Name)
-	require.Contains(t, vs[3].Evidence, "run needless failed")
-	require.Contains(t, vs[3].Evidence, "1 crash(es) and 0 step error(s), fewer than MaxAttempts 3 (needless takeovers: 3)")
+	require.Contains(t, vs[3].Evidence, "run after-kill taken over")
+	require.Contains(t, vs[3].Evidence, "fetched by healthy (pid 101")
+	require.Contains(t, vs[4].Evidence, "run stall-released taken over")
+	require.Contains(t, vs[4].Evidence, "(for 2s or more)")
+	require.Equal(t, "a run is failed only after MaxAttempts crashes or errors", vs[5].Name)
+	require.Contains(t, vs[5].Evidence, "run needless failed")
+	require.Contains(t, vs[5].Evidence, "1 crash(es) and 0 step error(s), fewer than MaxAttempts 3 (needless takeovers: 3)")
 
 	// The same through CheckInvariants.
 	all, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Liveness: live})

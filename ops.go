@@ -245,8 +245,7 @@ type RunResumeOpts struct {
 // RunResume continues a failed or cancelled run from its last committed cursor under a new
 // River job (see workflow.Resume), only if the run is still at opts.ExpectedVersion, and
 // returns it as it is after. A pending, running or succeeded run is refused
-// (workflow.ErrRunNotResumable). Replaces workflow.ResumeIfUnchanged (and the console's
-// Config.Resume adapter).
+// (workflow.ErrRunNotResumable). Replaces workflow.ResumeIfUnchanged.
 func (c *Client) RunResume(ctx context.Context, key string, opts *RunResumeOpts) (*workflow.Run, error) {
 	var run *workflow.Run
 	err := c.inTx(ctx, "RunResume", func(tx pgx.Tx) error {

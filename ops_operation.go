@@ -73,7 +73,7 @@ func operationList(ctx context.Context, q stepwisetype.DBTX, params *OperationLi
 
 // OperationRequestList lists the requests recorded for an operation (one per send begun, and
 // claims lost with a dispatcher that died holding them), oldest first. Replaces
-// outbox.Requests (and the console's Config.Requests adapter).
+// outbox.Requests.
 func (c *Client) OperationRequestList(ctx context.Context, id uuid.UUID) ([]outbox.Request, error) {
 	if err := c.checkPool("OperationRequestList"); err != nil {
 		return nil, err

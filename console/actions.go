@@ -80,6 +80,10 @@ func (h *Handler) redirect(w http.ResponseWriter, r *http.Request, page string, 
 // cancelRun requests cancellation of a run, only if it is still in the status the operator
 // saw: a run that finished meanwhile is not "cancelled" in the audit trail.
 func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
+	if h.cfg.Client == nil {
+		h.fail(w, r, http.StatusNotFound, "cancel is not available here: Config.Client is not set")
+		return
+	}
 	key, seen := r.PostForm.Get("key"), r.PostForm.Get("seen")
 	if key == "" || textParam("key", key, 255) != nil {
 		h.fail(w, r, http.StatusBadRequest, "key: the run's key is required")
@@ -113,12 +117,8 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		if status != seen {
 			return errMoved
 		}
-		if h.cfg.Client != nil {
-			// The client checks the version seen under the same lock, and records the request.
-			if _, err := h.cfg.Client.RunCancelTx(ctx, tx, key, &stepwise.RunCancelOpts{Actor: v.Actor, Reason: reason, ExpectedVersion: version}); err != nil {
-				return err
-			}
-		} else if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+v.Actor+" in the console: "+reason); err != nil {
+		// The client checks the version seen under the same lock, and records the request.
+		if _, err := h.cfg.Client.RunCancelTx(ctx, tx, key, &stepwise.RunCancelOpts{Actor: v.Actor, Reason: reason, ExpectedVersion: version}); err != nil {
 			return err
 		}
 		return audit(ctx, tx, key, "run.cancel", status, "cancel_requested", v.Actor, reason, r)
@@ -143,11 +143,11 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 
 var errMoved = errors.New("moved since seen")
 
-// resumeRun resumes a run through the client (Config.Client) or the Resume adapter, with the
-// version of the run the operator saw, and audits it.
+// resumeRun resumes a run through the client (Config.Client), with the version of the run the
+// operator saw, and audits it.
 func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if !h.canResume() {
-		h.fail(w, r, http.StatusNotFound, "resume is not available here: Config.Client is not set, and Config.Resume is not set")
+		h.fail(w, r, http.StatusNotFound, "resume is not available here: Config.Client is not set")
 		return
 	}
 	key, seen := r.PostForm.Get("key"), r.PostForm.Get("seen")
@@ -191,56 +191,37 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	h.redirect(w, r, "/run", url.Values{"key": {key}})
 }
 
-// resume resumes the run and writes the console's audit row: with the client, in one
-// transaction; with the Resume adapter, which commits on its own, after it (a crash between
-// the two loses the console row, not Resume's own audit).
+// resume resumes the run and writes the console's audit row, in one transaction.
 func (h *Handler) resume(ctx context.Context, key, seen string, version int64, actor, reason string, r *http.Request) error {
-	if h.cfg.Client != nil {
-		return pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
-			if _, err := h.cfg.Client.RunResumeTx(ctx, tx, key, &stepwise.RunResumeOpts{Actor: actor, Reason: reason, ExpectedVersion: version}); err != nil {
-				return err
-			}
-			return audit(ctx, tx, key, "run.resume", seen, "resumed", actor, reason, r)
-		})
-	}
-	if err := h.cfg.Resume(ctx, key, version, actor, reason); err != nil {
-		return err
-	}
-	if err := pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+		if _, err := h.cfg.Client.RunResumeTx(ctx, tx, key, &stepwise.RunResumeOpts{Actor: actor, Reason: reason, ExpectedVersion: version}); err != nil {
+			return err
+		}
 		return audit(ctx, tx, key, "run.resume", seen, "resumed", actor, reason, r)
-	}); err != nil {
-		return fmt.Errorf("auditing the resume: %w", err)
-	}
-	return nil
+	})
 }
 
-func (h *Handler) canResume() bool { return h.cfg.Client != nil || h.cfg.Resume != nil }
+func (h *Handler) canResume() bool { return h.cfg.Client != nil }
 func (h *Handler) canResolve() bool {
-	return h.cfg.Client != nil && len(h.cfg.Client.OperationKinds()) > 0 || h.cfg.Reconciler != nil
+	return h.cfg.Client != nil && len(h.cfg.Client.OperationKinds()) > 0
 }
 
 // canResolveKind reports whether the console offers Resolve on operations of kind: with the
 // client, only the kinds whose callbacks it runs (a button that is always refused is not an
 // action).
 func (h *Handler) canResolveKind(kind string) bool {
-	if h.cfg.Client != nil {
-		return slices.Contains(h.cfg.Client.OperationKinds(), kind)
-	}
-	return h.cfg.Reconciler != nil
+	return h.cfg.Client != nil && slices.Contains(h.cfg.Client.OperationKinds(), kind)
 }
 
-// requests lists an operation's requests through the client or the Requests adapter.
-func (h *Handler) requests(ctx context.Context, id uuid.UUID) ([]Request, error) {
-	if h.cfg.Client == nil {
-		return h.cfg.Requests(ctx, id)
-	}
+// requests lists an operation's requests through the client.
+func (h *Handler) requests(ctx context.Context, id uuid.UUID) ([]request, error) {
 	rs, err := h.cfg.Client.OperationRequestList(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Request, 0, len(rs))
+	out := make([]request, 0, len(rs))
 	for _, rq := range rs {
-		cr := Request{Attempt: rq.Claim, EndedAt: rq.EndedAt, Outcome: string(rq.Outcome), Detail: rq.Error}
+		cr := request{Attempt: rq.Claim, EndedAt: rq.EndedAt, Outcome: string(rq.Outcome), Detail: rq.Error}
 		if rq.StartedAt != nil {
 			cr.StartedAt = *rq.StartedAt
 		} else {
@@ -275,7 +256,7 @@ func (h *Handler) runNow(ctx context.Context, key, seen string, seenVersion int6
 // row in the same transaction.
 func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if !h.canResolve() {
-		h.fail(w, r, http.StatusNotFound, "resolving is not available here: Config.Client is not set, and Config.Reconciler is not set")
+		h.fail(w, r, http.StatusNotFound, "resolving is not available here: Config.Client is not set")
 		return
 	}
 	id, err := uuid.Parse(r.PostForm.Get("id"))
@@ -311,15 +292,9 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		// ResolveTx moves the operation only if it is still the one the operator saw: its
 		// state and its version (another operator or the reconciler may have settled it
 		// meanwhile, or sent it again and brought it back to MANUAL for another reason).
-		if h.cfg.Client != nil {
-			// The client runs the kind's outcome callback through its outbox, in tx.
-			if _, err := h.cfg.Client.OperationResolveTx(ctx, tx, id, &stepwise.OperationResolveOpts{
-				Outcome: outcome, ExpectedState: seen, ExpectedVersion: version, Actor: v.Actor, Reason: reason, ExternalRef: ref,
-			}); err != nil {
-				return err
-			}
-		} else if _, err := h.cfg.Reconciler.ResolveTx(ctx, tx, &reconcile.ResolveOpts{
-			OperationID: id, Outcome: outcome, ExpectedState: seen, ExpectedVersion: version, Actor: v.Actor, Reason: reason, ExternalRef: ref,
+		// The client runs the kind's outcome callback through its outbox, in tx.
+		if _, err := h.cfg.Client.OperationResolveTx(ctx, tx, id, &stepwise.OperationResolveOpts{
+			Outcome: outcome, ExpectedState: seen, ExpectedVersion: version, Actor: v.Actor, Reason: reason, ExternalRef: ref,
 		}); err != nil {
 			return err
 		}

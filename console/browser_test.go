@@ -158,7 +158,7 @@ func startSettle(t *testing.T, manual int) *settleFixture {
 	require.NoError(t, err)
 
 	h, err := console.New(pool, &console.Config{
-		Prefix: "/console", Authenticate: console.BasicAuth(testUser, testPassword), Reconciler: svc.Reconciler,
+		Prefix: "/console", Authenticate: console.BasicAuth(testUser, testPassword), Client: svc.Client,
 		Statements: map[string]reconcile.Statement{settlement.PayoutKind: fakebank.Statement(client)}, Logger: quiet,
 	})
 	require.NoError(t, err)

@@ -22,7 +22,7 @@ import (
 func TestConsoleWithClient(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := newFixture(t, func(c *console.Config) { c.Reconciler = nil })
+	f := newFixture(t, nil)
 	client, err := stepwise.NewOperatorClient(f.pool)
 	require.NoError(t, err)
 	f.cfg.Client = client
@@ -110,7 +110,4 @@ func TestConsoleWithClient(t *testing.T) {
 	require.Equal(t, outbox.StateSucceeded, op.State)
 	require.Contains(t, f.events(t, "op:"+id.String()), "console.action alice MANUAL>SUCCEEDED")
 
-	// One way to act: an adapter beside the client is refused.
-	_, err = console.New(f.pool, &console.Config{Client: client, Reconciler: f.rec})
-	require.ErrorContains(t, err, "Config.Client and Config.Reconciler are both set")
 }

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -11,8 +10,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
@@ -60,13 +57,10 @@ type Config struct {
 	// the operator saw, with the console's audit row in the same transaction), Resolve of
 	// MANUAL operations (Client.OperationResolveTx, which runs the kind's outcome callback
 	// through the client's outbox) and each operation's requests
-	// (Client.OperationRequestList). db passed to New is then the client's pool. With
-	// Client set, Reconciler, Resume and Requests must be nil (the client does what they do).
+	// (Client.OperationRequestList). db passed to New is then the client's pool. Without
+	// it the console only reads: a standalone console builds one with
+	// stepwise.NewOperatorClient.
 	Client *stepwise.Client
-
-	// Reconciler enables resolving MANUAL operations (reconcile.Reconciler.ResolveTx).
-	// Without Client only; prefer Client.
-	Reconciler *reconcile.Reconciler
 
 	// Statements enables the Totals page: the external statement of each operation kind.
 	Statements map[string]reconcile.Statement
@@ -77,21 +71,6 @@ type Config struct {
 	// sees a closed connection instead of the reason. Default 20 s (the sample's serve writes
 	// for 30 s).
 	TotalsTimeout time.Duration
-
-	// Resume (without Client only; prefer Client), when set, offers Resume on failed and
-	// cancelled runs: it continues a run from its cursor, only if the run is still at
-	// seenVersion (the Run.Version the operator's
-	// page showed). Wire workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor,
-	// reason). Its refusals are shown when they match workflow.ErrRunNotFound,
-	// ErrRunNotResumable or ErrRunChanged; any other error is logged and the page says only
-	// that the resume failed (an adapter's error may name hosts and users). The console
-	// audits the action itself after Resume returns (Resume runs its own transaction).
-	Resume func(ctx context.Context, key string, seenVersion int64, actor, reason string) error
-
-	// Requests (without Client only; prefer Client), when set, lists the requests actually
-	// started for an operation (one per send) on its page. Without it or Client the page
-	// shows the attempt counter only.
-	Requests func(ctx context.Context, operationID uuid.UUID) ([]Request, error)
 
 	// PageSize is the number of rows per list page. Default 50, at most 500.
 	PageSize int
@@ -106,8 +85,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Request is one request started for an operation, as the operation's page shows it.
-type Request struct {
+// request is one request started for an operation, as the operation's page shows it.
+type request struct {
 	Attempt   int
 	StartedAt time.Time
 	EndedAt   *time.Time
@@ -163,18 +142,6 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 		c.PageSize = defaultPageSize
 	case c.PageSize < 1 || c.PageSize > maxPageSize:
 		return nil, fmt.Errorf("console.New: PageSize %d: want 1 to %d", c.PageSize, maxPageSize)
-	}
-	if c.Client != nil {
-		// One way to act: a console that resumed through an adapter and resolved through the
-		// client would audit and refuse differently per action.
-		for _, f := range []struct {
-			set  bool
-			name string
-		}{{c.Reconciler != nil, "Reconciler"}, {c.Resume != nil, "Resume"}, {c.Requests != nil, "Requests"}} {
-			if f.set {
-				return nil, fmt.Errorf("console.New: Config.Client and Config.%s are both set: the client does what %s did; drop %s", f.name, f.name, f.name)
-			}
-		}
 	}
 	if c.Location == nil {
 		c.Location = time.UTC

@@ -3,7 +3,6 @@ package console_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -95,7 +94,7 @@ func TestEveryPageAndFilter(t *testing.T) {
 
 	id := outbox.OperationID("payout", "a-0")
 	body = f.get(t, "/console/operation?id="+id.String())
-	for _, want := range []string{`id="op-state">MANUAL<`, "mismatch: the bank holds 990 EUR", `id="resolve-form"`, "10.00 EUR", "1 sends begun"} {
+	for _, want := range []string{`id="op-state">MANUAL<`, "mismatch: the bank holds 990 EUR", `id="resolve-form"`, "10.00 EUR", "<dt>sends begun (attempts)</dt><dd>1</dd>", `id="requests"`} {
 		require.Contains(t, body, want)
 	}
 	body = f.get(t, "/console/operation?id="+outbox.OperationID("payout", "b-0").String())
@@ -233,7 +232,8 @@ func TestBadInputIsAClearClientError(t *testing.T) {
 		{"/console/operation/resolve", url.Values{"id": {id}, "seen": {"MANUAL"}, "seen_version": {"1"}, "outcome": {"SUCCEEDED"}, "reason": {"r"}}, 409, "is no longer the MANUAL you saw"},
 		{"/console/run/cancel", url.Values{"key": {"nope"}, "seen": {"running"}, "reason": {"r"}}, 404, "no run with key"},
 		{"/console/run/cancel", url.Values{"key": {"nope"}, "seen": {"failed"}, "reason": {"r"}}, 400, "only a pending or running run"},
-		{"/console/run/resume", url.Values{"key": {"nope"}, "reason": {"r"}}, 404, "Config.Resume is not set"},
+		{"/console/run/resume", url.Values{"key": {"nope"}, "reason": {"r"}}, 400, "only a failed or cancelled run can be resumed"},
+		{"/console/run/resume", url.Values{"key": {"nope"}, "seen": {"failed"}, "seen_version": {"1"}, "reason": {"r"}}, 404, "nope"},
 		{"/console/run/explode", url.Values{}, 404, "no such action"},
 	}
 	for _, a := range actions {
@@ -302,19 +302,10 @@ func TestResolveFromTheConsole(t *testing.T) {
 }
 
 // TestCancelAndResumeFromTheConsole: Cancel requests cancellation only of a run still in the
-// status the operator saw, audited with the user; Resume calls the adapter.
+// status the operator saw, audited with the user; Resume resumes through the client.
 func TestCancelAndResumeFromTheConsole(t *testing.T) {
 	t.Parallel()
-	var resumed []string
-	f := newFixture(t, func(c *console.Config) {
-		c.Resume = func(_ context.Context, key string, seenVersion int64, actor, reason string) error {
-			if key == "r/done" {
-				return fmt.Errorf("%w: run r/done succeeded: only failed or cancelled runs resume", workflow.ErrRunNotResumable)
-			}
-			resumed = append(resumed, fmt.Sprintf("%s v%d %s %s", key, seenVersion, actor, reason))
-			return nil
-		}
-	})
+	f := newFixture(t, nil)
 	f.addRun(t, "r/live", "wf", workflow.RunStatusRunning, "")
 	f.addRun(t, "r/failed", "wf", workflow.RunStatusFailed, "")
 	f.addRun(t, "r/done", "wf", workflow.RunStatusSucceeded, "")
@@ -338,8 +329,10 @@ func TestCancelAndResumeFromTheConsole(t *testing.T) {
 	require.Contains(t, page, "resume-form")
 	res = f.post(t, "/console/run/resume", url.Values{"csrf": {tok}, "key": {"r/failed"}, "seen": {"failed"}, "seen_version": {"1"}, "reason": {"bank back up"}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
-	require.Equal(t, []string{"r/failed v1 alice bank back up"}, resumed)
-	require.Contains(t, f.events(t, "r/failed"), "console.action alice failed>resumed")
+	resumed, err := workflow.GetRun(context.Background(), f.pool, "r/failed")
+	require.NoError(t, err)
+	require.Equal(t, workflow.RunStatusPending, resumed.Status)
+	require.Equal(t, []string{"lease.claim worker-1 >", "run.resume alice failed>pending", "console.action alice failed>resumed"}, f.events(t, "r/failed"))
 
 	res = f.post(t, "/console/run/resume", url.Values{"csrf": {tok}, "key": {"r/done"}, "seen": {"failed"}, "seen_version": {"1"}, "reason": {"why not"}})
 	require.Equal(t, http.StatusConflict, res.status)

@@ -15,8 +15,8 @@
 //	mux.Handle("/console/", h)
 //
 // With Client, the console resolves the operations of the kinds the client has, running
-// their outcome callbacks as the client does, and needs no adapter. (Without Client,
-// Config.Reconciler, Config.Resume and Config.Requests still work as before.)
+// their outcome callbacks as the client does, and needs no adapter; without it, it only
+// reads. A console outside the service builds its client with stepwise.NewOperatorClient.
 //
 // Pages are server-rendered (html/template), with no script and no asset fetched from
 // anywhere: the console works on an air-gapped operations network.
@@ -37,8 +37,7 @@
 //     it was made from (bound to the user). The actor recorded is the authenticated user,
 //     never a form field.
 //   - Every action writes a 'console.action' event (actor, reason, peer) in the same
-//     transaction as the change (with Client always; with the Resume adapter, which commits
-//     on its own, just after it).
+//     transaction as the change.
 //
 // # Cost on a large ledger
 //

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
@@ -27,12 +28,14 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }
 
-// fixture is a database with an outbox and reconciler for kind "payout" and the console on it.
+// fixture is a database with an outbox and reconciler for kind "payout" and the console on it,
+// acting through an operator client (payout has no outcome callback).
 type fixture struct {
-	pool *pgxpool.Pool
-	rec  *reconcile.Reconciler
-	h    *console.Handler
-	cfg  *console.Config
+	pool   *pgxpool.Pool
+	rec    *reconcile.Reconciler
+	client *stepwise.Client
+	h      *console.Handler
+	cfg    *console.Config
 }
 
 const (
@@ -65,11 +68,13 @@ func newReconciler(t testing.TB, pool *pgxpool.Pool) *reconcile.Reconciler {
 func newFixture(t testing.TB, mod func(*console.Config)) *fixture {
 	t.Helper()
 	pool := testkit.DB(t)
-	f := &fixture{pool: pool, rec: newReconciler(t, pool)}
+	client, err := stepwise.NewOperatorClient(pool, "payout")
+	require.NoError(t, err)
+	f := &fixture{pool: pool, rec: newReconciler(t, pool), client: client}
 	f.cfg = &console.Config{
 		Prefix:       "/console",
 		Authenticate: console.BasicAuth(testUser, testPassword),
-		Reconciler:   f.rec,
+		Client:       f.client,
 		Logger:       slog.New(slog.DiscardHandler),
 	}
 	if mod != nil {

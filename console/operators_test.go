@@ -23,10 +23,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
@@ -51,7 +50,7 @@ type desk struct {
 	found atomic.Int64
 }
 
-func newDesk(t *testing.T, resume bool) *desk {
+func newDesk(t *testing.T) *desk {
 	t.Helper()
 	ctx := context.Background()
 	d := &desk{pool: testkit.DB(t)}
@@ -83,22 +82,19 @@ func newDesk(t *testing.T, resume bool) *desk {
 	}})
 	require.NoError(t, err)
 	d.ob, d.rec = ob, rec
+	// The console acts through an operator client, as a console outside the service does:
+	// "payout" has no outcome callback here.
+	client, err := stepwise.NewOperatorClient(d.pool, "payout")
+	require.NoError(t, err)
 	cfg := &console.Config{
-		Prefix:     "/console",
-		Reconciler: rec,
-		Logger:     discard,
+		Prefix: "/console",
+		Client: client,
+		Logger: discard,
 		Authenticate: func(r *http.Request) (string, bool) {
 			u, p, ok := r.BasicAuth()
 			want, known := operators[u]
 			return u, ok && known && subtle.ConstantTimeCompare([]byte(p), []byte(want)) == 1
 		},
-	}
-	if resume {
-		client, err := river.NewClient(riverpgxv5.New(d.pool), &river.Config{})
-		require.NoError(t, err)
-		cfg.Resume = func(ctx context.Context, key string, seenVersion int64, actor, reason string) error {
-			return workflow.ResumeIfUnchanged(ctx, client, key, seenVersion, actor, reason)
-		}
 	}
 	h, err := console.New(d.pool, cfg)
 	require.NoError(t, err)
@@ -215,7 +211,7 @@ func (d *desk) op(t testing.TB, key string) *outbox.Operation {
 // Her form, decided on "never sent", must not be recorded: the bank paid.
 func TestStaleResolveFormIsRefused(t *testing.T) {
 	t.Parallel()
-	d := newDesk(t, false)
+	d := newDesk(t)
 	d.enqueue(t, "aba", 1)
 	op := d.op(t, "aba-0")
 	require.Equal(t, outbox.StateManual, op.State)
@@ -293,7 +289,7 @@ func (d *desk) moveRun(ctx context.Context, key string, to workflow.RunStatus, l
 // refusal nobody should retry blindly. Her form, decided on the outage, must not resume it.
 func TestStaleResumeFormIsRefused(t *testing.T) {
 	t.Parallel()
-	d := newDesk(t, true)
+	d := newDesk(t)
 	d.addFailedRun(t, "settle/aba", "bank outage: 503")
 	alice, bob := d.operator("alice"), d.operator("bob")
 	path := "/console/run?key=settle/aba"
@@ -351,7 +347,7 @@ var eventIDRE = regexp.MustCompile(`<table id="events">\s*<tr>.*?</tr>\s*<tr><td
 func TestOperatorsDay(t *testing.T) {
 	t.Parallel()
 	nPayouts, nRuns, budget := daySize()
-	d := newDesk(t, true)
+	d := newDesk(t)
 	d.enqueue(t, "day", nPayouts)
 	d.send.Store("ambiguous") // every resend times out; the reconciler finds 999 EUR: MANUAL again
 	for i := range nRuns {

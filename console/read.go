@@ -430,7 +430,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 		d.Next = template.URL(url.Values{"key": {key}, "before": {strconv.FormatInt(d.Events[len(d.Events)-1].ID, 10)}}.Encode())
 	}
 	unfinished := run.Status == workflow.RunStatusPending || run.Status == workflow.RunStatusRunning
-	d.CanCancel = v.CanAct() && unfinished && run.CancelRequestedAt == nil
+	d.CanCancel = v.CanAct() && h.cfg.Client != nil && unfinished && run.CancelRequestedAt == nil
 	d.CanResume = v.CanAct() && h.canResume() && (run.Status == workflow.RunStatusFailed || run.Status == workflow.RunStatusCancelled)
 	d.Operations = template.URL(url.Values{"run": {key}}.Encode())
 	h.render(w, r, v, "run", "Run "+key, d)
@@ -562,7 +562,7 @@ type operationData struct {
 	Op         *outbox.Operation
 	Payload    string
 	Events     []eventRow
-	Requests   []Request
+	Requests   []request
 	HasReqs    bool
 	CanResolve bool
 	Outcomes   []string
@@ -600,7 +600,7 @@ func (h *Handler) operation(w http.ResponseWriter, r *http.Request, v *viewer) {
 		h.internal(w, r, "reading the operation's audit rows", err)
 		return
 	}
-	if h.cfg.Client != nil || h.cfg.Requests != nil {
+	if h.cfg.Client != nil {
 		d.HasReqs = true
 		if d.Requests, err = h.requests(ctx, id); err != nil {
 			h.internal(w, r, "reading the operation's requests", err)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
@@ -183,34 +182,37 @@ func TestHostsAnswered(t *testing.T) {
 func TestUnauthenticatedHoldsNoSlot(t *testing.T) {
 	t.Parallel()
 	var logged syncLog
-	entered, release := make(chan struct{}, 1), make(chan struct{})
 	f := newFixture(t, func(c *console.Config) {
 		c.MaxInFlight = 1
 		c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
-		c.Requests = func(ctx context.Context, _ uuid.UUID) ([]console.Request, error) {
-			entered <- struct{}{}
-			<-release
-			return nil, nil
-		}
 	})
 	f.enqueue(t, "s", "", 1)
 	id := outbox.OperationID("payout", "s-0")
+	// The slot holder: an operation page whose read waits on a lock the test holds (a slow
+	// database, as an operator meets it).
+	ctx := context.Background()
+	lock, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, `LOCK TABLE stepwise_operation IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
 	done := make(chan int)
 	go func() {
 		done <- httpRequest(t, f, http.MethodGet, "/console/operation?id="+id.String(), "127.0.0.1:4000", testUser, testPassword).Code
 	}()
-	select {
-	case <-entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the slot holder never started")
-	}
+	require.Eventually(t, func() bool {
+		var n int
+		err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, 5*time.Millisecond, "the slot holder never started")
 	for range 20 {
 		require.Equal(t, http.StatusUnauthorized, httpRequest(t, f, http.MethodGet, "/console/", "127.0.0.1:4001", "", "").Code)
 	}
 	require.Equal(t, http.StatusUnauthorized, httpRequest(t, f, http.MethodPost, "/console/run/cancel", "127.0.0.1:4001", "", "").Code)
 	require.Equal(t, http.StatusServiceUnavailable, httpRequest(t, f, http.MethodGet, "/console/", "127.0.0.1:4002", testUser, testPassword).Code)
 	require.Contains(t, logged.String(), "every slot is busy (503)")
-	close(release)
+	require.NoError(t, lock.Rollback(ctx))
 	require.Equal(t, http.StatusOK, <-done)
 	require.Equal(t, http.StatusOK, httpRequest(t, f, http.MethodGet, "/console/", "127.0.0.1:4002", testUser, testPassword).Code)
 }

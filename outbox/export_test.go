@@ -20,6 +20,9 @@ func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	return scanOperation(row, extra...)
 }
 
+// WakeLooksForTest is how many looks the process's wakers made so far.
+func WakeLooksForTest() int64 { return wakeLooks.Load() }
+
 // DispatchArgsForTest is the dispatcher's River job args, for tests that insert a
 // dispatcher job by hand (a dead one, a takeover).
 type DispatchArgsForTest = dispatchArgs

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,6 +58,15 @@ const (
 	// wakeTick is how long the waker waits between two looks at the noted transactions: the
 	// wake's added latency, and the rate at which an enqueueing process queries for it.
 	wakeTick = 20 * time.Millisecond
+	// wakeWaitingMax bounds the waker's back-off while every wake it has to make would go to
+	// a dispatcher job it queued that is still waiting to start (its queue's workers are busy,
+	// or this process runs none): each look then doubles the wait before the next, from
+	// wakeTick to this. Such a job delivers every commit before its start, so the looks in
+	// between only confirm that it still waits: one statement per step at one payout per step
+	// (the bench's B=1 traced it at 0.32 statements and 5 % of a step's time). The cost is
+	// latency once, when that job has started and completed between two looks: the next
+	// commit's wake waits for the next look, at most this long (the poll remains the net).
+	wakeWaitingMax = 160 * time.Millisecond
 	// wakeAttempts is how many times in a row the waker tries a failing database before it
 	// drops what it holds (about 150ms): the poll delivers those operations, and a process
 	// shutting down (its pool closed) must not keep a goroutine retrying.
@@ -78,6 +88,10 @@ type waker struct {
 	// used by the loop goroutine only.
 	queued map[string]int64
 }
+
+// wakeLooks counts the waker's looks (one statement each), process-wide, for the tests of
+// its back-off.
+var wakeLooks atomic.Int64
 
 // wakers holds the waker of each River client, process-wide: Enqueue has no handle but ctx
 // and tx, and finds its waker by the client of ctx (see "Waking the dispatcher" in doc.go).
@@ -122,8 +136,10 @@ func (w *waker) loop() {
 		}
 		wakers.mu.Unlock()
 
-		keep, err := w.wake(batch)
+		keep, waiting, err := w.wake(batch)
 		switch {
+		case err == nil && waiting:
+			failures, delay = 0, min(2*delay, wakeWaitingMax)
 		case err == nil:
 			failures, delay = 0, wakeTick
 		case failures+1 < wakeAttempts:
@@ -144,8 +160,12 @@ func (w *waker) loop() {
 }
 
 // wake queues the dispatchers of the kinds whose transactions committed and returns the
-// entries still to wait for (or all of them, with an error).
-func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
+// entries still to wait for (or all of them, with an error). allWaiting reports that it
+// queued nothing because every kind it holds, of committed and running transactions alike,
+// has a dispatcher job this waker queued still waiting to start (the loop then backs off:
+// wakeWaitingMax).
+func (w *waker) wake(batch []pendingWake) (keep []pendingWake, allWaiting bool, err error) {
+	wakeLooks.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	xids := make([]string, 0, len(batch))
@@ -178,18 +198,28 @@ func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
 			coalesce((SELECT array_agg(x) FROM x WHERE ended AND pg_xact_status(x::xid8) = 'aborted'), '{}'),
 			coalesce((SELECT array_agg(id) FROM river_job WHERE id = ANY($2::bigint[])
 				AND state IN ('available', 'scheduled', 'retryable')), '{}')`, xids, known).Scan(&running, &rolledBack, &waiting); err != nil {
-		return batch, fmt.Errorf("reading the status of %d enqueueing transactions: %w", len(xids), err)
+		return batch, false, fmt.Errorf("reading the status of %d enqueueing transactions: %w", len(xids), err)
 	}
 	var kinds []string
+	// Whether every kind to wake, of the transactions still running too, has a job that is
+	// still waiting to start: nothing to do but let it start, and the loop backs off.
+	allWaiting = true
+	queuedWaiting := func(k string) bool {
+		id, ok := w.queued[k]
+		return ok && slices.Contains(waiting, id)
+	}
 	for _, p := range batch {
 		switch {
 		case p.xid != "" && slices.Contains(running, p.xid):
 			keep = append(keep, p)
+			for _, k := range p.kinds {
+				allWaiting = allWaiting && queuedWaiting(k)
+			}
 		case p.xid != "" && slices.Contains(rolledBack, p.xid):
 			// Rolled back: its operations vanished with it, nothing to deliver.
 		default:
 			for _, k := range p.kinds {
-				if id, ok := w.queued[k]; ok && slices.Contains(waiting, id) {
+				if queuedWaiting(k) {
 					continue // that kind's dispatcher has yet to start: it will see these rows
 				}
 				kinds = append(kinds, k)
@@ -197,7 +227,7 @@ func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
 		}
 	}
 	if len(kinds) == 0 {
-		return keep, nil
+		return keep, allWaiting, nil
 	}
 	// A fixed order, so that two wakers (two processes) lock the jobs of the same kinds in
 	// the same order and cannot deadlock each other.
@@ -209,18 +239,18 @@ func (w *waker) wake(batch []pendingWake) (keep []pendingWake, err error) {
 	}
 	res, err := w.client.InsertMany(ctx, params)
 	if err != nil {
-		return batch, fmt.Errorf("queueing the dispatcher for %v: %w", kinds, err)
+		return batch, false, fmt.Errorf("queueing the dispatcher for %v: %w", kinds, err)
 	}
 	for i, r := range res {
 		if r == nil || r.Job == nil || i >= len(kinds) {
 			continue
 		}
 		if r, err = w.passDeadDispatchers(ctx, kinds[i], r); err != nil {
-			return batch, err
+			return batch, false, err
 		}
 		w.queued[kinds[i]] = r.Job.ID
 	}
-	return keep, nil
+	return keep, false, nil
 }
 
 // passDeadDispatchers makes sure the wake of kind reached a dispatcher that is alive. res is

@@ -208,3 +208,45 @@ func TestWakeAfterCommitWithNoDispatcherRunning(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation`).Scan(&total))
 	require.Equal(t, len(holds), total)
 }
+
+// TestWakerBacksOffWhileItsDispatcherWaits: while the dispatcher job the waker queued is
+// still waiting to start (no worker of this process works its queue, or they are busy), it
+// will deliver every commit before its start, and looking every wakeTick to confirm it still
+// waits is a statement per step at one payout per step. The waker backs off instead. Not
+// parallel: it counts the looks of every waker in the process.
+func TestWakerBacksOffWhileItsDispatcherWaits(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	ob, err := outbox.New(pool, &outbox.Config{Logger: slog.New(slog.DiscardHandler), Kinds: map[string]*outbox.KindConfig{
+		"payout": {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil })},
+	}})
+	require.NoError(t, err)
+	require.NoError(t, ob.Register(ctx))
+	workers := river.NewWorkers()
+	require.NoError(t, ob.Install(&river.Config{Workers: workers}))
+	// Never started: nothing here works the dispatcher's queue.
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Workers: workers, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	wctx := outbox.ContextWithClient(ctx, client)
+
+	const commits, every = 60, 15 * time.Millisecond
+	before := outbox.WakeLooksForTest()
+	start := time.Now()
+	for i := range commits {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Enqueue(wctx, tx, payout(fmt.Sprintf("b-%d", i), "acct", 1))
+			return err
+		}))
+		time.Sleep(every)
+	}
+	elapsed := time.Since(start)
+	time.Sleep(400 * time.Millisecond) // the waker's last looks
+	looks := outbox.WakeLooksForTest() - before
+	var queued int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND state = 'available'`).Scan(&queued))
+	t.Logf("%d commits over %s: %d looks (%.2f a commit), %d dispatcher job queued", commits, elapsed.Round(time.Millisecond), looks, float64(looks)/commits, queued)
+	require.Equal(t, 1, queued, "one wake queued the dispatcher; the rest found it waiting")
+	// A look every 20 ms would be about elapsed/20ms (over 50 here); backed off to 160 ms,
+	// about a tenth of that.
+	require.Less(t, looks, int64(elapsed/(20*time.Millisecond))/2, "the waker kept looking every tick at a dispatcher job that was still waiting")
+}

@@ -273,6 +273,15 @@ type AdvanceOpts struct {
 // Advance is the fenced write at the end of a step: it stores cursor, counts the step and
 // renews (or releases) the lease, only if l's token is still the key's current one.
 //
+// It renews the lease only when less than half of it is left: the heartbeat renews it every
+// third of a Lease, so while the heartbeat works the step's write leaves lease_until alone,
+// and the update changes no indexed column (lease_until is indexed for maintenance) and is a
+// HOT update: no new index entries, less WAL, at every step. When the heartbeat falls behind
+// (its connection slow or cut), the steps that still commit keep the lease, as before.
+// Guards against: a write per step into two indexes for a renewal that is almost never due
+// (measured at B=1 by the bench's trace: the cursor UPDATE 145 µs against the hand-written
+// loop's 98 µs, and the commit 63 µs longer).
+//
 // The renewal is measured from the statement's clock (clock_timestamp), not from the
 // transaction's start (now()), and never moves lease_until backwards: a step whose statements
 // ran longer than the lease would otherwise commit a lease already in the past, and a healthy
@@ -290,26 +299,32 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 	if version < 1 {
 		return fmt.Errorf("advancing checkpoint %q: AdvanceOpts.CursorVersion is %d; versions start at 1 (0 means 1)", l.Key, version)
 	}
-	tag, err := tx.Exec(ctx, `
+	// left is what remains of the lease after the write, in ms by the statement's clock.
+	var left float64
+	err := tx.QueryRow(ctx, `
 		UPDATE stepwise_checkpoint
 		   SET cursor = $3, cursor_version = $6, steps = steps + 1, updated_at = now(),
 		       owner       = CASE WHEN $4 THEN NULL ELSE owner END,
 		       lease_until = CASE WHEN $4 THEN NULL
+		                          WHEN lease_until >= clock_timestamp() + $5 / 2 * interval '1 millisecond' THEN lease_until
 		                          ELSE greatest(lease_until, clock_timestamp() + $5 * interval '1 millisecond') END
-		 WHERE key = $1 AND fencing_token = $2`,
-		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds(), version)
+		 WHERE key = $1 AND fencing_token = $2
+		RETURNING coalesce(extract(epoch FROM lease_until - clock_timestamp()) * 1000, 0)::float8`,
+		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds(), version).Scan(&left)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w (key %q, token %d)", ErrFenced, l.Key, l.Token)
+	}
 	if err != nil {
 		return fmt.Errorf("advancing checkpoint %q: %w", l.Key, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w (key %q, token %d)", ErrFenced, l.Key, l.Token)
 	}
 	l.Steps++
 	l.Cursor = cursor
 	l.CursorVersion = version
-	// The lease now runs from this statement's clock, which is after stepBegan. Should the
-	// commit fail, the caller abandons the attempt; a released lease may be claimed at once.
-	l.confirmedAt = l.stepBegan
+	// The lease runs for at least left from this statement's clock, which is after
+	// stepBegan: it holds until stepBegan + left at the earliest, which confirmedAt + Lease
+	// must not pass. Should the commit fail, the caller abandons the attempt; a released
+	// lease may be claimed at once.
+	l.confirmedAt = l.stepBegan.Add(time.Duration(left*float64(time.Millisecond)) - s.cfg.Lease)
 	if release {
 		l.confirmedAt = time.Time{}
 	}

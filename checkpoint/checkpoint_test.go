@@ -380,3 +380,42 @@ func TestHeartbeatKeepsLeaseWhileItsConnectionOpensSlowly(t *testing.T) {
 	_, err = s.Claim(ctx, "k", "b", 1)
 	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
 }
+
+// While the heartbeat keeps the lease (more than half of it left), a step's fenced write
+// leaves lease_until alone, so the update touches no indexed column and is HOT: no index
+// entries per step. With less than half left (the heartbeat behind), the write renews it.
+// Red before: every Advance renewed, and no step's update was HOT.
+func TestAdvanceRenewsOnlyWhenHalfTheLeaseIsGone(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	s, _ := setup(t, &checkpoint.Config{Lease: lease})
+	ctx := context.Background()
+	l, err := s.Claim(ctx, "k", "w1", 1)
+	require.NoError(t, err)
+	step := func() (hot int, before, after time.Time) {
+		tx, err := s.Begin(ctx, l)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		// The backend's HOT count before and after, on the step's own connection (the count
+		// may include the connection's earlier transactions not yet flushed: the difference).
+		var hot0 int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_hot_updated('stepwise_checkpoint'::regclass)::int, lease_until
+			FROM stepwise_checkpoint WHERE key = 'k'`).Scan(&hot0, &before))
+		require.NoError(t, s.Advance(ctx, tx, l, json.RawMessage(`{}`), nil))
+		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_hot_updated('stepwise_checkpoint'::regclass)::int, lease_until
+			FROM stepwise_checkpoint WHERE key = 'k'`).Scan(&hot, &after))
+		hot -= hot0
+		require.NoError(t, tx.Commit(ctx))
+		return hot, before, after
+	}
+	for i := range 3 {
+		hot, before, after := step()
+		require.Equal(t, before, after, "step %d: the write moved a lease that had more than half left", i)
+		require.Equal(t, 1, hot, "step %d: the step's update was not HOT", i)
+	}
+	// The heartbeat is behind: less than half the lease is left at the next step.
+	time.Sleep(lease/2 + 200*time.Millisecond)
+	hot, before, after := step()
+	require.Greater(t, after.Sub(before), lease/2, "a step with less than half the lease left did not renew it")
+	require.Zero(t, hot, "the renewing write changed lease_until, an indexed column: not HOT")
+}

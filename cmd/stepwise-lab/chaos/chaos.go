@@ -114,7 +114,10 @@ type Config struct {
 	PayoutConcurrency             int
 
 	// KillMin and KillMax bound the pause between hits (default 0.5s and 2s); every
-	// StopEvery-th hit is a SIGSTOP for StopFor (default 6 and Lease + 2s).
+	// StopEvery-th hit is a SIGSTOP for StopFor (default 6 and Lease + 2s: longer than a held
+	// lease, so a worker frozen holding one is taken over; a worker frozen between a fetch and
+	// its claim holds none and is taken over only after two Leases, so a freeze that short
+	// only delays its run).
 	KillMin, KillMax time.Duration
 	StopEvery        int
 	StopFor          time.Duration

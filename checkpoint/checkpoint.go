@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -119,13 +120,17 @@ type Lease struct {
 	// 1 for a cursor committed without one, and before any cursor was committed.
 	CursorVersion int
 
-	// confirmedAt is a local monotonic time no later than the database's last confirmation of
-	// this lease (the start of the claim, or of the step whose fenced write renewed it); zero
-	// when unknown. Only a claim moves the token, and a claim needs the lease to have lapsed
-	// (or been released by this owner), so within Lease of confirmedAt the token is certainly
-	// still ours and Begin need not ask. stepBegan is when Begin started the current step.
+	// confirmedAt is a local monotonic time such that the lease is known to run until at
+	// least confirmedAt + Lease (set by the claim, and by each step's fenced write from what
+	// it left of the lease); zero when unknown. Only a claim moves the token, and a claim
+	// needs the lease to have lapsed (or been released by this owner), so within Lease of
+	// confirmedAt the token is certainly still ours and Begin need not ask. stepBegan is when
+	// Begin started the current step.
 	confirmedAt time.Time
 	stepBegan   time.Time
+	// heartbeats is set while a Heartbeat renews this lease: Advance then leaves a lease with
+	// more than half left alone (see Advance).
+	heartbeats atomic.Bool
 }
 
 // ValidateKey checks a key before it reaches the database.
@@ -230,8 +235,9 @@ func (s *Store) heldError(ctx context.Context, tx pgx.Tx, key string) error {
 // lose anyway. The row is deliberately NOT locked here: a SIGSTOPped holder of that lock would
 // block every takeover until it woke.
 //
-// The check is skipped while the lease was confirmed (claimed, or renewed by a committed
-// Advance) less than Lease/2 ago by this process's clock: nobody can have claimed it since,
+// The check is skipped while less than Lease/2 has passed since confirmedAt (the lease is
+// known to run for at least Lease past it: claimed then, or so much left after a committed
+// Advance), by this process's clock: nobody can have claimed it since,
 // so the check could only pass, and in a loop of short steps it would cost a round trip per
 // step (measured by the sample's bench: ~100µs of a 6ms step). A worker frozen between steps
 // (GC pause, SIGSTOP) finds the window passed and checks. Skipping is never unsafe: the
@@ -273,14 +279,18 @@ type AdvanceOpts struct {
 // Advance is the fenced write at the end of a step: it stores cursor, counts the step and
 // renews (or releases) the lease, only if l's token is still the key's current one.
 //
-// It renews the lease only when less than half of it is left: the heartbeat renews it every
-// third of a Lease, so while the heartbeat works the step's write leaves lease_until alone,
-// and the update changes no indexed column (lease_until is indexed for maintenance) and is a
-// HOT update: no new index entries, less WAL, at every step. When the heartbeat falls behind
-// (its connection slow or cut), the steps that still commit keep the lease, as before.
-// Guards against: a write per step into two indexes for a renewal that is almost never due
-// (measured at B=1 by the bench's trace: the cursor UPDATE 145 µs against the hand-written
-// loop's 98 µs, and the commit 63 µs longer).
+// While a Heartbeat runs for l, it renews the lease only when less than half of it is left:
+// the heartbeat renews it every third of a Lease (by default), so the step's write leaves
+// lease_until alone, and the update changes no indexed column (lease_until is indexed for
+// maintenance) and is a HOT update: no new index entries, less WAL, at every step. When the
+// heartbeat falls behind, a commit with less than half left renews it. Guards against: a
+// write per step into two indexes for a renewal that is almost never due (measured at B=1 by
+// the bench's trace: the cursor UPDATE 145 µs against the hand-written loop's 98 µs, and the
+// commit 63 µs longer). The cost: from this write to the commit (the row locked, so the
+// heartbeat's renewal waits), what is left of the lease covers the step's tail: two thirds
+// of a Lease or more while the heartbeat keeps up, half at worst, where a renewal here gave a
+// whole one. Without a Heartbeat every commit renews the lease, so a caller that steps
+// without one needs each step shorter than Lease, as before.
 //
 // The renewal is measured from the statement's clock (clock_timestamp), not from the
 // transaction's start (now()), and never moves lease_until backwards: a step whose statements
@@ -299,6 +309,12 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 	if version < 1 {
 		return fmt.Errorf("advancing checkpoint %q: AdvanceOpts.CursorVersion is %d; versions start at 1 (0 means 1)", l.Key, version)
 	}
+	// keepAbove: a lease with at least this much left is not renewed. Without a heartbeat a
+	// whole Lease, which no lease has left by the time a step commits: always renewed.
+	keepAbove := s.cfg.Lease
+	if l.heartbeats.Load() {
+		keepAbove = s.cfg.Lease / 2
+	}
 	// left is what remains of the lease after the write, in ms by the statement's clock.
 	var left float64
 	err := tx.QueryRow(ctx, `
@@ -306,11 +322,11 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.Ra
 		   SET cursor = $3, cursor_version = $6, steps = steps + 1, updated_at = now(),
 		       owner       = CASE WHEN $4 THEN NULL ELSE owner END,
 		       lease_until = CASE WHEN $4 THEN NULL
-		                          WHEN lease_until >= clock_timestamp() + $5 / 2 * interval '1 millisecond' THEN lease_until
+		                          WHEN lease_until >= clock_timestamp() + $7 * interval '1 millisecond' THEN lease_until
 		                          ELSE greatest(lease_until, clock_timestamp() + $5 * interval '1 millisecond') END
 		 WHERE key = $1 AND fencing_token = $2
 		RETURNING coalesce(extract(epoch FROM lease_until - clock_timestamp()) * 1000, 0)::float8`,
-		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds(), version).Scan(&left)
+		l.Key, l.Token, cursor, release, s.cfg.Lease.Milliseconds(), version, keepAbove.Milliseconds()).Scan(&left)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w (key %q, token %d)", ErrFenced, l.Key, l.Token)
 	}

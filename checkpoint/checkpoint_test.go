@@ -381,17 +381,35 @@ func TestHeartbeatKeepsLeaseWhileItsConnectionOpensSlowly(t *testing.T) {
 	require.True(t, checkpoint.IsHeld(err), "lease must still be held, got %v", err)
 }
 
-// While the heartbeat keeps the lease (more than half of it left), a step's fenced write
+// While a heartbeat keeps the lease (more than half of it left), a step's fenced write
 // leaves lease_until alone, so the update touches no indexed column and is HOT: no index
-// entries per step. With less than half left (the heartbeat behind), the write renews it.
-// Red before: every Advance renewed, and no step's update was HOT.
+// entries per step. With less than half left (the heartbeat behind), the write renews it;
+// without a heartbeat, every write does. Red before: every Advance renewed, and no step's
+// update was HOT.
 func TestAdvanceRenewsOnlyWhenHalfTheLeaseIsGone(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
-	s, _ := setup(t, &checkpoint.Config{Lease: lease})
+	s, b := setup(t, &checkpoint.Config{Lease: lease})
 	ctx := context.Background()
-	l, err := s.Claim(ctx, "k", "w1", 1)
+	require.NoError(t, checkpoint.Ensure(ctx, b.pool, "nohb"))
+	l, err := s.Claim(ctx, "nohb", "w1", 1)
 	require.NoError(t, err)
+	// Without a heartbeat: renewed at every commit, as before (a caller stepping without one
+	// keeps its lease with steps shorter than Lease).
+	for i := range 2 {
+		tx, err := s.Begin(ctx, l)
+		require.NoError(t, err)
+		var before, after time.Time
+		require.NoError(t, tx.QueryRow(ctx, `SELECT lease_until FROM stepwise_checkpoint WHERE key = 'nohb'`).Scan(&before))
+		require.NoError(t, s.Advance(ctx, tx, l, json.RawMessage(`{}`), nil))
+		require.NoError(t, tx.QueryRow(ctx, `SELECT lease_until FROM stepwise_checkpoint WHERE key = 'nohb'`).Scan(&after))
+		require.NoError(t, tx.Commit(ctx))
+		require.True(t, after.After(before), "step %d without a heartbeat did not renew the lease", i)
+	}
+
+	l, err = s.Claim(ctx, "k", "w1", 1)
+	require.NoError(t, err)
+	checkpoint.MarkHeartbeatingForTest(l)
 	step := func() (hot int, before, after time.Time) {
 		tx, err := s.Begin(ctx, l)
 		require.NoError(t, err)
@@ -418,4 +436,38 @@ func TestAdvanceRenewsOnlyWhenHalfTheLeaseIsGone(t *testing.T) {
 	hot, before, after := step()
 	require.Greater(t, after.Sub(before), lease/2, "a step with less than half the lease left did not renew it")
 	require.Zero(t, hot, "the renewing write changed lease_until, an indexed column: not HOT")
+}
+
+// Begin skips its token check only while the lease is known to run for more than Lease/2
+// more: after a step's write that did not renew (a heartbeat renews instead), that is
+// measured from what the write left, not from the step's start. Here the lease is taken from
+// under the holder behind the protocol's back once the skip must have ended: Begin has to
+// see it. Red with the skip dated from the step's start (as when every write renewed).
+func TestBeginChecksOnceHalfTheLeaseLeftIsGone(t *testing.T) {
+	t.Parallel()
+	const lease = 8 * time.Second
+	s, b := setup(t, &checkpoint.Config{Lease: lease})
+	ctx := context.Background()
+	l, err := s.Claim(ctx, "k", "w1", 1)
+	require.NoError(t, err)
+	checkpoint.MarkHeartbeatingForTest(l)
+	time.Sleep(1600 * time.Millisecond)
+	stepBegan := time.Now()
+	tx, err := s.Begin(ctx, l)
+	require.NoError(t, err)
+	require.NoError(t, s.Advance(ctx, tx, l, json.RawMessage(`{}`), nil)) // about 6.4 s left: not renewed
+	require.NoError(t, tx.Commit(ctx))
+	// The lease runs until about claim + 8 s, so the skip ends by claim + 4 s, 2.4 s after
+	// the step began (dated from the step's start it would end 4 s after it). Someone else
+	// takes the key (as after a lapse).
+	_, err = b.pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '1 second' WHERE key = 'k'`)
+	require.NoError(t, err)
+	_, err = s.Claim(ctx, "k", "w2", 1)
+	require.NoError(t, err)
+	time.Sleep(time.Until(stepBegan.Add(2800 * time.Millisecond)))
+	stale, err := s.Begin(ctx, l)
+	if err == nil {
+		_ = stale.Rollback(ctx) // the failure below, not a connection held past the test
+	}
+	require.ErrorIs(t, err, checkpoint.ErrFenced, "Begin skipped its check past the lease's half")
 }

@@ -22,6 +22,7 @@ func (s *Store) Heartbeat(ctx context.Context, l *Lease, interval time.Duration,
 	// The renewals' connection opens while the first interval passes, not in the first
 	// renewal's budget (renewer).
 	s.renewals.warm()
+	l.heartbeats.Store(true)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -73,5 +74,6 @@ func (s *Store) Heartbeat(ctx context.Context, l *Lease, interval time.Duration,
 	return func() {
 		cancel()
 		wg.Wait()
+		l.heartbeats.Store(false)
 	}
 }

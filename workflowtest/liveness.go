@@ -214,6 +214,13 @@ func CountTakeovers(ctx context.Context, q stepwisetype.DBTX, l *Liveness) (Take
 	return c, vs, nil
 }
 
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // checkLiveness is pure, so each check can be shown to fail on hand-made records.
 func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount, []Violation) {
 	maxAttempts := l.MaxAttempts
@@ -232,22 +239,46 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 		c.Takeovers++
 		holderID, _, _ := strings.Cut(t.holder, "/")
 		w := byID[holderID]
+		from := t.at.Add(-l.Window)
+		// A job fetched after the holder's claim (the takeover's own job, or the holder's
+		// snoozed job fetched again), by whichever process, is its fetcher's: it held no
+		// lease, and the takeover answers the fetcher alone, from its fetch on. Whatever
+		// became of the holder before (killed long ago, paused before the fetch) explains
+		// nothing now; nor does a pause of the fetcher that ended before it fetched.
+		if t.fetchedBy != "" && !t.fetchedAt.IsZero() && t.fetchedAt.After(t.claimedAt) {
+			f := byID[t.fetchedBy]
+			if f == nil {
+				c.UnknownHolder++
+				justified[t.key]++
+				continue
+			}
+			if f.interrupted(latest(from, t.fetchedAt), t.at, l.UnleasedPause) != "" {
+				justified[t.key]++
+				continue
+			}
+			c.Needless++
+			needless[t.key]++
+			out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
+				"run %s taken over at %s (event %d) for the job %s fetched (pid %d, up since %s) after the last claim (%q), and that process was neither killed, paused nor cut off (for %s or more) since its fetch%s",
+				t.key, stamp(t.at), t.id, t.fetchedBy, f.Pid, stamp(f.Started), t.holder, l.UnleasedPause, t.trail())})
+			continue
+		}
 		if w == nil {
 			c.UnknownHolder++
 			justified[t.key]++
 			continue
 		}
-		from := t.at.Add(-l.Window)
-		// A job fetched by another process after the holder's claim (the takeover's own
-		// job, or the holder's snoozed job fetched again) is that process's: it held no
-		// lease, and the takeover answers it alone. Whatever became of the holder before
-		// (killed long ago, say) explains nothing now.
-		fetcherOnly := t.fetchedBy != "" && t.fetchedBy != holderID && !t.fetchedAt.IsZero() && t.fetchedAt.After(t.claimedAt)
 		min := time.Duration(0)
-		if fetcherOnly || !t.releasedAt.IsZero() {
+		switch {
+		case !t.releasedAt.IsZero():
+			// Released on purpose: only what kept River from recording the snooze after it.
 			min = l.UnleasedPause
+			from = latest(from, t.releasedAt)
+		case !t.claimedAt.IsZero():
+			// A lapsed lease: a pause that ended before the claim did not lapse it.
+			from = latest(from, t.claimedAt)
 		}
-		if !fetcherOnly && w.interrupted(from, t.at, min) != "" {
+		if w.interrupted(from, t.at, min) != "" {
 			justified[t.key]++
 			continue
 		}
@@ -257,13 +288,6 @@ func checkLiveness(tos []takeover, frs []failedRun, l *Liveness) (TakeoverCount,
 		}
 		c.Needless++
 		needless[t.key]++
-		if fetcherOnly {
-			f := byID[t.fetchedBy]
-			out = append(out, Violation{Invariant: 5, Name: NameNeedlessTakeover, Evidence: fmt.Sprintf(
-				"run %s taken over at %s (event %d) from the job fetched by %s (pid %d, up since %s) after %s's claim, and that process was neither killed, paused nor cut off (for %s or more) in the %s before%s",
-				t.key, stamp(t.at), t.id, t.fetchedBy, f.Pid, stamp(f.Started), t.holder, min, l.Window, t.trail())})
-			continue
-		}
 		fetched := ""
 		if t.fetchedBy != "" && t.fetchedBy != holderID {
 			fetched = fmt.Sprintf("; its job was last fetched by %s, alive too", t.fetchedBy)

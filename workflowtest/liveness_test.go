@@ -44,6 +44,7 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 			{ID: "paused", Pid: 103, Started: at(0), Paused: []workflowtest.Interval{{From: at(30), To: at(34)}}},
 			{ID: "cut", Pid: 104, Started: at(0), CutOff: []workflowtest.Interval{{From: at(40), To: at(41)}}},
 			{ID: "stalled", Pid: 105, Started: at(0), Paused: []workflowtest.Interval{{From: at(60), To: at(61)}}},
+			{ID: "resumed", Pid: 106, Started: at(0), Paused: []workflowtest.Interval{{From: at(80), To: at(84)}}},
 		},
 		UnleasedPause: 2 * time.Second,
 	}
@@ -96,6 +97,18 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 	claim("stall-released", "stalled/job-11/attempt-1", 55)
 	event("stall-released", "run.release", "stalled/job-11/attempt-1", 59.5, `{"reason": "slice"}`)
 	takeover("stall-released", 62)
+	// own-fetch: "resumed" held the run and was paused (the first takeover, justified); thawed,
+	// it fetched the takeover's job itself and never claimed it: its pause ended before that
+	// fetch and explains nothing of the second.
+	run("own-fetch", "running")
+	claim("own-fetch", "resumed/job-13/attempt-1", 79)
+	takeover("own-fetch", 83)
+	event("own-fetch", "run.takeover", "maintenance", 90, fmt.Sprintf(`{"old_job": 14, "fetched_by": "resumed", "fetched_at": %q}`, at(85).Format(time.RFC3339Nano)))
+	// pre-fetch-pause: held by "healthy"; its snoozed job then fetched by "paused" right after
+	// its pause ended, and never claimed: a pause before the fetch explains nothing.
+	run("pre-fetch-pause", "running")
+	claim("pre-fetch-pause", "healthy/job-15/attempt-1", 20)
+	event("pre-fetch-pause", "run.takeover", "maintenance", 38, fmt.Sprintf(`{"old_job": 15, "fetched_by": "paused", "fetched_at": %q}`, at(34.1).Format(time.RFC3339Nano)))
 	// deliberate: the step failed the run.
 	run("deliberate", "failed")
 	claim("deliberate", "healthy/job-5/attempt-1", 1)
@@ -104,8 +117,8 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 	count, vs, err := workflowtest.CountTakeovers(ctx, pool, live)
 	require.NoError(t, err)
 	t.Log(workflowtest.FormatViolations(vs))
-	require.Equal(t, workflowtest.TakeoverCount{Takeovers: 12, Needless: 5}, count)
-	require.Len(t, vs, 6)
+	require.Equal(t, workflowtest.TakeoverCount{Takeovers: 15, Needless: 7}, count)
+	require.Len(t, vs, 8)
 	for _, v := range vs[:3] {
 		require.Equal(t, "no takeover of a run whose worker was alive, running and connected", v.Name)
 		require.Contains(t, v.Evidence, "run needless taken over")
@@ -115,12 +128,14 @@ func TestLivenessChecksFailOnNeedlessTakeovers(t *testing.T) {
 		require.Contains(t, v.Evidence, "(5s before) and had not released the run: its lease lapsed")
 	}
 	require.Contains(t, vs[3].Evidence, "run after-kill taken over")
-	require.Contains(t, vs[3].Evidence, "fetched by healthy (pid 101")
+	require.Contains(t, vs[3].Evidence, "for the job healthy fetched (pid 101")
 	require.Contains(t, vs[4].Evidence, "run stall-released taken over")
 	require.Contains(t, vs[4].Evidence, "(for 2s or more)")
-	require.Equal(t, "a run is failed only after MaxAttempts crashes or errors", vs[5].Name)
-	require.Contains(t, vs[5].Evidence, "run needless failed")
-	require.Contains(t, vs[5].Evidence, "1 crash(es) and 0 step error(s), fewer than MaxAttempts 3 (needless takeovers: 3)")
+	require.Contains(t, vs[5].Evidence, "run own-fetch taken over")
+	require.Contains(t, vs[6].Evidence, "run pre-fetch-pause taken over")
+	require.Equal(t, "a run is failed only after MaxAttempts crashes or errors", vs[7].Name)
+	require.Contains(t, vs[7].Evidence, "run needless failed")
+	require.Contains(t, vs[7].Evidence, "1 crash(es) and 0 step error(s), fewer than MaxAttempts 3 (needless takeovers: 3)")
 
 	// The same through CheckInvariants.
 	all, err := workflowtest.CheckInvariants(ctx, pool, &workflowtest.CheckOpts{Liveness: live})

@@ -175,14 +175,13 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 			h.fail(w, r, http.StatusNotFound, "no run with key %q: nothing was done", key)
 		case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, workflow.ErrRunNotResumable):
 			// Guards against a resume decided on a stale page (the run was resumed, ran and
-			// failed again since): the operator gets what it is now, from the database, not
-			// the adapter's text.
+			// failed again since): the operator gets what it is now, from the database.
 			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
 			h.fail(w, r, http.StatusConflict, "run %q was not resumed: %s; nothing was done: reload the run, read what changed and decide again",
 				key, h.runNow(ctx, key, seen, version))
 		default:
-			// Anything else is the adapter's or the database's failure; its text may name
-			// users, databases and hosts: logged under a reference, not shown.
+			// Anything else is the database's failure; its text may name users, databases
+			// and hosts: logged under a reference, not shown.
 			h.internal(w, r, "resuming the run", err)
 		}
 		return

@@ -108,7 +108,8 @@ heartbeats in stepwise_outbox_dispatcher.
 
 Enqueue inside a River worker (or with ContextWithClient) notes its transaction's id (returned
 by its own INSERT, no extra statement), and a per-process waker queues a dispatch job unique per
-kind within tens of milliseconds after that transaction commits. Nothing the wake touches is
+kind within tens of milliseconds after that transaction commits (up to 160 ms while the job
+it queued last has not started yet: the waker then looks less often). Nothing the wake touches is
 locked on behalf of the step, so concurrent runs enqueueing the same kind do not wait for each
 other. When that kind's dispatcher is already running, River swallows the insert; a dispatcher
 that found no more work completes its own job and then checks again for due operations, in one

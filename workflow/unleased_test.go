@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
@@ -36,6 +37,20 @@ func (m *delayFirstWork) Work(ctx context.Context, job *rivertype.JobRow, doInne
 	return doInner(ctx)
 }
 
+// slowClaimEnv starts a River client working countWorker runs at lease, whose first run job
+// is held 1.6 s between River's fetch and the worker's claim, with maintenance every 100 ms.
+func slowClaimEnv(t *testing.T, pool *pgxpool.Pool, lease time.Duration) (*env, *delayFirstWork) {
+	t.Helper()
+	engine, err := workflow.New(pool, &workflow.Config{Lease: lease, Logger: quietLogger()})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	workflow.AddWorker(engine, workers, &countWorker{})
+	delay := &delayFirstWork{d: 1600 * time.Millisecond}
+	e := newEnvWith(t, pool, engine, workers, delay)
+	maintainLoop(t, e, 100*time.Millisecond)
+	return e, delay
+}
+
 // A live worker slow between River's fetch and its claim holds no lease, and nothing renews
 // that state: maintenance must leave it two Leases before it calls the worker vanished. With
 // one (the rule before), a worker starved for 1.6 s at a 1 s Lease was taken over while alive
@@ -45,16 +60,10 @@ func TestSlowClaimAfterFetchIsNotTakenOver(t *testing.T) {
 	const lease = time.Second
 	pool := mustPool(t, testkit.DBURL(t))
 	createItems(t, pool, "items", true)
-	engine, err := workflow.New(pool, &workflow.Config{Lease: lease, Logger: quietLogger()})
-	require.NoError(t, err)
-	workers := river.NewWorkers()
-	workflow.AddWorker(engine, workers, &countWorker{})
-	delay := &delayFirstWork{d: 1600 * time.Millisecond}
-	e := newEnvWith(t, pool, engine, workers, delay)
-	maintainLoop(t, e, 100*time.Millisecond)
+	e, delay := slowClaimEnv(t, pool, lease)
 
 	ctx := context.Background()
-	_, err = workflow.Start(ctx, e.client, "slowclaim", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
+	_, err := workflow.Start(ctx, e.client, "slowclaim", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
 	require.NoError(t, err)
 	run := waitRun(t, pool, "slowclaim", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	require.True(t, delay.delayed.Load(), "the middleware never held the run's job")
@@ -91,14 +100,8 @@ func TestSlowClaimAfterTakeoverIsNotTakenOverAgain(t *testing.T) {
 	// A worker claimed the run an hour ago and died: its lease lapsed, its job still 'running'.
 	fakeAttempt(t, insertOnly, "retaken")
 
-	engine, err := workflow.New(pool, &workflow.Config{Lease: lease, Logger: quietLogger()})
-	require.NoError(t, err)
-	workers := river.NewWorkers()
-	workflow.AddWorker(engine, workers, &countWorker{})
 	// The first job this client works is the takeover's: held 1.6 s between fetch and claim.
-	delay := &delayFirstWork{d: 1600 * time.Millisecond}
-	e := newEnvWith(t, pool, engine, workers, delay)
-	maintainLoop(t, e, 100*time.Millisecond)
+	_, delay := slowClaimEnv(t, pool, lease)
 
 	run := waitRun(t, pool, "retaken", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	require.True(t, delay.delayed.Load(), "the middleware never held the run's job")

@@ -383,12 +383,16 @@ func (e *Engine) unleasedGrace() time.Duration { return 2 * e.cfg.Lease }
 // (state, ...) index, a page at a time, then stepwise_run_job_idx; the sweep by
 // stepwise_run_active_key_idx from the last key; cancellations by stepwise_run_cancel_idx.
 const (
-	// Expired leases: a worker killed or frozen while it held the run. Only a lease that
-	// outlived the job's fetch counts (lease_until > attempted_at): a takeover leaves the dead
-	// holder's lapsed lease on the checkpoint until the next claim, and judging the new job by
-	// it would take a live worker, starved between fetch and claim, over after one Lease
-	// instead of unleasedGrace (TestSlowClaimAfterTakeoverIsNotTakenOverAgain). Such a job is
-	// the unleased scan's.
+	// Expired leases: a worker killed or frozen while it held the run. Only the lease of the
+	// job's own attempt counts: its owner names the job and attempt (the worker's owner
+	// string, worker.go), and it outlived the job's fetch. A takeover moves the run's job,
+	// not the checkpoint, so the lease on it may be another job's: the dead holder's lapsed
+	// lease, left until the next claim (TestSlowClaimAfterTakeoverIsNotTakenOverAgain), or
+	// that holder's, renewed by its heartbeat when it thawed for a moment after the new job's
+	// fetch (a takeover does not move the token, so the renewal holds) before it froze again
+	// (TestThawedHolderRenewalIsNotTheFetchersLease). Judging the new job by such a lease
+	// would take its worker, alive and starved between fetch and claim, over after one Lease
+	// instead of unleasedGrace: such a job is the unleased scan's.
 	expiredScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
 		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,
@@ -399,8 +403,11 @@ const (
 		 WHERE c.lease_until IS NOT NULL AND c.lease_until < now()
 		   AND j.state = 'running'
 		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
-		   AND c.lease_until > j.attempted_at
+		   AND ` + leaseOfJobSQL + `
 		 LIMIT 100`
+	// leaseOfJobSQL: the checkpoint's lease is the one the job's current attempt took, by its
+	// owner ("<client>/job-<id>/attempt-<n>", worker.go) and taken after the attempt's fetch.
+	leaseOfJobSQL = `(coalesce(c.owner, '') LIKE '%/job-' || j.id || '/attempt-' || j.attempt AND c.lease_until > j.attempted_at)`
 	// A page of River's running jobs, by id. "id + 0" keeps the planner on the state index
 	// (a top-N sort of the running jobs) instead of walking the primary key past every
 	// finished and waiting job.
@@ -408,9 +415,10 @@ const (
 		SELECT max(id), count(*)::int FROM (
 			SELECT id FROM river_job WHERE state = 'running' AND id > $1 ORDER BY id + 0 LIMIT $2
 		) p`
-	// The page's jobs whose run has no lease taken since the job's fetch (none at all, or a
-	// lapsed one of an earlier attempt: the expired scan's complement), fetched and released
-	// (if at all) more than unleasedGrace ($1) ago.
+	// The page's jobs whose run holds no lease of the job's own attempt (none at all, or a
+	// lapsed one of another job or attempt: the expired scan's complement), fetched and
+	// released (if at all) more than unleasedGrace ($1) ago. Another job's lease that has not
+	// lapsed is its holder's, alive: left alone.
 	unleasedScanSQL = `
 		SELECT r.key, r.river_job_id, j.state::text, r.failures, c.fencing_token, r.workflow, r.input,
 		       j.queue, j.priority, j.max_attempts, r.wake_at, c.steps, r.failed_at_steps,
@@ -420,7 +428,7 @@ const (
 		  JOIN stepwise_checkpoint c ON c.key = r.key
 		 WHERE j.state = 'running' AND j.id > $2 AND j.id <= $3
 		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
-		   AND (c.lease_until IS NULL OR c.lease_until <= j.attempted_at)
+		   AND (c.lease_until IS NULL OR (c.lease_until < now() AND NOT ` + leaseOfJobSQL + `))
 		   AND (r.released_at IS NULL OR r.released_at < j.attempted_at
 		        OR r.released_at < now() - $1 * interval '1 millisecond')`
 	// The sweep: a page of unfinished runs by key, each one's checkpoint and job read by

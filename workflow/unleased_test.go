@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,12 +23,17 @@ type delayFirstWork struct {
 	river.MiddlewareDefaults
 	d       time.Duration
 	delayed atomic.Bool
+	// held, when not nil, is closed as the hold begins (the job is fetched, not claimed).
+	held chan struct{}
 }
 
 func (m *delayFirstWork) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
 	// Only the run's job: the engine's maintenance job shares the queue and may be fetched
 	// first, and holding it would leave the run undelayed and the test proving nothing.
 	if job.Kind == (countArgs{}).Kind() && m.delayed.CompareAndSwap(false, true) {
+		if m.held != nil {
+			close(m.held)
+		}
 		select {
 		case <-time.After(m.d):
 		case <-ctx.Done():
@@ -41,11 +47,15 @@ func (m *delayFirstWork) Work(ctx context.Context, job *rivertype.JobRow, doInne
 // is held 1.6 s between River's fetch and the worker's claim, with maintenance every 100 ms.
 func slowClaimEnv(t *testing.T, pool *pgxpool.Pool, lease time.Duration) (*env, *delayFirstWork) {
 	t.Helper()
+	return slowClaimEnvWith(t, pool, lease, &delayFirstWork{d: 1600 * time.Millisecond})
+}
+
+func slowClaimEnvWith(t *testing.T, pool *pgxpool.Pool, lease time.Duration, delay *delayFirstWork) (*env, *delayFirstWork) {
+	t.Helper()
 	engine, err := workflow.New(pool, &workflow.Config{Lease: lease, Logger: quietLogger()})
 	require.NoError(t, err)
 	workers := river.NewWorkers()
 	workflow.AddWorker(engine, workers, &countWorker{})
-	delay := &delayFirstWork{d: 1600 * time.Millisecond}
 	e := newEnvWith(t, pool, engine, workers, delay)
 	maintainLoop(t, e, 100*time.Millisecond)
 	return e, delay
@@ -115,5 +125,57 @@ func TestSlowClaimAfterTakeoverIsNotTakenOverAgain(t *testing.T) {
 	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
 	require.Equal(t, 1, takeovers, "the live worker of the takeover's job was taken over again between fetch and claim")
 	perN, _ := itemCounts(t, pool, "items", "retaken")
+	requireExactlyOnce(t, perN, 30)
+}
+
+// A double fault: the holder of a run is frozen and taken over; before the takeover's job is
+// claimed, the old holder thaws long enough for its heartbeat to renew (a takeover moves the
+// run's job, not the checkpoint's token, so the renewal holds) and freezes again. Its renewed
+// lease then lapses while the takeover's worker, alive, is still starved between fetch and
+// claim. The rule before counted any lease that outlived the fetch as the new job's own and
+// took the live fetcher over after one Lease; a lease counts as the job's only when its owner
+// names the job's attempt, so this job is the unleased scan's, with two Leases.
+func TestThawedHolderRenewalIsNotTheFetchersLease(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	pool := mustPool(t, testkit.DBURL(t))
+	createItems(t, pool, "items", true)
+	insertOnly := newEnv(t, pool, &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
+	ctx := context.Background()
+	_, err := workflow.Start(ctx, insertOnly.client, "thawed", countArgs{Total: 30, Batch: 10, Table: "items"}, nil)
+	require.NoError(t, err)
+	run, err := workflow.GetRun(ctx, pool, "thawed")
+	require.NoError(t, err)
+	// The holder: its job fetched an hour ago and claimed under the owner a worker writes,
+	// then frozen past its lease.
+	oldOwner := fmt.Sprintf("frozen-client/job-%d/attempt-1", *run.RiverJobID)
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 hour' WHERE id = $1`, *run.RiverJobID)
+	require.NoError(t, err)
+	old, err := insertOnly.engine.Checkpoints().Claim(ctx, "thawed", oldOwner, 1)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE stepwise_run SET status = 'running', attempts = attempts + 1 WHERE key = 'thawed'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '1 second' WHERE key = 'thawed'`)
+	require.NoError(t, err)
+
+	delay := &delayFirstWork{d: 1600 * time.Millisecond, held: make(chan struct{})}
+	slowClaimEnvWith(t, pool, lease, delay)
+	select {
+	case <-delay.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the takeover's job was never fetched")
+	}
+	// The holder thaws: its heartbeat's renewal, fenced by the token it still holds, extends
+	// the lease a little past the fetch; then it freezes again.
+	tag, err := pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = clock_timestamp() + interval '200 milliseconds'
+		WHERE key = 'thawed' AND fencing_token = $1 AND owner = $2`, old.Token, oldOwner)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "the thawed holder's renewal did not land: the takeover moved the token")
+
+	run = waitRun(t, pool, "thawed", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
+	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'thawed' AND kind = 'run.takeover'`)
+	require.Equal(t, 1, takeovers, "the live worker of the takeover's job was taken over because the old holder renewed")
+	perN, _ := itemCounts(t, pool, "items", "thawed")
 	requireExactlyOnce(t, perN, 30)
 }

@@ -144,7 +144,8 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		clientID = c.ID()
 	}
 	// Owner ids are per attempt, not per host: two attempts in one process are different
-	// owners, so a stale attempt can never renew the lease of a newer one.
+	// owners, so a stale attempt can never renew the lease of a newer one. Maintenance reads
+	// this form to tell the job's own lease from another's (leaseOfJobSQL): keep them equal.
 	owner := fmt.Sprintf("%s/job-%d/attempt-%d", clientID, job.ID, job.Attempt)
 	claimCtx, claimSpan := e.tracer.Start(ctx, "stepwise.claim")
 	lease, err := e.store.Claim(claimCtx, key, owner, job.Attempt)

@@ -59,3 +59,9 @@ func MarkStepErrorForTest(ctx context.Context, e *Engine, key string, jobID int6
 // MaintenanceArgsForTest is the maintenance job's River args, for tests that insert one by
 // hand.
 type MaintenanceArgsForTest = maintenanceArgs
+
+// OwnerForTest is the lease owner a worker of the River client clientID claims under for
+// attempt of job jobID (what maintenance recognises as the job's own lease).
+func OwnerForTest(clientID string, jobID int64, attempt int) string {
+	return ownerOf(clientID, jobID, attempt)
+}

@@ -36,16 +36,22 @@ func waitForLockWaiter(t *testing.T, pool interface {
 	}, 10*time.Second, 5*time.Millisecond)
 }
 
-// fakeAttempt makes a started run look like River fetched its job an hour ago and a worker
-// claimed it; the lease is then left to lapse, as a worker stalled past its heartbeat would.
+// stalledClient is the River client fakeAttempt's worker belongs to.
+const stalledClient = "stalled-client"
+
+// fakeAttempt makes a started run look like River's client stalledClient fetched its job half
+// an hour ago (well within River's own rescue of stuck jobs, an hour, which would otherwise
+// race the test's maintenance) and its worker claimed it, under the owner a worker writes; the
+// lease is then left to lapse, as a worker stalled past its heartbeat would.
 func fakeAttempt(t *testing.T, e *env, key string) {
 	t.Helper()
 	ctx := context.Background()
 	run, err := workflow.GetRun(ctx, e.pool, key)
 	require.NoError(t, err)
-	_, err = e.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 hour' WHERE id = $1`, *run.RiverJobID)
+	_, err = e.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '30 minutes',
+		attempted_by = ARRAY[$2::text] WHERE id = $1`, *run.RiverJobID, stalledClient)
 	require.NoError(t, err)
-	_, err = e.engine.Checkpoints().Claim(ctx, key, "stalled-worker", 1)
+	_, err = e.engine.Checkpoints().Claim(ctx, key, workflow.OwnerForTest(stalledClient, *run.RiverJobID, 1), 1)
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, `UPDATE stepwise_run SET status = 'running', attempts = attempts + 1 WHERE key = $1`, key)
 	require.NoError(t, err)

@@ -72,11 +72,12 @@ func (r rawArgs) MarshalJSON() ([]byte, error) { return r.raw, nil }
 // pending or sleeping runs:
 //
 //   - takeover of expired leases (a worker killed or frozen mid-run, the common case):
-//     driven by the index on stepwise_checkpoint.lease_until, a few rows. Takeover after
-//     about Lease + MaintenanceInterval;
-//   - takeover of running jobs with no lease at all (a worker that died after River fetched
-//     its job and before it claimed, or after it released and before River recorded the
-//     snooze): a page of 100 of River's running jobs per pass, resuming where the last pass
+//     driven by the index on stepwise_checkpoint.lease_until, a few rows. Only the lease the
+//     job's own fetch took counts (leaseOfJobSQL). Takeover after about Lease +
+//     MaintenanceInterval;
+//   - takeover of running jobs with no lease of their own (a worker that died after River
+//     fetched its job and before it claimed, or after it released and before River recorded
+//     the snooze; the lapsed lease of another job, left by the holder a takeover replaced): a page of 100 of River's running jobs per pass, resuming where the last pass
 //     stopped, so a full round takes (running jobs / 100) passes. Such a job is left alone
 //     for two Leases past its fetch, and a run its worker released on purpose for two Leases
 //     past the release (unleasedGrace; the rule in runstate.go);
@@ -364,7 +365,8 @@ func (e *Engine) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 	}
 }
 
-// unleasedGrace is how long a running job whose run nobody holds is left alone: past its
+// unleasedGrace is how long a running job whose run holds no lease of the job's own fetch
+// (none, or another job's lapsed one) is left alone: past its
 // fetch (attempted_at), and past its run's release on purpose (released_at). Two Leases,
 // where a lapsed lease (expiredScanSQL) is taken over after one. Guards against: a live but
 // starved worker taken over. A held lease is renewed every third of a Lease, so its holder
@@ -374,7 +376,8 @@ func (e *Engine) RunMaintenance(ctx context.Context, client *river.Client[pgx.Tx
 // (the chaos long profile, 2 s Lease: a run taken over 2.35 s after a live worker fetched its
 // job and before its claim). A worker that really dies inside one of them is rare (its
 // window is those milliseconds), so the second Lease costs recovery time only then; the
-// common crash, a worker killed holding its lease, is still taken over after one.
+// common crash, a worker killed holding the lease of its own fetch, is still taken over
+// after one.
 func (e *Engine) unleasedGrace() time.Duration { return 2 * e.cfg.Lease }
 
 // The scans of a maintenance pass. Each is driven by a small index range, so a pass costs the
@@ -384,8 +387,8 @@ func (e *Engine) unleasedGrace() time.Duration { return 2 * e.cfg.Lease }
 // stepwise_run_active_key_idx from the last key; cancellations by stepwise_run_cancel_idx.
 const (
 	// Expired leases: a worker killed or frozen while it held the run. Only the lease of the
-	// job's own attempt counts: its owner names the job and attempt (the worker's owner
-	// string, worker.go), and it outlived the job's fetch. A takeover moves the run's job,
+	// job's own fetch counts (leaseOfJobSQL): its owner names the fetching client, the job and
+	// the attempt, and it outlived the fetch. A takeover moves the run's job,
 	// not the checkpoint, so the lease on it may be another job's: the dead holder's lapsed
 	// lease, left until the next claim (TestSlowClaimAfterTakeoverIsNotTakenOverAgain), or
 	// that holder's, renewed by its heartbeat when it thawed for a moment after the new job's
@@ -405,9 +408,14 @@ const (
 		   AND j.attempted_at < now() - $1 * interval '1 millisecond'
 		   AND ` + leaseOfJobSQL + `
 		 LIMIT 100`
-	// leaseOfJobSQL: the checkpoint's lease is the one the job's current attempt took, by its
-	// owner ("<client>/job-<id>/attempt-<n>", worker.go) and taken after the attempt's fetch.
-	leaseOfJobSQL = `(coalesce(c.owner, '') LIKE '%/job-' || j.id || '/attempt-' || j.attempt AND c.lease_until > j.attempted_at)`
+	// leaseOfJobSQL: the checkpoint's lease is the one the job's current fetch took: its owner
+	// is the one the worker writes (ownerOf, worker.go) for the client that last fetched the
+	// job, the job and its attempt, and it outlived the fetch. The owner alone is not enough:
+	// River lowers a snoozed job's attempt again, so two fetches of one job by one client can
+	// share it. The coalesce matters: the unleased scan takes NOT of this, and NOT of a NULL
+	// (no attempted_by) would drop the row from both scans.
+	leaseOfJobSQL = `coalesce(c.owner = j.attempted_by[cardinality(j.attempted_by)] || '/job-' || j.id || '/attempt-' || j.attempt
+		AND c.lease_until > j.attempted_at, false)`
 	// A page of River's running jobs, by id. "id + 0" keeps the planner on the state index
 	// (a top-N sort of the running jobs) instead of walking the primary key past every
 	// finished and waiting job.
@@ -415,8 +423,8 @@ const (
 		SELECT max(id), count(*)::int FROM (
 			SELECT id FROM river_job WHERE state = 'running' AND id > $1 ORDER BY id + 0 LIMIT $2
 		) p`
-	// The page's jobs whose run holds no lease of the job's own attempt (none at all, or a
-	// lapsed one of another job or attempt: the expired scan's complement), fetched and
+	// The page's jobs whose run holds no lease of the job's own fetch (none at all, or a
+	// lapsed one of another job, attempt or fetch: the expired scan's complement), fetched and
 	// released (if at all) more than unleasedGrace ($1) ago. Another job's lease that has not
 	// lapsed is its holder's, alive: left alone.
 	unleasedScanSQL = `

@@ -2,7 +2,6 @@ package workflow_test
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,9 +115,9 @@ func TestSlowClaimAfterTakeoverIsNotTakenOverAgain(t *testing.T) {
 	run := waitRun(t, pool, "retaken", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	require.True(t, delay.delayed.Load(), "the middleware never held the run's job")
 	var fetchToClaim time.Duration
-	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT min(at) FROM stepwise_event WHERE subject = 'retaken' AND kind = 'lease.claim' AND actor <> 'stalled-worker')
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT min(at) FROM stepwise_event WHERE subject = 'retaken' AND kind = 'lease.claim' AND actor NOT LIKE $2 || '/%')
 		- (SELECT attempted_at FROM river_job WHERE kind = $1 AND id <> (SELECT min(id) FROM river_job WHERE kind = $1) ORDER BY id LIMIT 1)`,
-		(countArgs{}).Kind()).Scan(&fetchToClaim))
+		(countArgs{}).Kind(), stalledClient).Scan(&fetchToClaim))
 	t.Logf("takeover job: fetch to claim %s (Lease %s)", fetchToClaim.Round(time.Millisecond), lease)
 	require.Greater(t, fetchToClaim, lease, "the takeover job's claim was not delayed past a lease after its fetch")
 	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'retaken' AND kind = 'run.takeover'`)
@@ -146,16 +145,19 @@ func TestThawedHolderRenewalIsNotTheFetchersLease(t *testing.T) {
 	require.NoError(t, err)
 	run, err := workflow.GetRun(ctx, pool, "thawed")
 	require.NoError(t, err)
-	// The holder: its job fetched an hour ago and claimed under the owner a worker writes,
-	// then frozen past its lease.
-	oldOwner := fmt.Sprintf("frozen-client/job-%d/attempt-1", *run.RiverJobID)
-	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 hour' WHERE id = $1`, *run.RiverJobID)
+	// The holder: its job fetched 1.5 Leases ago by a River client and claimed under the
+	// owner its worker writes, then frozen past its lease: the expired scan's, on the first
+	// pass.
+	oldJob := *run.RiverJobID
+	oldOwner := workflow.OwnerForTest(stalledClient, oldJob, 1)
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1500 milliseconds',
+		attempted_by = ARRAY[$2::text] WHERE id = $1`, oldJob, stalledClient)
 	require.NoError(t, err)
 	old, err := insertOnly.engine.Checkpoints().Claim(ctx, "thawed", oldOwner, 1)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE stepwise_run SET status = 'running', attempts = attempts + 1 WHERE key = 'thawed'`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '1 second' WHERE key = 'thawed'`)
+	_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '100 milliseconds' WHERE key = 'thawed'`)
 	require.NoError(t, err)
 
 	delay := &delayFirstWork{d: 1600 * time.Millisecond, held: make(chan struct{})}
@@ -167,15 +169,73 @@ func TestThawedHolderRenewalIsNotTheFetchersLease(t *testing.T) {
 	}
 	// The holder thaws: its heartbeat's renewal, fenced by the token it still holds, extends
 	// the lease a little past the fetch; then it freezes again.
-	tag, err := pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = clock_timestamp() + interval '200 milliseconds'
-		WHERE key = 'thawed' AND fencing_token = $1 AND owner = $2`, old.Token, oldOwner)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, tag.RowsAffected(), "the thawed holder's renewal did not land: the takeover moved the token")
+	var renewedUntil time.Time
+	err = pool.QueryRow(ctx, `UPDATE stepwise_checkpoint SET lease_until = clock_timestamp() + interval '200 milliseconds'
+		WHERE key = 'thawed' AND fencing_token = $1 AND owner = $2 RETURNING lease_until`, old.Token, oldOwner).Scan(&renewedUntil)
+	require.NoError(t, err, "the thawed holder's renewal did not land: the takeover moved the token")
 
 	run = waitRun(t, pool, "thawed", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	require.Equal(t, workflow.RunStatusSucceeded, run.Status, "last error: %s", deref(run.LastError))
+	// The state the old rule took over: the renewed lease lapsed, and the claim came more than
+	// a Lease after the takeover job's fetch.
+	var claimedAt, fetchedAt time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT min(at) FROM stepwise_event WHERE subject = 'thawed' AND kind = 'lease.claim' AND actor <> $1),
+		(SELECT attempted_at FROM river_job WHERE kind = $2 AND id <> $3 ORDER BY id LIMIT 1)`,
+		oldOwner, (countArgs{}).Kind(), oldJob).Scan(&claimedAt, &fetchedAt))
+	t.Logf("takeover job: fetch to claim %s (Lease %s); renewed lease lapsed %s before the claim",
+		claimedAt.Sub(fetchedAt).Round(time.Millisecond), lease, claimedAt.Sub(renewedUntil).Round(time.Millisecond))
+	require.Greater(t, claimedAt.Sub(fetchedAt), lease, "the takeover job's claim was not delayed past a lease after its fetch")
+	require.True(t, renewedUntil.After(fetchedAt) && renewedUntil.Before(claimedAt), "the thawed holder's lease did not outlive the fetch and lapse before the claim")
 	takeovers := queryInt(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'thawed' AND kind = 'run.takeover'`)
 	require.Equal(t, 1, takeovers, "the live worker of the takeover's job was taken over because the old holder renewed")
 	perN, _ := itemCounts(t, pool, "items", "thawed")
 	requireExactlyOnce(t, perN, 30)
+}
+
+// The two takeover rules, told apart by the lease's owner: a lapsed lease its own fetch took
+// (the owner the worker writes for the client that fetched the job, the job and its attempt)
+// is taken over one Lease past the fetch; a lapsed lease under any other owner, two. Pins the
+// expired scan to the worker's owner form: were they to drift apart, every crash would wait
+// two Leases (and the unleased scan's paging) and nothing else would notice.
+func TestExpiredScanCountsOnlyTheLeaseOfTheJobsOwnFetch(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	pool := mustPool(t, testkit.DBURL(t))
+	createItems(t, pool, "items", true)
+	e := newEnv(t, pool, &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
+	ctx := context.Background()
+	// stall leaves key's job fetched by stalledClient ago, and its lease, owned by
+	// owner(job), lapsed.
+	stall := func(key string, ago time.Duration, owner func(job int64) string) {
+		t.Helper()
+		_, err := workflow.Start(ctx, e.client, key, countArgs{Total: 10, Batch: 10, Table: "items"}, nil)
+		require.NoError(t, err)
+		run, err := workflow.GetRun(ctx, pool, key)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_by = ARRAY[$2::text],
+			attempted_at = now() - $3 * interval '1 millisecond' WHERE id = $1`, *run.RiverJobID, stalledClient, ago.Milliseconds())
+		require.NoError(t, err)
+		_, err = e.engine.Checkpoints().Claim(ctx, key, owner(*run.RiverJobID), 1)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `UPDATE stepwise_run SET status = 'running', attempts = attempts + 1 WHERE key = $1`, key)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '100 milliseconds' WHERE key = $1`, key)
+		require.NoError(t, err)
+	}
+	stall("own", 1500*time.Millisecond, func(job int64) string { return workflow.OwnerForTest(stalledClient, job, 1) })
+	stall("other-client", 1500*time.Millisecond, func(job int64) string { return workflow.OwnerForTest("other-client", job, 1) })
+	stall("other-attempt", 1500*time.Millisecond, func(job int64) string { return workflow.OwnerForTest(stalledClient, job, 2) })
+
+	res, err := e.engine.Maintain(ctx, e.client)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"own"}, res.TakenOver,
+		"1.5 Leases past the fetch only the lease of the job's own fetch is taken over")
+
+	// Past two Leases the others are the unleased scan's.
+	_, err = pool.Exec(ctx, `UPDATE river_job j SET attempted_at = now() - interval '2500 milliseconds'
+		FROM stepwise_run r WHERE r.river_job_id = j.id AND r.key IN ('other-client', 'other-attempt')`)
+	require.NoError(t, err)
+	res, err = e.engine.Maintain(ctx, e.client)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"other-client", "other-attempt"}, res.TakenOver)
 }

@@ -143,10 +143,7 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
 		clientID = c.ID()
 	}
-	// Owner ids are per attempt, not per host: two attempts in one process are different
-	// owners, so a stale attempt can never renew the lease of a newer one. Maintenance reads
-	// this form to tell the job's own lease from another's (leaseOfJobSQL): keep them equal.
-	owner := fmt.Sprintf("%s/job-%d/attempt-%d", clientID, job.ID, job.Attempt)
+	owner := ownerOf(clientID, job.ID, job.Attempt)
 	claimCtx, claimSpan := e.tracer.Start(ctx, "stepwise.claim")
 	lease, err := e.store.Claim(claimCtx, key, owner, job.Attempt)
 	if err != nil {
@@ -911,4 +908,14 @@ func truncate(s *string) *string {
 	}
 	t := (*s)[:maxErrorLen] + "…(truncated)"
 	return &t
+}
+
+// ownerOf is the lease owner a worker claims a run under: the River client that fetched the
+// job, the job and its attempt. It is per attempt, not per host, for the audit trail and the
+// console; what stops a stale attempt from renewing or committing is the fencing token (a
+// snoozed job's re-fetch may carry the same owner). Maintenance rebuilds it from the River job
+// to tell the lease of a job's own fetch from another's (leaseOfJobSQL in maintenance.go):
+// keep the two equal.
+func ownerOf(clientID string, jobID int64, attempt int) string {
+	return fmt.Sprintf("%s/job-%d/attempt-%d", clientID, jobID, attempt)
 }

@@ -74,7 +74,8 @@ type Liveness struct {
 
 	// UnleasedPause is the shortest pause or cut-off that explains a takeover of a run
 	// nobody held: a job fetched and not yet claimed, or a run released and not yet recorded
-	// snoozed. Maintenance leaves those states two Leases (a lapsed lease one), so a short
+	// snoozed. Maintenance leaves those states two Leases (a lapsed lease of the job's own
+	// fetch one), so a short
 	// stall of a live process there explains nothing, though it may explain a lapsed lease.
 	// Zero: any pause explains it.
 	UnleasedPause time.Duration

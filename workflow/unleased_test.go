@@ -199,7 +199,8 @@ func TestThawedHolderRenewalIsNotTheFetchersLease(t *testing.T) {
 // two Leases (and the unleased scan's paging) and nothing else would notice.
 func TestExpiredScanCountsOnlyTheLeaseOfTheJobsOwnFetch(t *testing.T) {
 	t.Parallel()
-	const lease = time.Second
+	// Times are set, not waited for: a long Lease leaves seconds of margin on a slow machine.
+	const lease = 5 * time.Second
 	pool := mustPool(t, testkit.DBURL(t))
 	createItems(t, pool, "items", true)
 	e := newEnv(t, pool, &workflow.Config{Lease: lease}, nil, map[string]river.QueueConfig{})
@@ -222,17 +223,17 @@ func TestExpiredScanCountsOnlyTheLeaseOfTheJobsOwnFetch(t *testing.T) {
 		_, err = pool.Exec(ctx, `UPDATE stepwise_checkpoint SET lease_until = now() - interval '100 milliseconds' WHERE key = $1`, key)
 		require.NoError(t, err)
 	}
-	stall("own", 1500*time.Millisecond, func(job int64) string { return workflow.OwnerForTest(stalledClient, job, 1) })
-	stall("other-client", 1500*time.Millisecond, func(job int64) string { return workflow.OwnerForTest("other-client", job, 1) })
-	stall("other-attempt", 1500*time.Millisecond, func(job int64) string { return workflow.OwnerForTest(stalledClient, job, 2) })
+	stall("own", 6*time.Second, func(job int64) string { return workflow.OwnerForTest(stalledClient, job, 1) })
+	stall("other-client", 6*time.Second, func(job int64) string { return workflow.OwnerForTest("other-client", job, 1) })
+	stall("other-attempt", 6*time.Second, func(job int64) string { return workflow.OwnerForTest(stalledClient, job, 2) })
 
 	res, err := e.engine.Maintain(ctx, e.client)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"own"}, res.TakenOver,
-		"1.5 Leases past the fetch only the lease of the job's own fetch is taken over")
+		"1.2 Leases past the fetch only the lease of the job's own fetch is taken over")
 
 	// Past two Leases the others are the unleased scan's.
-	_, err = pool.Exec(ctx, `UPDATE river_job j SET attempted_at = now() - interval '2500 milliseconds'
+	_, err = pool.Exec(ctx, `UPDATE river_job j SET attempted_at = now() - interval '11 seconds'
 		FROM stepwise_run r WHERE r.river_job_id = j.id AND r.key IN ('other-client', 'other-attempt')`)
 	require.NoError(t, err)
 	res, err = e.engine.Maintain(ctx, e.client)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 )
@@ -63,5 +64,5 @@ type MaintenanceArgsForTest = maintenanceArgs
 // OwnerForTest is the lease owner a worker of the River client clientID claims under for
 // attempt of job jobID (what maintenance recognises as the job's own lease).
 func OwnerForTest(clientID string, jobID int64, attempt int) string {
-	return ownerOf(clientID, jobID, attempt)
+	return ownerOf(&rivertype.JobRow{ID: jobID, Attempt: attempt, AttemptedBy: []string{clientID}})
 }

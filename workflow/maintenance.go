@@ -77,10 +77,11 @@ func (r rawArgs) MarshalJSON() ([]byte, error) { return r.raw, nil }
 //     MaintenanceInterval;
 //   - takeover of running jobs with no lease of their own (a worker that died after River
 //     fetched its job and before it claimed, or after it released and before River recorded
-//     the snooze; the lapsed lease of another job, left by the holder a takeover replaced): a page of 100 of River's running jobs per pass, resuming where the last pass
-//     stopped, so a full round takes (running jobs / 100) passes. Such a job is left alone
-//     for two Leases past its fetch, and a run its worker released on purpose for two Leases
-//     past the release (unleasedGrace; the rule in runstate.go);
+//     the snooze; the lapsed lease of another job, left by the holder a takeover replaced):
+//     a page of 100 of River's running jobs per pass, resuming where the last pass stopped,
+//     so a full round takes (running jobs / 100) passes. Such a job is left alone for two
+//     Leases past its fetch, and a run its worker released on purpose for two Leases past
+//     the release (unleasedGrace; the rule in runstate.go);
 //   - sweep: a page of unfinished runs by key, resuming where the last pass stopped, for
 //     runs whose River job ended or vanished without finishing them (rare: an operator
 //     cancelled or deleted the job). A full sweep takes (unfinished runs / 100) passes;

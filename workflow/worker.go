@@ -139,11 +139,7 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		}
 	}
 
-	clientID := "client"
-	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
-		clientID = c.ID()
-	}
-	owner := ownerOf(clientID, job.ID, job.Attempt)
+	owner := ownerOf(job.JobRow)
 	claimCtx, claimSpan := e.tracer.Start(ctx, "stepwise.claim")
 	lease, err := e.store.Claim(claimCtx, key, owner, job.Attempt)
 	if err != nil {
@@ -911,11 +907,17 @@ func truncate(s *string) *string {
 }
 
 // ownerOf is the lease owner a worker claims a run under: the River client that fetched the
-// job, the job and its attempt. It is per attempt, not per host, for the audit trail and the
-// console; what stops a stale attempt from renewing or committing is the fencing token (a
-// snoozed job's re-fetch may carry the same owner). Maintenance rebuilds it from the River job
-// to tell the lease of a job's own fetch from another's (leaseOfJobSQL in maintenance.go):
-// keep the two equal.
-func ownerOf(clientID string, jobID int64, attempt int) string {
-	return fmt.Sprintf("%s/job-%d/attempt-%d", clientID, jobID, attempt)
+// job (the last of the row's attempted_by, which River's fetch appends), the job and its
+// attempt. It is per attempt, not per host, for the audit trail and the console; what stops a
+// stale attempt from renewing or committing is the fencing token (a snoozed job's re-fetch may
+// carry the same owner). Maintenance rebuilds it from the same row in SQL to tell the lease of
+// a job's own fetch from another's (leaseOfJobSQL in maintenance.go): keep the two equal. A
+// row with no attempted_by (a job handed to the worker by hand, not fetched) gets an owner
+// the SQL never matches: such a run is taken over by the two-Lease rule, never early.
+func ownerOf(job *rivertype.JobRow) string {
+	fetchedBy := "client"
+	if n := len(job.AttemptedBy); n > 0 {
+		fetchedBy = job.AttemptedBy[n-1]
+	}
+	return fmt.Sprintf("%s/job-%d/attempt-%d", fetchedBy, job.ID, job.Attempt)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -434,4 +435,50 @@ func TestClientSchedules(t *testing.T) {
 	cfg.Schedules = []Schedule{schedule.Schedule[payArgs]{Name: "bad", Spec: "@every 1m", Zone: "UTC"}}
 	_, err = NewClient(smallPool(t, 24), cfg)
 	require.Error(t, err)
+}
+
+// NewClient, like river.NewClient, does not touch the database: the pool here points at a
+// port nothing listens on, and every component (engine, outbox, reconciler, scheduler) is
+// configured. Start is what registers the kinds, with the caller's context. Guards against:
+// a write hidden behind context.Background() in a constructor that has no context, which
+// hangs or fails a process whose database is slow or down at build time, where the caller
+// cannot bound or cancel it.
+func TestNewClientDoesNotTouchTheDatabase(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	cfg.MaxConns = 40
+	var dials int
+	var mu sync.Mutex
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		mu.Lock()
+		dials++
+		mu.Unlock()
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	_, bc := newBank(t, 0)
+	ccfg := testConfig(bc, true)
+	ccfg.Schedules = []Schedule{schedule.Schedule[payArgs]{
+		Name: "nightly", Spec: "0 2 * * *", Zone: "UTC", Shards: 1,
+		Misfire: schedule.RunLatest{}, Overlap: schedule.OverlapSkip,
+		Args: func(time.Time, int) payArgs { return payArgs{N: 1} },
+	}}
+	c, err := NewClient(pool, ccfg)
+	require.NoError(t, err)
+	require.NotNil(t, c)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, dials, "NewClient reached for the database")
+
+	// Start does, with the caller's context, and says which database step failed.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	mu.Unlock()
+	err = c.Start(ctx)
+	mu.Lock()
+	require.ErrorContains(t, err, "stepwise: Start: registering the outbox's kinds")
 }

@@ -126,6 +126,7 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, 25, kc.MaxAttempts)
 	rc := &river.Config{}
 	require.NoError(t, ob.Install(rc))
+	require.NoError(t, ob.Register(context.Background()))
 	require.Equal(t, map[string]int{"stepwise_outbox": 2, "stepwise_outbox_payout": 2}, func() map[string]int {
 		out := map[string]int{}
 		for name, q := range rc.Queues {

@@ -213,14 +213,20 @@ func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 			return outbox.Receipt{}, nil
 		})}}})
 	require.NoError(t, err)
-	require.NoError(t, ob.Install(&river.Config{}), "installing the outbox registers its kinds")
-
 	enq := func(kind string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := outbox.Enqueue(ctx, tx, outbox.EnqueueParams{Kind: kind, BusinessKey: "t-1"})
 			return err
 		})
 	}
+	// Install only wires River's config; the kinds are recorded by Register (which
+	// stepwise.Client.Start calls), with a context.
+	require.NoError(t, ob.Install(&river.Config{}))
+	err = enq("ticket")
+	require.ErrorIs(t, err, outbox.ErrUnknownKind, "Install alone records nothing")
+	require.Contains(t, err.Error(), "Start a stepwise.Client", "names the fix")
+	require.NoError(t, ob.Register(ctx))
+
 	err = enq("tickets")
 	require.ErrorIs(t, err, outbox.ErrUnknownKind, "a kind no outbox registered")
 	require.Contains(t, err.Error(), `"tickets"`)

@@ -122,7 +122,8 @@ kind with due work every Config.PollInterval: a River periodic job run by the le
 RunMaintenance in every process that calls it (so that a dead leader does not hold it up).
 
 Enqueue refuses, with ErrUnknownKind, a kind that no Outbox registered in the database
-(Install and Register do): an operation nobody delivers would wait forever.
+(Register does; stepwise.Client.Start calls it): an operation of a mistyped kind would wait
+forever.
 
 Enqueue takes no Outbox: it runs inside the caller's transaction, often in a process that
 delivers nothing, with only ctx and tx in hand. So two things it needs are kept per process
@@ -165,6 +166,9 @@ queues to its config:
 		return err
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+	if err := ob.Register(ctx); err != nil { // records the kinds, so that Enqueue accepts them
+		return err
+	}
 	// ... client.Start(ctx), then in every process, not only River's leader:
 	go ob.RunMaintenance(ctx, client) // crash recovery, retries and takeovers
 	prometheus.MustRegister(ob.Metrics())

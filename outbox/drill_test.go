@@ -44,7 +44,10 @@ func init() {
 			if err != nil {
 				return err
 			}
-			return ob.Install(cfg)
+			if err := ob.Install(cfg); err != nil {
+				return err
+			}
+			return ob.Register(context.Background())
 		})
 	})
 }

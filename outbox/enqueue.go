@@ -39,7 +39,8 @@ type EnqueueResult struct {
 // operations vanish with the business writes they belong to: nothing is sent for a step
 // that did not commit.
 //
-// Every kind must have been registered in the database by an Outbox (Install or Register) or Enqueue fails with ErrUnknownKind naming the kind and the registered ones: a
+// Every kind must have been registered in the database by an Outbox (Register, which
+// stepwise.Client.Start calls) or Enqueue fails with ErrUnknownKind naming the kind and the registered ones: a
 // mistyped kind would otherwise wait PENDING forever. The check reads the database once per
 // kind and process.
 //

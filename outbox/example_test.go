@@ -57,6 +57,9 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	if err := ob.Register(ctx); err != nil { // records the kinds, so that Enqueue accepts them
+		log.Fatal(err)
+	}
 	if err := client.Start(ctx); err != nil {
 		log.Fatal(err)
 	}

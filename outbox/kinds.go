@@ -6,17 +6,15 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// registerTimeout bounds registering kinds from Install, which has no context.
-const registerTimeout = 10 * time.Second
-
 // Register records this Outbox's kinds in the database (stepwise_outbox_kind), so that
-// Enqueue accepts operations of them. Install calls it; call it yourself in a
-// process that delivers only with DeliverBatch or Drain. It is idempotent.
+// Enqueue accepts operations of them in every process. stepwise.Client.Start calls it; call it
+// yourself when you wire an Outbox by hand (after Install, before the first Enqueue). It is
+// idempotent, and a registration is never taken back. Install does not call it: Install has
+// no context, and, like river.NewClient, it does not touch the database.
 func (o *Outbox) Register(ctx context.Context) error {
 	_, err := o.db.Exec(ctx, `
 		INSERT INTO stepwise_outbox_kind (kind, registered_by)
@@ -73,8 +71,8 @@ func checkKinds(ctx context.Context, tx pgx.Tx, kinds []string) error {
 	for _, k := range missing {
 		if !slices.Contains(registered, k) {
 			return fmt.Errorf("%w: %q: no outbox has registered it in this database, so nothing would ever send it; "+
-				"registered kinds are %q. Check the spelling, or start an Outbox configured for %q "+
-				"(Install or Register) before enqueueing", ErrUnknownKind, k, registered, k)
+				"registered kinds are %q. Check the spelling, or Start a stepwise.Client whose Config.Kinds has %q "+
+				"(an Outbox wired by hand: call its Register) before enqueueing", ErrUnknownKind, k, registered, k)
 		}
 	}
 	return nil

@@ -113,14 +113,10 @@ func (o *Outbox) KindConfig(kind string) *KindConfig {
 	return nil
 }
 
-// addWorkers registers the Outbox's River workers (dispatcher and poll) on workers, and the
-// Outbox's kinds in the database (see Register), so that Enqueue accepts them.
+// addWorkers registers the Outbox's River workers (dispatcher and poll) on workers. It does not
+// touch the database: recording the kinds is Register's, which takes a context (the
+// stepwise.Client's Start calls it).
 func (o *Outbox) addWorkers(workers *river.Workers) error {
-	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
-	defer cancel()
-	if err := o.Register(ctx); err != nil {
-		return err
-	}
 	if err := river.AddWorkerSafely[dispatchArgs](workers, &dispatchWorker{o: o}); err != nil {
 		return fmt.Errorf("outbox: Install: adding the dispatcher: %w", err)
 	}
@@ -160,12 +156,14 @@ func (o *Outbox) queues() map[string]river.QueueConfig {
 
 // Install adds the Outbox's workers (a dispatcher per kind and the poll), its periodic poll and
 // its queues (PollQueue and QueueName of each kind) to a River client config, before
-// river.NewClient, and registers its kinds in the database (see Register). It is the one way
-// to wire an Outbox; queues already in the config are left as configured. Then call
-// RunMaintenance in every process, and register Metrics with your Prometheus registry:
+// river.NewClient. Queues already in the config are left as configured. Like river.NewClient
+// it does not touch the database; record the kinds with Register before the first Enqueue
+// (stepwise.Client.Start does both). Then call RunMaintenance in every process, and register
+// Metrics with your Prometheus registry:
 //
 //	if err := ob.Install(riverConfig); err != nil { ... }
 //	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
+//	if err := ob.Register(ctx); err != nil { ... }
 //	go ob.RunMaintenance(ctx, client)
 func (o *Outbox) Install(rc *river.Config) error {
 	if rc == nil {

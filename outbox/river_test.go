@@ -60,6 +60,7 @@ func startClient(t *testing.T, pool *pgxpool.Pool, ob *outbox.Outbox, workers *r
 		TestOnly:          true,
 	}
 	require.NoError(t, ob.Install(cfg))
+	require.NoError(t, ob.Register(context.Background()))
 	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
 	require.NoError(t, err)
 	require.NoError(t, client.Start(context.Background()))

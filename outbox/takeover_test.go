@@ -49,6 +49,9 @@ func init() {
 		if err := ob.Install(cfg); err != nil {
 			return err
 		}
+		if err := ob.Register(context.Background()); err != nil {
+			return err
+		}
 		client, err := river.NewClient(riverpgxv5.New(pool), cfg)
 		if err != nil {
 			return err

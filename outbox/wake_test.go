@@ -88,6 +88,7 @@ func TestConcurrentRunsDoNotWaitOnEachOthersWake(t *testing.T) {
 		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}}}
 	require.NoError(t, engine.Install(rc))
 	require.NoError(t, ob.Install(rc))
+	require.NoError(t, ob.Register(context.Background()))
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	require.NoError(t, client.Start(ctx))

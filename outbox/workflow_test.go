@@ -100,6 +100,7 @@ func TestWorkflowStepFailsThenRetries(t *testing.T) {
 		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}}}
 	require.NoError(t, engine.Install(rc))
 	require.NoError(t, ob.Install(rc))
+	require.NoError(t, ob.Register(context.Background()))
 	rclient, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	failed, cancelSub := rclient.Subscribe(river.EventKindJobFailed)
@@ -197,6 +198,7 @@ func TestEnqueueInStepTakesRunKey(t *testing.T) {
 	workflow.AddWorker(engine, rc.Workers, w)
 	require.NoError(t, engine.Install(rc))
 	require.NoError(t, ob.Install(rc))
+	require.NoError(t, ob.Register(context.Background()))
 	rclient, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	require.NoError(t, rclient.Start(ctx))

@@ -35,6 +35,7 @@ func (b *bundle) startClient(t *testing.T) *river.Client[pgx.Tx] {
 		TestOnly:          true,
 	}
 	require.NoError(t, b.ob.Install(cfg))
+	require.NoError(t, b.ob.Register(context.Background()))
 	require.NoError(t, b.rec.Install(cfg))
 	client, err := river.NewClient(riverpgxv5.New(b.pool), cfg)
 	require.NoError(t, err)
@@ -130,7 +131,10 @@ func init() {
 			if err != nil {
 				return err
 			}
-			return ob.Install(cfg)
+			if err := ob.Install(cfg); err != nil {
+				return err
+			}
+			return ob.Register(context.Background())
 		})
 	})
 }

@@ -153,6 +153,7 @@ func TestRunMaintenanceReconcilesWithoutTheLeadersJob(t *testing.T) {
 	require.NoError(t, err)
 	cfg := &river.Config{Logger: quiet, FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 100 * time.Millisecond, TestOnly: true}
 	require.NoError(t, b.ob.Install(cfg)) // the dispatcher; no reconciler job at all
+	require.NoError(t, b.ob.Register(context.Background()))
 	client, err := river.NewClient(riverpgxv5.New(b.pool), cfg)
 	require.NoError(t, err)
 	require.NoError(t, client.Start(ctx))

@@ -69,8 +69,8 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// ob.Install registers the outbox's kinds in a service; delivering on demand, register them
-	// here, or Enqueue refuses the kind as one nothing would ever send.
+	// Record the outbox's kinds (stepwise.Client.Start does it in a service), or Enqueue
+	// refuses the kind as one nothing would ever send.
 	if err := ob.Register(ctx); err != nil {
 		log.Fatal(err)
 	}

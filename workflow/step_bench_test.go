@@ -223,6 +223,7 @@ func newOvhRig(b *testing.B, pool *pgxpool.Pool, rows int, ops bool, workers int
 		}})
 		require.NoError(b, err)
 		require.NoError(b, ob.Install(&river.Config{Workers: ws})) // its workers only, into ws
+		require.NoError(b, ob.Register(context.Background()))
 	}
 	rig.client, err = river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(b, err)

@@ -72,6 +72,7 @@ func TestTraceOfASettleWithALostAnswer(t *testing.T) {
 	for _, install := range []func(*river.Config) error{engine.Install, ob.Install, rec.Install} {
 		require.NoError(t, install(rc))
 	}
+	require.NoError(t, ob.Register(ctx))
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	require.NoError(t, client.Start(context.WithoutCancel(ctx)))

@@ -147,7 +147,10 @@ func wpWorkerRole(pool outbox.DB, envVars map[string]string, engine *workflow.En
 	if err != nil {
 		return err
 	}
-	return ob.Install(rc)
+	if err := ob.Install(rc); err != nil {
+		return err
+	}
+	return ob.Register(context.Background())
 }
 
 func createWPTables(t testing.TB, e *env) {

@@ -145,6 +145,7 @@ func newWaitEnv(t testing.TB, pool *pgxpool.Pool, gateOpen bool) *waitEnv {
 	workflow.AddWorker(engine, rc.Workers, &waitWorker{})
 	require.NoError(t, engine.Install(rc))
 	require.NoError(t, ob.Install(rc))
+	require.NoError(t, ob.Register(context.Background()))
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -91,9 +91,10 @@ func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOu
 	return nil
 }
 
-// RegisterPayoutKind records the payout kind in the database, as the Service does when it
-// starts, for code that settles (and so enqueues payouts) where no Service has run yet:
-// outbox.Enqueue refuses a kind no outbox registered, since nothing would ever send it.
+// RegisterPayoutKind records the payout kind in the database, as ApplySchema does and the
+// Service does when it starts, for code that settles (and so enqueues payouts) where neither
+// has run yet: outbox.Enqueue refuses a kind no outbox registered, since nothing would ever
+// send it.
 func RegisterPayoutKind(ctx context.Context, db outbox.DB) error {
 	// The outbox is only registered, never run: its sender refuses, so a payout can never go
 	// out through it without a bank.

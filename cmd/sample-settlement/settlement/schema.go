@@ -40,8 +40,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // ApplySchema creates the business tables (merchant, card_txn, settlement, ledger_entry,
-// settlement_day, settlement_day_shard, settlement_day_currency) if they do not exist, under
-// an advisory lock held for its transaction.
+// settlement_day, settlement_day_shard, settlement_day_currency) if they do not exist, and
+// records the payout kind (RegisterPayoutKind), in one transaction under an advisory lock.
+// The kind belongs to the schema: with it recorded, a settle step enqueues payouts on a
+// database where no Service has started yet (stepwise.Client.Start records it too).
 func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLockKey)); err != nil {
@@ -50,7 +52,7 @@ func ApplySchema(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := tx.Exec(ctx, schemaSQL); err != nil {
 			return fmt.Errorf("applying the settlement schema: %w", err)
 		}
-		return nil
+		return RegisterPayoutKind(ctx, tx)
 	})
 }
 

@@ -116,6 +116,9 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 	if err := ob.Install(&river.Config{Workers: workers}); err != nil {
 		return nil, err
 	}
+	if err := ob.Register(ctx); err != nil {
+		return nil, err
+	}
 	rc := &river.Config{
 		ID: fmt.Sprintf("bench-stepwise-%d", time.Now().UnixNano()),
 		// One worker per run of the concurrent part (one run at a time elsewhere).

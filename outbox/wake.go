@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/puddle/v2"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -68,8 +70,9 @@ const (
 	// commit's wake waits for the next look, at most this long (the poll remains the net).
 	wakeWaitingMax = 160 * time.Millisecond
 	// wakeAttempts is how many times in a row the waker tries a failing database before it
-	// drops what it holds (about 150ms): the poll delivers those operations, and a process
-	// shutting down (its pool closed) must not keep a goroutine retrying.
+	// drops what it holds (about 150ms) with a warning: the poll delivers those operations,
+	// and a dead database must not pin a goroutine. A closed pool (the process shutting
+	// down) is not retried at all.
 	wakeAttempts = 3
 )
 
@@ -142,6 +145,15 @@ func (w *waker) loop() {
 			failures, delay = 0, min(2*delay, wakeWaitingMax)
 		case err == nil:
 			failures, delay = 0, wakeTick
+		case errors.Is(err, puddle.ErrClosedPool):
+			// The process is shutting down: its pool was closed after its client stopped,
+			// often a moment after a step committed. Nothing is lost (the operations are
+			// committed PENDING, and the poll of any running process, or of this one's next
+			// start, delivers them), so it is not a warning: a WARN on every clean shutdown
+			// would teach the people on call to ignore the outbox's warnings.
+			slog.Default().Info("stepwise outbox: the pool is closed; dropping the dispatcher wakes of committed transactions, the poll delivers their operations",
+				slog.Int("transactions", len(keep)))
+			keep, failures, delay = nil, 0, wakeTick
 		case failures+1 < wakeAttempts:
 			failures++
 			delay = time.Duration(1<<failures) * wakeTick

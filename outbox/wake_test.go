@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
@@ -250,4 +252,45 @@ func TestWakerBacksOffWhileItsDispatcherWaits(t *testing.T) {
 	// A look every 20 ms would be about elapsed/20ms (over 50 here); backed off to 160 ms,
 	// about a tenth of that.
 	require.Less(t, looks, int64(elapsed/(20*time.Millisecond))/2, "the waker kept looking every tick at a dispatcher job that was still waiting")
+}
+
+// A process that closes its pool while its waker still holds committed transactions (every
+// clean shutdown right after a step commits) drops those wakes at once and says so at INFO:
+// the operations are committed PENDING, and the poll of any running process, or of this one's
+// next start, delivers them. Guards against: a WARN on every clean shutdown, which teaches the
+// people on call to ignore the outbox's warnings, and a goroutine retrying a dead pool.
+// Not parallel: it captures slog's default logger, which the waker logs to.
+func TestWakerDropsItsWakesQuietlyWhenThePoolCloses(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	ob := newOutbox(t, pool, outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil }), nil)
+	// The waker's client has a pool of its own, which the test closes.
+	own, err := pgxpool.New(ctx, pool.Config().ConnString())
+	require.NoError(t, err)
+	defer own.Close()
+	workers := river.NewWorkers()
+	require.NoError(t, ob.Install(&river.Config{Workers: workers}))
+	client, err := river.NewClient(riverpgxv5.New(own), &river.Config{Workers: workers, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+
+	var logs syncBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer slog.SetDefault(prev)
+
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(outbox.ContextWithClient(ctx, client), tx, payout("shutdown", "acct", 1))
+		return err
+	}))
+	own.Close() // before the waker's first look, wakeTick after the commit
+
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "stepwise outbox:") },
+		5*time.Second, 10*time.Millisecond, "the waker said nothing about the wakes it dropped")
+	time.Sleep(300 * time.Millisecond) // the retries the waker would make
+	t.Log(logs.String())
+	require.Contains(t, logs.String(), "level=INFO")
+	require.Contains(t, logs.String(), "the pool is closed")
+	require.Contains(t, logs.String(), "transactions=1")
+	require.NotContains(t, logs.String(), "level=WARN")
+	require.Equal(t, map[outbox.State]int64{outbox.StatePending: 1}, stateCounts(t, pool), "the operation stays committed, for the poll")
 }

@@ -138,6 +138,10 @@ func TestReadmeChaosCommand(t *testing.T) {
 	require.Contains(t, out, "all invariants hold")
 }
 
+// The README's bench command runs every section, small, against a real PostgreSQL with real
+// worker processes, and its report has every section's shape: a section that breaks fails
+// here, not in the lead's next benchmark run. The numbers themselves are not asserted (see
+// the bench's targets). It is the one run of the whole bench in CI.
 func TestReadmeBenchCommand(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a benchmark")
@@ -151,5 +155,31 @@ func TestReadmeBenchCommand(t *testing.T) {
 	}
 	out, err := runBuilt(t, nil, args...)
 	require.NoError(t, err, out)
-	require.Contains(t, out, "stepwise/floor B=100:")
+	for _, section := range []string{"== settle:", "== settle, concurrent:", "== delivery:", "== reconcile:", "== takeover:",
+		"== waits:", "== scale:", "== size:", "== history:", "== slowbank:", "== bigday:", "== targets"} {
+		require.Contains(t, out, section)
+	}
+	// Every section says what memory it took, so a section that needs more than the machine
+	// has shows which.
+	for _, section := range []string{"settle", "delivery", "reconcile", "takeover", "maintenance", "waits", "scale", "size", "history"} {
+		require.Regexp(t, "(?m)^"+section+`: peak RSS \d+ MiB \(`, out)
+	}
+	require.Contains(t, out, "step slowdown while pruning")
+	// Each section says how far it got while it runs, not only at its end.
+	require.Regexp(t, `bench: history: round (\d+)/\d+, history/fresh: step `, out)
+	require.Regexp(t, `bench: settle: round \d+/\d+ B=100: floor `, out)
+	require.Regexp(t, `bench: settle: concurrent round \d+/\d+: 8 loops `, out)
+	require.Regexp(t, `Index (Only )?Scan using merchant_pkey on merchant`, out, "the settle statement's plan must reach merchants by their primary key")
+	// The lines for scripts: one per batch size, then concurrent=8, in that order.
+	var last []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "stepwise/floor ") {
+			last = append(last, l)
+		}
+	}
+	require.Len(t, last, 4, "the ratio lines for scripts")
+	for i, b := range []string{"1", "100", "1000"} {
+		require.Regexp(t, `^stepwise/floor B=`+b+`: \d+\.\d\d$`, last[i])
+	}
+	require.Regexp(t, `^stepwise/floor concurrent=8: \d+\.\d\d$`, last[3])
 }

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"regexp"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -21,8 +18,9 @@ import (
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" {
-		// A worker process started by TestBenchQuick's takeover or scale section: the test
-		// binary re-executed, as the sample binary is in production use.
+		// A worker process started by a takeover or scale section run from a test here: the
+		// test binary re-executed, as the lab binary is in the README's bench command
+		// (cmd/stepwise-lab's TestReadmeBenchCommand runs every section).
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 		err := runRole(ctx, role, os.Stdout, os.Stderr)
 		stop()
@@ -113,46 +111,6 @@ func TestOwnerPid(t *testing.T) {
 	require.Equal(t, 4242, pid)
 	_, ok = ownerPid("host_2026/job-7/attempt-1")
 	require.False(t, ok)
-}
-
-// TestBenchQuick runs every section, tiny, against a real PostgreSQL with real worker
-// processes, and checks the report's shape: a section that breaks fails here, not in the
-// lead's next benchmark run. The numbers themselves are not asserted (see the targets).
-func TestBenchQuick(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the whole bench, small: about 30s")
-	}
-	t.Parallel()
-	var out, errw bytes.Buffer
-	err := Main(context.Background(), []string{"--quick", "--merchants", "600", "--max-items-b1", "100", "--river-items", "200",
-		"--kills", "2", "--sizes", "500,2000", "--size-batch", "100", "--delivery-ops", "500", "--reconcile-ops", "300",
-		"--scale-procs", "1,2", "--scale-merchants", "1600", "--rounds", "2",
-		"--history-ops", "20000", "--history-runs", "2000", "--history-merchants", "300", "--history-rounds", "2"}, &out, &errw)
-	require.NoError(t, err, "report:\n%s\nstderr:\n%s", out.String(), errw.String())
-	report := out.String()
-	for _, section := range []string{"== settle:", "== settle, concurrent:", "== delivery:", "== reconcile:", "== takeover:", "== waits:", "== scale:", "== size:", "== history:", "== targets"} {
-		require.Contains(t, report, section)
-	}
-	// Every section says what memory it took, so a section that needs more than the machine
-	// has shows which.
-	for _, section := range []string{"settle", "delivery", "reconcile", "takeover", "maintenance", "waits", "scale", "size", "history"} {
-		require.Regexp(t, "(?m)^"+section+`: peak RSS \d+ MiB \(`, report)
-	}
-	require.Contains(t, report, "step slowdown while pruning")
-	require.Contains(t, errw.String(), "bench: history: round 2/2, history/fresh: step ")
-	// The settle section says how far it got while it runs, not only at its end.
-	require.Contains(t, errw.String(), "bench: settle: round 1/2 B=100: floor ")
-	require.Contains(t, errw.String(), "bench: settle: concurrent round 2/2: 8 loops ")
-	require.Regexp(t, `Index (Only )?Scan using merchant_pkey on merchant`, report, "the settle statement's plan must reach merchants by their primary key")
-	lines := strings.Split(strings.TrimSpace(report), "\n")
-	require.GreaterOrEqual(t, len(lines), 4)
-	last := regexp.MustCompile(`^stepwise/floor B=(\d+): \d+\.\d\d$`)
-	for i, b := range []string{"1", "100", "1000"} {
-		m := last.FindStringSubmatch(lines[len(lines)-4+i])
-		require.NotNil(t, m, "line %q", lines[len(lines)-4+i])
-		require.Equal(t, b, m[1])
-	}
-	require.Regexp(t, `^stepwise/floor concurrent=8: \d+\.\d\d$`, lines[len(lines)-1])
 }
 
 func TestCheckFailsOnMissedTarget(t *testing.T) {

@@ -65,8 +65,9 @@
 //
 // By hand, every Stepwise component (this Engine, outbox.Outbox, reconcile.Reconciler,
 // schedule.Scheduler) is wired into your own River client the same way: New, Install on the
-// river.Config before river.NewClient, RunMaintenance in every process, Metrics registered.
-// Register step workers beside your own River workers and start runs by key:
+// river.Config before river.NewClient, RunMaintenance in every process, Metrics registered;
+// an Outbox also records its kinds with Register(ctx) before the first Enqueue (Install
+// touches no database). Register step workers beside your own River workers and start runs by key:
 //
 //	engine, err := workflow.New(pool, &workflow.Config{})
 //	err = workflow.AddWorkerSafely(engine, riverConfig.Workers, &SettleWorker{})

@@ -165,6 +165,7 @@ func TestReadmeBenchCommand(t *testing.T) {
 		require.Regexp(t, "(?m)^"+section+`: peak RSS \d+ MiB \(`, out)
 	}
 	require.Contains(t, out, "step slowdown while pruning")
+	require.Regexp(t, `(?m)^  enqueue +[\d,]+ -> +[\d,]+ B`, out, "the history section's WAL per item")
 	// Each section says how far it got while it runs, not only at its end.
 	require.Regexp(t, `bench: history: round (\d+)/\d+, history/fresh: step `, out)
 	require.Regexp(t, `bench: settle: round \d+/\d+ B=100: floor `, out)

@@ -241,8 +241,53 @@ var historyMeasures = []string{"step", "delivery", "enqueue", "claim"}
 
 // historyRound is one measurement on one database: a rate (higher is better) and its unit.
 type historyRound struct {
-	rate float64
-	unit string
+	rate  float64
+	unit  string
+	items int
+}
+
+// walUse is the WAL the cluster wrote between two LSNs: its bytes and, of those, the
+// full-page images' (pg_walinspect; -1 where the extension is not available). It is
+// cluster-wide: the other side's autovacuum and the checkpointer count too, so it is summed
+// over every round.
+type walUse struct{ bytes, fpi float64 }
+
+// checkpoints is the server's checkpoint counters and the settings that space checkpoints.
+type checkpoints struct {
+	req, timed                                  int64
+	sharedBuffers, maxWAL, timeout, compression string
+}
+
+func readCheckpoints(ctx context.Context, pool *pgxpool.Pool) (checkpoints, error) {
+	var c checkpoints
+	if err := pool.QueryRow(ctx, `SELECT current_setting('shared_buffers'), current_setting('max_wal_size'),
+		current_setting('checkpoint_timeout'), current_setting('wal_compression')`).Scan(&c.sharedBuffers, &c.maxWAL, &c.timeout, &c.compression); err != nil {
+		return c, err
+	}
+	// PostgreSQL 17 moved the counters to pg_stat_checkpointer; where neither answers, the
+	// report says the count is unknown.
+	if pool.QueryRow(ctx, `SELECT checkpoints_req, checkpoints_timed FROM pg_stat_bgwriter`).Scan(&c.req, &c.timed) != nil &&
+		pool.QueryRow(ctx, `SELECT num_requested, num_timed FROM pg_stat_checkpointer`).Scan(&c.req, &c.timed) != nil {
+		c.req, c.timed = -1, -1
+	}
+	return c, nil
+}
+
+func walLSN(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var lsn string
+	err := pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&lsn)
+	return lsn, err
+}
+
+func walBetween(ctx context.Context, pool *pgxpool.Pool, inspect bool, from, to string) (walUse, error) {
+	w := walUse{fpi: -1}
+	if inspect {
+		err := pool.QueryRow(ctx, `SELECT coalesce(sum(combined_size), 0)::float8, coalesce(sum(fpi_size), 0)::float8
+			FROM pg_get_wal_stats($1::pg_lsn, $2::pg_lsn)`, from, to).Scan(&w.bytes, &w.fpi)
+		return w, err
+	}
+	err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8`, from, to).Scan(&w.bytes)
+	return w, err
 }
 
 func (r *runner) historySection(ctx context.Context) error {
@@ -277,8 +322,27 @@ func (r *runner) historySection(ctx context.Context) error {
 			return err
 		}
 	}
+	// The checkpoints taken during the rounds, and what spaces them: each one makes the next
+	// write to every page a full-page image, which a long ledger's random-position index
+	// inserts pay on nearly every operation (see "WAL per item" in the report).
+	ckpt0, err := readCheckpoints(ctx, hist.pool)
+	if err != nil {
+		return err
+	}
+	roundsStart := time.Now()
 	ratios := map[string][]float64{}
 	best := map[string]map[string]float64{"fresh": {}, "long": {}}
+	// WAL per item on each side: a long ledger's indexes take each insert at a random
+	// position (operation ids are UUID v5 of kind and business key, by design), so more of
+	// its writes land on pages not yet written since the last checkpoint, which cost a
+	// full-page image each.
+	wal := map[string]map[string]walUse{"fresh": {}, "long": {}}
+	_, err = hist.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
+	inspect := err == nil
+	if !inspect {
+		r.progress("history: no pg_walinspect (%v): WAL bytes only, no full-page images", err)
+	}
+	walItems := map[string]map[string]int{"fresh": {}, "long": {}}
 	units := map[string]string{}
 	for round := range o.historyRounds {
 		// ABBA: each side runs its measures twice per round, first and last or in the
@@ -293,10 +357,24 @@ func (r *runner) historySection(ctx context.Context) error {
 		sum := map[string]map[string]float64{"fresh": {}, "long": {}}
 		for i, h := range []*historyDB{a, b, b, a} {
 			for _, m := range historyMeasures {
+				lsn0, err := walLSN(ctx, hist.pool)
+				if err != nil {
+					return err
+				}
 				res, err := r.historyMeasure(ctx, h, m, fmt.Sprintf("r%d-%d", round, i))
 				if err != nil {
 					return err
 				}
+				lsn1, err := walLSN(ctx, hist.pool)
+				if err != nil {
+					return err
+				}
+				w, err := walBetween(ctx, hist.pool, inspect, lsn0, lsn1)
+				if err != nil {
+					return err
+				}
+				wal[h.label][m] = walUse{bytes: wal[h.label][m].bytes + w.bytes, fpi: wal[h.label][m].fpi + w.fpi}
+				walItems[h.label][m] += res.items
 				sum[h.label][m] += res.rate / 2
 				best[h.label][m] = max(best[h.label][m], res.rate)
 				units[m] = res.unit
@@ -313,6 +391,17 @@ func (r *runner) historySection(ctx context.Context) error {
 
 	r.printf("\n== history: a ledger of %s operations and %s runs (seeded in %s, database %s) against a fresh one; ratios = history/fresh, median of %d paired rounds [range] ==\n",
 		groupThousands(int64(o.historyOps)), groupThousands(int64(o.historyRuns)), fmtDur(seeded), sizes, o.historyRounds)
+	ckpt1, err := readCheckpoints(ctx, hist.pool)
+	if err != nil {
+		return err
+	}
+	counts := "checkpoint counters unavailable"
+	if ckpt0.req >= 0 && ckpt1.req >= 0 {
+		counts = fmt.Sprintf("%d checkpoints in the %s of rounds (%d forced by WAL volume, %d timed)", ckpt1.req+ckpt1.timed-ckpt0.req-ckpt0.timed,
+			fmtDur(time.Since(roundsStart)), ckpt1.req-ckpt0.req, ckpt1.timed-ckpt0.timed)
+	}
+	r.printf("server: shared_buffers %s, max_wal_size %s, checkpoint_timeout %s, wal_compression %s; %s\n",
+		ckpt1.sharedBuffers, ckpt1.maxWAL, ckpt1.timeout, ckpt1.compression, counts)
 	r.printf("%-9s %16s %16s %20s  %s\n", "measure", "fresh (best)", "history (best)", "history/fresh", "what")
 	what := map[string]string{
 		"step":     fmt.Sprintf("steps of a Stepwise run settling %d merchants at B=%d (statements, payouts' Enqueue, fenced cursor, commit): B / median step", o.historyMerchants, historyBatch),
@@ -324,6 +413,22 @@ func (r *runner) historySection(ctx context.Context) error {
 		ps := ratios[m]
 		r.printf("%-9s %16s %16s %20s  %s\n", m, fmtRate(best["fresh"][m])+" "+units[m], fmtRate(best["long"][m])+" "+units[m],
 			fmt.Sprintf("%.2f [%.2f-%.2f]", median(ps), slices.Min(ps), slices.Max(ps)), what[m])
+	}
+	r.printf("WAL per item over every round (cluster-wide, between flush LSNs): all, and of it full-page images; fresh -> history\n")
+	for _, m := range historyMeasures {
+		per := func(label string) walUse {
+			n := float64(max(1, walItems[label][m]))
+			return walUse{bytes: wal[label][m].bytes / n, fpi: wal[label][m].fpi / n}
+		}
+		f, l := per("fresh"), per("long")
+		fpi := "(no pg_walinspect)"
+		if inspect {
+			fpi = fmt.Sprintf("FPI %8s -> %8s B", groupThousands(int64(f.fpi)), groupThousands(int64(l.fpi)))
+		}
+		r.printf("  %-9s %8s -> %8s B   %s\n", m, groupThousands(int64(f.bytes)), groupThousands(int64(l.bytes)), fpi)
+	}
+	for _, m := range historyMeasures {
+		ps := ratios[m]
 		r.check(median(ps) >= 0.90, "history/fresh >= 0.90 for %s with %s operations: %.2f", m, groupThousands(int64(o.historyOps)), median(ps))
 	}
 	return r.historyPrune(ctx, hist)
@@ -357,7 +462,7 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 		if len(steps) == 0 {
 			return historyRound{}, fmt.Errorf("history (%s database): a run of %d merchants at B=%d made one step; raise --history-merchants", h.label, o.historyMerchants, historyBatch)
 		}
-		return historyRound{rate: historyBatch / median(steps), unit: "merchants/s"}, nil
+		return historyRound{rate: historyBatch / median(steps), unit: "merchants/s", items: res.items}, nil
 	case "delivery":
 		start := time.Now()
 		n, err := h.svc.Outbox.Drain(ctx, settlement.PayoutKind)
@@ -368,7 +473,7 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 		if n != o.historyMerchants {
 			return historyRound{}, fmt.Errorf("history (%s database): delivered %d payouts, want the %d of the last run", h.label, n, o.historyMerchants)
 		}
-		return historyRound{rate: float64(n) / elapsed.Seconds(), unit: "payouts/s"}, nil
+		return historyRound{rate: float64(n) / elapsed.Seconds(), unit: "payouts/s", items: n}, nil
 	case "enqueue":
 		ops := make([]outbox.EnqueueParams, historyEnqueueOps(o))
 		for i := range ops {
@@ -385,7 +490,7 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 				return historyRound{}, fmt.Errorf("history (%s database): enqueuing: %w", h.label, err)
 			}
 		}
-		return historyRound{rate: float64(len(ops)) / time.Since(start).Seconds(), unit: "ops/s"}, nil
+		return historyRound{rate: float64(len(ops)) / time.Since(start).Seconds(), unit: "ops/s", items: len(ops)}, nil
 	case "claim":
 		var spent time.Duration
 		for i := range historyClaims(o) {
@@ -403,7 +508,7 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 			}
 			spent += time.Since(start)
 		}
-		return historyRound{rate: float64(historyClaims(o)) / spent.Seconds(), unit: "claims/s"}, nil
+		return historyRound{rate: float64(historyClaims(o)) / spent.Seconds(), unit: "claims/s", items: historyClaims(o)}, nil
 	}
 	return historyRound{}, fmt.Errorf("history: unknown measure %q", m)
 }

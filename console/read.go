@@ -113,7 +113,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 	}
 
 	// Schedules: the latest slots of each, with the batch status derived from evidence
-	// (schedule.ListSlots: the slot's runs and the operations they enqueued).
+	// (stepwise.Client.SlotList: the slot's runs and the operations they enqueued).
 	rows, err := h.db.Query(ctx, `SELECT name, spec, zone, paused FROM stepwise_schedule ORDER BY name LIMIT 50`)
 	if err != nil {
 		h.internal(w, r, "reading schedules", err)
@@ -890,8 +890,8 @@ func (h *Handler) badRequest(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 // latestSlots reports the newest n slots of a schedule with their batch status derived from
-// evidence by schedule.DeriveBatchStatus, as schedule.ListSlots does, except that operations
-// are counted up to countCap per state: ListSlots counts every operation of the slot, which
+// evidence by schedule.DeriveBatchStatus, as stepwise.Client.SlotList does, except that operations
+// are counted up to countCap per state: SlotList counts every operation of the slot, which
 // on a slot of a million payouts takes seconds, and the status needs only "any?" per state.
 // Index use: the slot's primary key backwards, stepwise_run_slot_idx, and
 // stepwise_operation_run_key_idx (run_key, state) per state.

@@ -297,14 +297,14 @@ func TestPruneKeepsSlotEvidence(t *testing.T) {
 	require.Equal(t, 6, executions())
 	setClock(day.Add(2 * time.Minute))
 	tick() // sees the slot's runs done
-	rep, err := schedule.SlotStatus(ctx, pool, "settle", day)
+	rep, err := operator(t, pool).SlotGet(ctx, "settle", day)
 	require.NoError(t, err)
 	require.Equal(t, schedule.BatchCompleted, rep.Status)
 	require.NotNil(t, rep.RunsDoneAt)
 
 	pruneAMonthLater(t, pool, retention.Config{})
 
-	rep, err = schedule.SlotStatus(ctx, pool, "settle", day)
+	rep, err = operator(t, pool).SlotGet(ctx, "settle", day)
 	require.NoError(t, err)
 	assert.Equal(t, schedule.BatchCompleted, rep.Status, "the settled slot after Prune: runs %v", rep.Runs)
 

@@ -31,8 +31,8 @@
 //
 // # Batch status
 //
-// SlotStatus and ListSlots derive a slot's status from evidence (its runs and the operations
-// they enqueued), never from a loop that merely returned: see BatchStatus.
+// stepwise.Client.SlotGet and SlotList derive a slot's status from evidence (its runs and
+// the operations they enqueued), never from a loop that merely returned: see BatchStatus.
 //
 // # Example
 //

@@ -13,7 +13,7 @@ var ErrInvalid = errors.New("schedule: invalid schedule")
 // ErrNotFound is returned for a schedule name that has no row (it was never ticked).
 var ErrNotFound = stepwisetype.NotFound("schedule: schedule not found")
 
-// ErrSlotNotFound is returned by SlotStatus for a slot no tick has decided: not due yet, not
+// ErrSlotNotFound is returned by stepwise.Client.SlotGet for a slot no tick has decided: not due yet, not
 // a slot of the schedule's spec, or due but not yet ticked.
 var ErrSlotNotFound = stepwisetype.NotFound("schedule: slot not found")
 

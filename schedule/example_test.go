@@ -9,6 +9,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
@@ -73,7 +74,13 @@ func ExampleAdd() {
 	tick := res.Schedule("settle")
 	fmt.Println("runs started:", tick.RunsStarted)
 
-	reports, err := schedule.ListSlots(ctx, pool, "settle", 10)
+	// The slots as an operator's tool reads them: a stepwise client that does none of the
+	// service's work.
+	operator, err := stepwise.NewOperatorClient(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	reports, err := operator.SlotList(ctx, "settle", &stepwise.SlotListParams{Limit: 10})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -57,3 +58,11 @@ func waitRun(t testing.TB, pool *pgxpool.Pool, key string, timeout time.Duration
 type fastRetry struct{}
 
 func (fastRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(50 * time.Millisecond) }
+
+// operator is the operator client a person's tools use to read and pause schedules.
+func operator(t testing.TB, pool *pgxpool.Pool) *stepwise.Client {
+	t.Helper()
+	c, err := stepwise.NewOperatorClient(pool)
+	require.NoError(t, err)
+	return c
+}

@@ -42,7 +42,7 @@ const (
 	// OverlapBufferAll keeps every slot that falls due while an earlier one is unfinished
 	// and starts them one at a time in slot order: runs of the schedule are strictly
 	// serial. Nothing is skipped; a run that never ends holds back every later slot
-	// (visible as buffered slots in ListSlots).
+	// (visible as buffered slots in stepwise.Client.SlotList).
 	OverlapBufferAll
 
 	// OverlapCancelOther asks the unfinished runs of earlier slots to stop (CancelRun: their
@@ -474,7 +474,7 @@ func ShardOf(key string, n int) int {
 // starts the slot (a person, a tool); it is required.
 //
 // The slot's decision is recorded in tx with its runs: materialized, decided by actor (the
-// slot report's DecidedBy), audited as 'schedule.slot_started'. So SlotStatus reports the slot
+// slot report's DecidedBy), audited as 'schedule.slot_started'. So stepwise.Client.SlotGet reports the slot
 // at once, a past slot no tick will reach included; the tick that reaches a slot started
 // ahead of it passes over it instead of deciding it again; and while its runs are unfinished
 // the slot counts as in flight for the schedule's overlap policy. A slot the tick recorded

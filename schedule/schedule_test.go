@@ -2,6 +2,7 @@ package schedule_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -15,10 +16,12 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
@@ -268,7 +271,7 @@ func TestScheduleMisfireDrill(t *testing.T) {
 		require.Zero(t, recorded(t, b, "skipped", schedule.ReasonCatchUpLimit))
 		// Every slot but the newest, which was decided on time, was missed by the ticks.
 		require.Equal(t, 599.0, counterValue(t, schedule.MetricsForTest(b.sched).Misfires.WithLabelValues("minutely")))
-		info, err := schedule.Get(context.Background(), b.pool, "minutely")
+		info, err := operator(t, b.pool).ScheduleGet(context.Background(), "minutely")
 		require.NoError(t, err)
 		require.Equal(t, t0.Add(outage), info.Watermark)
 	})
@@ -397,7 +400,7 @@ func TestScheduleOverlap(t *testing.T) {
 		setRunStatus(t, b.pool, "ov", bSlot, workflow.RunStatusSucceeded)
 		require.Equal(t, []time.Time{c}, b.tick(t, "ov").Materialized)
 		requireOneRunPerSlotShard(t, b.pool, "ov")
-		rep, err := schedule.SlotStatus(context.Background(), b.pool, "ov", a)
+		rep, err := operator(t, b.pool).SlotGet(context.Background(), "ov", a)
 		require.NoError(t, err)
 		require.Equal(t, schedule.BatchFailed, rep.Status)
 	})
@@ -506,7 +509,7 @@ func TestScheduleCancelOtherCancelsRunningStep(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("slot B's run never started")
 	}
-	rep, err := schedule.SlotStatus(ctx, pool, "cancel", a)
+	rep, err := operator(t, pool).SlotGet(ctx, "cancel", a)
 	require.NoError(t, err)
 	require.Equal(t, schedule.BatchCancelled, rep.Status)
 	require.NoError(t, workflow.CancelRun(ctx, pool, schedule.RunKey("cancel", bSlot, 0), "test over"))
@@ -640,7 +643,7 @@ func TestScheduleChangeAndPause(t *testing.T) {
 	st := next.tick(t, "report")
 	require.True(t, st.Changed)
 	require.Empty(t, st.Materialized, "01:30 is not due yet; nothing between the watermark and now is replayed")
-	info, err := schedule.Get(ctx, next.pool, "report")
+	info, err := operator(t, next.pool).ScheduleGet(ctx, "report")
 	require.NoError(t, err)
 	require.Equal(t, "30 * * * *", info.Spec)
 	require.Equal(t, 2, info.Version)
@@ -658,22 +661,22 @@ func TestScheduleChangeAndPause(t *testing.T) {
 	clock.Set(t0.Add(time.Hour + 31*time.Minute))
 	require.Equal(t, []time.Time{t0.Add(time.Hour + 30*time.Minute)}, next.tick(t, "report").Materialized, "the new spec's next slot")
 
-	require.NoError(t, schedule.Pause(ctx, next.pool, "report", "ops@example", "bank holiday"))
+	require.NoError(t, operator(t, next.pool).SchedulePause(ctx, "report", &stepwise.SchedulePauseOpts{Actor: "ops@example", Reason: "bank holiday"}))
 	clock.Set(t0.Add(3*time.Hour + 31*time.Minute))
 	st = next.tick(t, "report")
 	require.True(t, st.Paused)
 	require.Empty(t, st.Materialized)
-	info, err = schedule.Get(ctx, next.pool, "report")
+	info, err = operator(t, next.pool).ScheduleGet(ctx, "report")
 	require.NoError(t, err)
 	require.True(t, info.Paused)
 	require.Equal(t, t0.Add(time.Hour+30*time.Minute), info.Watermark, "paused: the watermark stays")
 
-	require.NoError(t, schedule.Resume(ctx, next.pool, "report", "ops@example", "holiday over"))
+	require.NoError(t, operator(t, next.pool).ScheduleResume(ctx, "report", &stepwise.SchedulePauseOpts{Actor: "ops@example", Reason: "holiday over"}))
 	st = next.tick(t, "report")
 	require.Equal(t, []time.Time{t0.Add(2*time.Hour + 30*time.Minute), t0.Add(3*time.Hour + 30*time.Minute)}, st.Materialized,
 		"slots missed while paused go through the misfire policy (CatchUpAll here)")
 	require.Equal(t, 2, queryInt(t, next.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'schedule:report' AND kind IN ('schedule.paused', 'schedule.resumed')`))
-	require.ErrorIs(t, schedule.Pause(ctx, next.pool, "nope", "ops", "x"), schedule.ErrNotFound)
+	require.ErrorIs(t, operator(t, next.pool).SchedulePause(ctx, "nope", &stepwise.SchedulePauseOpts{Actor: "ops", Reason: "x"}), schedule.ErrNotFound)
 }
 
 // Add refuses a second schedule of the same name, naming it.
@@ -727,7 +730,7 @@ func TestSlotStatusByEvidence(t *testing.T) {
 	b.tick(t, "batch")
 	k0, k1 := schedule.RunKey("batch", slot, 0), schedule.RunKey("batch", slot, 1)
 	status := func() *schedule.SlotReport {
-		rep, err := schedule.SlotStatus(ctx, b.pool, "batch", slot)
+		rep, err := operator(t, b.pool).SlotGet(ctx, "batch", slot)
 		require.NoError(t, err)
 		return rep
 	}
@@ -762,7 +765,7 @@ func TestSlotStatusByEvidence(t *testing.T) {
 	// ListSlots gives the same per slot, newest first, skipped slots included.
 	b.clock.Set(t0.Add(3 * time.Minute))
 	b.tick(t, "batch")
-	list, err := schedule.ListSlots(ctx, b.pool, "batch", 10)
+	list, err := operator(t, b.pool).SlotList(ctx, "batch", &stepwise.SlotListParams{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, list, 3)
 	require.Equal(t, t0.Add(3*time.Minute), list[0].Slot)
@@ -770,7 +773,7 @@ func TestSlotStatusByEvidence(t *testing.T) {
 	require.Equal(t, schedule.BatchCompleted, list[2].Status)
 	require.Equal(t, rep.Operations, list[2].Operations)
 
-	_, err = schedule.SlotStatus(ctx, b.pool, "batch", t0.Add(time.Hour))
+	_, err = operator(t, b.pool).SlotGet(ctx, "batch", t0.Add(time.Hour))
 	require.ErrorIs(t, err, schedule.ErrSlotNotFound)
 }
 
@@ -839,8 +842,10 @@ func TestSchedulePeriodicJob(t *testing.T) {
 
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		list, err := schedule.ListSlots(ctx, pool, "periodic", 100)
-		require.NoError(t, err)
+		list, err := operator(t, pool).SlotList(ctx, "periodic", &stepwise.SlotListParams{Limit: 100})
+		if !errors.Is(err, stepwisetype.ErrNotFound) { // before the first tick, the schedule has no row
+			require.NoError(t, err)
+		}
 		completed := 0
 		for _, r := range list {
 			if r.Status == schedule.BatchCompleted && r.StartedAt != nil {

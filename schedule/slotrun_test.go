@@ -77,7 +77,7 @@ func TestScheduledRunRecordsSlot(t *testing.T) {
 	require.Empty(t, tick.Materialized, "StartSlot decided the slot; the tick passes over it")
 	require.Zero(t, tick.RunsStarted, "the runs StartSlot started are the slot's runs")
 	require.True(t, next.Equal(tick.Watermark))
-	rep, err := schedule.SlotStatus(ctx, b.pool, "rec", next)
+	rep, err := operator(t, b.pool).SlotGet(ctx, "rec", next)
 	require.NoError(t, err)
 	require.Equal(t, "test", rep.DecidedBy)
 	requireOneRunPerSlotShard(t, b.pool, "rec")

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/migrations"
 	"github.com/stepwise-go/stepwise/schedule"
@@ -47,7 +48,7 @@ func TestTickDoesNotRedecideASlotStartedByHand(t *testing.T) {
 	require.Empty(t, tick.Materialized)
 	require.True(t, s2.Equal(tick.Watermark), "the watermark passes the slot decided by hand")
 
-	rep, err := schedule.SlotStatus(ctx, b.pool, "hand-ahead", s2)
+	rep, err := operator(t, b.pool).SlotGet(ctx, "hand-ahead", s2)
 	require.NoError(t, err)
 	require.Equal(t, schedule.SlotMaterialized, rep.Decision)
 	require.Equal(t, schedule.BatchRunning, rep.Status, "a slot whose run runs is RUNNING, not %s", rep.Status)
@@ -79,7 +80,7 @@ func TestOverlapCountsASlotStartedByHand(t *testing.T) {
 	require.Len(t, tick.Skipped, 1)
 	require.Equal(t, schedule.ReasonOverlapSkip, tick.Skipped[0].Reason)
 
-	rep, err := schedule.SlotStatus(ctx, b.pool, "hand-past", s1)
+	rep, err := operator(t, b.pool).SlotGet(ctx, "hand-past", s1)
 	require.NoError(t, err)
 	require.Equal(t, schedule.BatchSkipped, rep.Status)
 	require.Contains(t, rep.Detail, past.Format(time.RFC3339))
@@ -102,13 +103,13 @@ func TestSlotStatusOfAPastSlotStartedByHand(t *testing.T) {
 	b.clock.Set(t0.Add(time.Hour))
 	b.tick(t, "hand-status")
 
-	rep, err := schedule.SlotStatus(ctx, b.pool, "hand-status", past)
+	rep, err := operator(t, b.pool).SlotGet(ctx, "hand-status", past)
 	require.NoError(t, err, "a slot started by hand has a status")
 	require.Equal(t, schedule.SlotMaterialized, rep.Decision)
 	require.Equal(t, schedule.BatchRunning, rep.Status)
 	require.Equal(t, 2, rep.Runs["pending"])
 	require.Equal(t, "alice", rep.DecidedBy)
-	slots, err := schedule.ListSlots(ctx, b.pool, "hand-status", 10)
+	slots, err := operator(t, b.pool).SlotList(ctx, "hand-status", &stepwise.SlotListParams{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, slots, 1)
 	require.True(t, past.Equal(slots[0].Slot))
@@ -131,7 +132,7 @@ func TestStartSlotOfASkippedSlot(t *testing.T) {
 
 	b.startByHand(t, sch, s2)
 	b.startByHand(t, sch, s2) // again: changes nothing
-	rep, err := schedule.SlotStatus(ctx, b.pool, "hand-skipped", s2)
+	rep, err := operator(t, b.pool).SlotGet(ctx, "hand-skipped", s2)
 	require.NoError(t, err)
 	require.Equal(t, schedule.SlotMaterialized, rep.Decision)
 	require.Equal(t, schedule.BatchRunning, rep.Status)
@@ -163,7 +164,7 @@ func TestStartSlotBeforeTheScheduleHasARow(t *testing.T) {
 	ahead := t0.Add(3 * time.Minute)
 	b.startByHand(t, sch, t0.Add(-time.Hour))
 	b.startByHand(t, sch, ahead)
-	_, err := schedule.Get(ctx, b.pool, "hand-first")
+	_, err := operator(t, b.pool).ScheduleGet(ctx, "hand-first")
 	require.ErrorIs(t, err, schedule.ErrNotFound, "StartSlot does not create the schedule's row")
 
 	require.NoError(t, schedule.Add(b.sched, sch))
@@ -175,7 +176,7 @@ func TestStartSlotBeforeTheScheduleHasARow(t *testing.T) {
 	tick := b.tick(t, "hand-first")
 	require.Equal(t, []time.Time{t0.Add(2 * time.Minute)}, tick.Materialized, "the slot started by hand is passed over")
 	require.True(t, ahead.Equal(tick.Watermark))
-	slots, err := schedule.ListSlots(ctx, b.pool, "hand-first", 10)
+	slots, err := operator(t, b.pool).SlotList(ctx, "hand-first", &stepwise.SlotListParams{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, slots, 3)
 	by := map[string]int{}
@@ -262,7 +263,7 @@ func TestMigration008RecordsSlotsStartedByHandBefore(t *testing.T) {
 	_, err = b.pool.Exec(ctx, backfill)
 	require.NoError(t, err)
 
-	slots, err := schedule.ListSlots(ctx, b.pool, "hand-old", 10)
+	slots, err := operator(t, b.pool).SlotList(ctx, "hand-old", &stepwise.SlotListParams{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, slots, 2)
 	require.True(t, ahead.Equal(slots[0].Slot))

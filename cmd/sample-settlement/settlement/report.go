@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/stepwisetype"
@@ -217,7 +218,11 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank Bank, plan Plan, 
 			r.Runs[schedule.RunMissing] = plan.Shards - present
 		}
 		decision := schedule.SlotMaterialized
-		if s, err := schedule.SlotStatus(ctx, pool, ScheduleName, slot); err == nil {
+		operator, err := stepwise.NewOperatorClient(pool)
+		if err != nil {
+			return nil, err
+		}
+		if s, err := operator.SlotGet(ctx, ScheduleName, slot); err == nil {
 			decision = s.Decision
 		} else if !errors.Is(err, schedule.ErrSlotNotFound) {
 			return nil, err

@@ -15,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/retention"
-	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
@@ -290,8 +290,12 @@ func (s *retentionSoak) evidence(ctx context.Context, plan settlement.Plan, date
 	if err != nil {
 		return nil, err
 	}
+	operator, err := stepwise.NewOperatorClient(s.pool)
+	if err != nil {
+		return nil, err
+	}
 	for _, name := range names {
-		reps, err := schedule.ListSlots(ctx, s.pool, name, 1000)
+		reps, err := operator.SlotList(ctx, name, &stepwise.SlotListParams{Limit: 1000})
 		if err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/migrations"
 	"github.com/stepwise-go/stepwise/schedule"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // startByHand starts slot of sch with StartSlot in a transaction of its own.
@@ -166,6 +167,14 @@ func TestStartSlotBeforeTheScheduleHasARow(t *testing.T) {
 	b.startByHand(t, sch, ahead)
 	_, err := operator(t, b.pool).ScheduleGet(ctx, "hand-first")
 	require.ErrorIs(t, err, schedule.ErrNotFound, "StartSlot does not create the schedule's row")
+	// An operator sees the slots started by hand before the first tick: the schedule has no
+	// row yet, but it has slots. A name with neither is unknown.
+	slots, err := operator(t, b.pool).SlotList(ctx, "hand-first", nil)
+	require.NoError(t, err, "the slots started by hand are listed before the schedule's first tick")
+	require.Len(t, slots, 2)
+	require.True(t, slots[0].Slot.Equal(ahead), "newest first")
+	_, err = operator(t, b.pool).SlotList(ctx, "no-such-schedule", nil)
+	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
 
 	require.NoError(t, schedule.Add(b.sched, sch))
 	b.clock.Set(t0.Add(time.Minute))
@@ -176,7 +185,7 @@ func TestStartSlotBeforeTheScheduleHasARow(t *testing.T) {
 	tick := b.tick(t, "hand-first")
 	require.Equal(t, []time.Time{t0.Add(2 * time.Minute)}, tick.Materialized, "the slot started by hand is passed over")
 	require.True(t, ahead.Equal(tick.Watermark))
-	slots, err := operator(t, b.pool).SlotList(ctx, "hand-first", &stepwise.SlotListParams{Limit: 10})
+	slots, err = operator(t, b.pool).SlotList(ctx, "hand-first", &stepwise.SlotListParams{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, slots, 3)
 	by := map[string]int{}

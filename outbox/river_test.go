@@ -164,7 +164,19 @@ func TestRiverTakeoverOfADeadDispatcher(t *testing.T) {
 
 	var takeovers int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND (args->>'takeover')::bigint = $1`, dead.Job.ID).Scan(&takeovers))
-	require.Equal(t, 1, takeovers)
+	requireTakeovers(t, takeovers, "a takeover named after the dead dispatcher")
+}
+
+// requireTakeovers checks the takeovers named after one dead job: at least one, or the kind
+// waits for River's rescue hour; at most two. The enqueue's wake and the poll each name one
+// when they find the corpse, and River's uniqueness folds the second into the first only while
+// the first is queued or running: under load the first can deliver and complete before the
+// poll comes, and the second then runs, finds nothing due and completes (claims keep two
+// dispatchers from sending one operation twice). More would be a takeover storm.
+func requireTakeovers(t *testing.T, n int, what string) {
+	t.Helper()
+	require.GreaterOrEqual(t, n, 1, what)
+	require.LessOrEqual(t, n, 2, what)
 }
 
 // TestRiverTakeoverOfADeadTakeover: the takeover dispatcher can be killed too. Its own
@@ -196,5 +208,5 @@ func TestRiverTakeoverOfADeadTakeover(t *testing.T) {
 
 	var second int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND (args->>'takeover')::bigint = $1`, deadTakeover.Job.ID).Scan(&second))
-	require.Equal(t, 1, second, "a takeover named after the dead takeover")
+	requireTakeovers(t, second, "a takeover named after the dead takeover")
 }

@@ -175,8 +175,9 @@ queues to its config:
 
 # Reading the ledger
 
-Get, List, Counts, CountsActive, OldestUnknown and UnfinishedForRuns read the ledger for reports
-and batch status; Outbox.Metrics is a Prometheus collector with delivery counters and, read at
-scrape time, the active states and the age of the oldest unknown operation.
+Get, List and UnfinishedForRuns read the ledger for reports and batch status (a service reads
+through its stepwise.Client: OperationGet, OperationList); Outbox.Metrics is a Prometheus
+collector with delivery counters and, read at scrape time, the operations in each active state
+and the age of the oldest unknown operation per kind (stepwise.Client.Metrics includes it).
 */
 package outbox

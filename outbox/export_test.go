@@ -16,6 +16,9 @@ var (
 	Columns         = ledger.Columns
 )
 
+// Counts reads the whole ledger's operations per kind and state.
+var Counts = counts
+
 func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	return scanOperation(row, extra...)
 }

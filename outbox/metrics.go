@@ -79,7 +79,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.callbacks.Collect(ch)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	counts, err := CountsActive(ctx, m.db)
+	counts, err := countsActive(ctx, m.db)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(m.active, err)
 		return
@@ -98,7 +98,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	oldest, err := OldestUnknown(ctx, m.db)
+	oldest, err := oldestUnknown(ctx, m.db)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(m.oldestUnknown, err)
 		return

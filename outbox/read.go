@@ -91,17 +91,16 @@ func List(ctx context.Context, q stepwisetype.DBTX, params *ListParams) ([]*Oper
 	return ops, nil
 }
 
-// KindStateCount is the number of operations of a kind in a state.
-type KindStateCount struct {
+// kindStateCount is the number of operations of a kind in a state.
+type kindStateCount struct {
 	Kind  string
 	State State
 	Count int64
 }
 
-// Counts returns the number of operations per kind and state (states with none are left
-// out). It reads the whole ledger: use it for reports, not on a hot path; the metrics count
-// only the states that are not terminal.
-func Counts(ctx context.Context, q stepwisetype.DBTX) ([]KindStateCount, error) {
+// counts returns the number of operations per kind and state (states with none are left
+// out). It reads the whole ledger: the tests' helper, never the metrics' (see countsActive).
+func counts(ctx context.Context, q stepwisetype.DBTX) ([]kindStateCount, error) {
 	rows, err := q.Query(ctx, `SELECT kind, state, count(*) FROM stepwise_operation GROUP BY kind, state ORDER BY kind, state`)
 	if err != nil {
 		return nil, fmt.Errorf("counting operations: %w", err)
@@ -109,10 +108,10 @@ func Counts(ctx context.Context, q stepwisetype.DBTX) ([]KindStateCount, error) 
 	return collectCounts(rows)
 }
 
-// CountsActive is Counts for the states that are not terminal (PENDING, PROCESSING, RETRYABLE,
-// UNKNOWN_EXTERNAL, MANUAL). Each is read through its partial index, so its cost does not
-// grow with the history of finished operations.
-func CountsActive(ctx context.Context, q stepwisetype.DBTX) ([]KindStateCount, error) {
+// countsActive is counts for the states that are not terminal (PENDING, PROCESSING,
+// RETRYABLE, UNKNOWN_EXTERNAL, MANUAL), for the metrics. Each is read through its partial
+// index, so its cost does not grow with the history of finished operations.
+func countsActive(ctx context.Context, q stepwisetype.DBTX) ([]kindStateCount, error) {
 	rows, err := q.Query(ctx, `
 		SELECT kind, state, count(*) FROM stepwise_operation WHERE state IN ('PENDING', 'RETRYABLE') GROUP BY kind, state
 		UNION ALL
@@ -128,9 +127,9 @@ func CountsActive(ctx context.Context, q stepwisetype.DBTX) ([]KindStateCount, e
 	return collectCounts(rows)
 }
 
-func collectCounts(rows pgx.Rows) ([]KindStateCount, error) {
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (KindStateCount, error) {
-		var c KindStateCount
+func collectCounts(rows pgx.Rows) ([]kindStateCount, error) {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (kindStateCount, error) {
+		var c kindStateCount
 		return c, r.Scan(&c.Kind, &c.State, &c.Count)
 	})
 	if err != nil {
@@ -139,9 +138,9 @@ func collectCounts(rows pgx.Rows) ([]KindStateCount, error) {
 	return out, nil
 }
 
-// OldestUnknown returns, per kind, how long the longest-waiting UNKNOWN_EXTERNAL operation has
-// been unknown. Kinds with none are left out.
-func OldestUnknown(ctx context.Context, q stepwisetype.DBTX) (map[string]time.Duration, error) {
+// oldestUnknown returns, per kind, how long the longest-waiting UNKNOWN_EXTERNAL operation has
+// been unknown, for the metrics. Kinds with none are left out.
+func oldestUnknown(ctx context.Context, q stepwisetype.DBTX) (map[string]time.Duration, error) {
 	rows, err := q.Query(ctx, `
 		SELECT kind, extract(epoch FROM now() - min(unknown_since))::float8
 		FROM stepwise_operation WHERE state = 'UNKNOWN_EXTERNAL' GROUP BY kind`)

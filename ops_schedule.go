@@ -125,6 +125,11 @@ func setPaused(ctx context.Context, tx pgx.Tx, name string, pause bool, opts *Sc
 	if !pause {
 		kind, from, to = "schedule.resumed", "paused", "active"
 	}
+	// FOR UPDATE waits for a tick that holds the schedule's row (the tick locks it while it
+	// decides and starts slots). Guards against: a pause that returns while a tick that read
+	// the schedule as active is still starting a slot's runs, so that runs begin after the
+	// person was told the schedule is paused. The event is written only when the flag changes,
+	// in the same statement: the audit trail cannot disagree with the row.
 	var found bool
 	err := tx.QueryRow(ctx, `
 		WITH s AS (

@@ -337,12 +337,12 @@ func (r *runner) historySection(ctx context.Context) error {
 	// its writes land on pages not yet written since the last checkpoint, which cost a
 	// full-page image each.
 	wal := map[string]map[string]walUse{"fresh": {}, "long": {}}
+	walItems := map[string]map[string]int{"fresh": {}, "long": {}}
 	_, err = hist.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
 	inspect := err == nil
 	if !inspect {
 		r.progress("history: no pg_walinspect (%v): WAL bytes only, no full-page images", err)
 	}
-	walItems := map[string]map[string]int{"fresh": {}, "long": {}}
 	units := map[string]string{}
 	for round := range o.historyRounds {
 		// ABBA: each side runs its measures twice per round, first and last or in the

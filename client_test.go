@@ -20,9 +20,9 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
@@ -480,5 +480,5 @@ func TestNewClientDoesNotTouchTheDatabase(t *testing.T) {
 	mu.Unlock()
 	err = c.Start(ctx)
 	mu.Lock()
-	require.ErrorContains(t, err, "stepwise: Start: registering the outbox's kinds")
+	require.ErrorContains(t, err, "stepwise: Start: registering the kinds [payout]")
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -79,47 +79,132 @@ type Schedule interface {
 
 // KindConfig configures one kind of external operation: how it is sent (the outbox), how an
 // operation whose outcome is unknown is looked up (the reconciler), and what business state
-// moves with each outcome. The limits map onto outbox.KindConfig and reconcile.KindConfig,
-// whose documentation gives their defaults and how to size them.
+// moves with each outcome. Every zero limit takes its default (outbox.…Default for sending,
+// reconcile.…Default for reconciling).
 type KindConfig struct {
-	// Sender performs the operations (outbox.KindConfig.Sender). Required.
+	// Sender performs the operations, under op.IdempotencyKey(). Required.
 	Sender outbox.Sender
 
-	// Checker looks an operation up by its id when its outcome is unknown
-	// (reconcile.KindConfig.Checker). Without one in any process, an UNKNOWN_EXTERNAL
-	// operation of the kind waits forever: Start warns, and the gauge
-	// stepwise_client_kind_without_checker says so.
+	// Checker looks an operation up by its id when its outcome is unknown. Without one in
+	// any process, an UNKNOWN_EXTERNAL operation of the kind waits forever: Start warns, and
+	// the gauge stepwise_client_kind_without_checker says so.
 	Checker reconcile.Checker
 
-	// Statement lists what the external system applied, for reconcile.CompareTotals.
-	// Optional.
+	// Statement lists what the external system applied, for reconcile.CompareTotals and the
+	// console's totals. Optional.
 	Statement reconcile.Statement
 
-	// OnOutcome or OnOutcomeBatch moves business state with each recorded transition, in its
-	// transaction (outbox.KindConfig). Optional; at most one.
+	// OnOutcome is called in the transaction of each recorded transition out of PROCESSING,
+	// UNKNOWN_EXTERNAL and MANUAL, so that business state moves with the ledger; OnOutcomeBatch
+	// once per recorded batch, in its transaction. If it returns an error the transition is
+	// not recorded. Optional; at most one of the two.
 	OnOutcome      outbox.OutcomeFunc
 	OnOutcomeBatch outbox.OutcomeBatchFunc
 
-	// Sending: outbox.KindConfig's Concurrency, RatePerSecond, Timeout, Lease, BatchSize,
-	// RetryBackoff and MaxAttempts. Zero means outbox's default.
-	Concurrency   int
-	RatePerSecond float64
-	Timeout       time.Duration
-	Lease         time.Duration
-	BatchSize     int
-	RetryBackoff  func(attempt int) time.Duration
-	MaxAttempts   int
+	// Concurrency is how many Send calls of this kind run at once in one process: the knob of
+	// delivery's throughput against a real external system, since one process delivers at
+	// most Concurrency / latency operations per second (16 sends at once to a bank answering
+	// in 200ms: 80/s; 256: 1,280/s). Size it as target rate × the external system's typical
+	// latency, within what that system allows (RatePerSecond). Senders hold no database
+	// connection: size the pool by River's workers, not by this. Give the Sender's HTTP
+	// client as many idle connections per host (http.Transport.MaxIdleConnsPerHost) as
+	// Concurrency, or each send beyond them opens and closes a connection. See the
+	// performance budget in docs/design.md for where more stops helping.
+	//
+	// Defaults to outbox.ConcurrencyDefault (16): polite to an external system nobody has
+	// sized yet, and enough for 80-320 operations/s at 50-200ms.
+	Concurrency int
 
-	// Reconciling: reconcile.KindConfig's Concurrency, RatePerSecond, Timeout, BatchSize,
-	// Grace, GiveUpAfter, MaxChecks and CheckBackoff. Zero means reconcile's default.
-	CheckConcurrency   int
+	// RatePerSecond caps Send calls per second for this kind in one process, so that a burst
+	// does not trip the external system's own rate limit. Defaults to 0: no limit.
+	RatePerSecond float64
+
+	// Timeout bounds each Send call. A send that times out is UNKNOWN_EXTERNAL, not failed.
+	//
+	// Defaults to outbox.TimeoutDefault (30s).
+	Timeout time.Duration
+
+	// Lease is how long a claim protects an operation in PROCESSING without being renewed:
+	// how long after a crash (kill -9, a frozen VM, a lost network) the dispatcher's
+	// operations are declared UNKNOWN_EXTERNAL, for the reconciler, never resent blindly. No
+	// Send starts unless the claim is certainly valid for at least Timeout, so Lease must be
+	// longer than Timeout (NewClient refuses otherwise); twice Timeout or more keeps renewals
+	// off the sending path.
+	//
+	// Defaults to outbox.LeaseDefault (1m).
+	Lease time.Duration
+
+	// BatchSize is how many due operations a dispatcher claims with one statement, and at
+	// most how many outcomes it records in one transaction. Claiming, sending and recording
+	// overlap, so it need not grow with Concurrency.
+	//
+	// Defaults to outbox.BatchSizeDefault (200).
+	BatchSize int
+
+	// RetryBackoff is the wait before the attempt-th resend of a RETRYABLE operation.
+	//
+	// Defaults to outbox.DefaultRetryBackoff: 1s doubling to 10m, with jitter.
+	RetryBackoff func(attempt int) time.Duration
+
+	// MaxAttempts is how many times an operation is sent (all RETRYABLE) before it is moved
+	// to MANUAL with the reason, for a person to decide.
+	//
+	// Defaults to outbox.MaxAttemptsDefault (25). -1 retries forever.
+	MaxAttempts int
+
+	// CheckConcurrency is how many lookups run at once in one process: at most
+	// CheckConcurrency / latency lookups per second (8 at a bank answering in 100ms: 80/s, so
+	// the 20,000 payouts a bank incident leaves unknown on a million-payout day take four
+	// minutes; 256: nine seconds). Size it by the backlog you must clear after an incident
+	// and what the external system allows (CheckRatePerSecond).
+	//
+	// Defaults to reconcile.ConcurrencyDefault (8).
+	CheckConcurrency int
+
+	// CheckRatePerSecond caps lookups per second in one process, so that reconciling a
+	// backlog after an outage does not hammer the system that just came back. Defaults to 0:
+	// no limit.
 	CheckRatePerSecond float64
-	CheckTimeout       time.Duration
-	CheckBatchSize     int
-	Grace              time.Duration
-	GiveUpAfter        time.Duration
-	MaxChecks          int
-	CheckBackoff       func(check int) time.Duration
+
+	// CheckTimeout bounds each lookup; one that times out is checked again later.
+	//
+	// Defaults to reconcile.TimeoutDefault (10s).
+	CheckTimeout time.Duration
+
+	// CheckBatchSize is how many due operations one reconciler claim takes, and the most
+	// decisions one recording transaction holds (not how many lookups are in flight: that is
+	// CheckConcurrency).
+	//
+	// Defaults to 4 × CheckConcurrency, at least reconcile.BatchSizeDefault (100) and at
+	// most 10,000.
+	CheckBatchSize int
+
+	// Grace is how long after an operation's last request could still be in flight a
+	// LookupNotFound is believed: before that the request may land after the lookup, so the
+	// reconciler waits instead of resending. It must exceed Timeout (NewClient refuses
+	// otherwise).
+	//
+	// Defaults to reconcile.GraceDefault (5m).
+	Grace time.Duration
+
+	// GiveUpAfter is how long an operation may stay UNKNOWN_EXTERNAL before the reconciler
+	// stops asking and moves it to MANUAL, with the reason. A definitive answer found on the
+	// last check is still applied.
+	//
+	// Defaults to reconcile.GiveUpAfterDefault (72h).
+	GiveUpAfter time.Duration
+
+	// MaxChecks is how many lookups an operation gets in one UNKNOWN_EXTERNAL episode before
+	// it moves to MANUAL, with the reason.
+	//
+	// Defaults to reconcile.MaxChecksDefault (100).
+	MaxChecks int
+
+	// CheckBackoff is the wait before the next lookup after the check-th one was pending or
+	// failed.
+	//
+	// Defaults to reconcile.DefaultCheckBackoff: 5s doubling to 1h, with jitter.
+	CheckBackoff func(check int) time.Duration
 }
 
 // WithDefaults returns a copy of the config with every unset field at its default, the

@@ -8,12 +8,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
-// OperationGet reads an operation of the ledger. Replaces outbox.Get.
+// OperationGet reads an operation of the ledger.
 func (c *Client) OperationGet(ctx context.Context, id uuid.UUID) (*outbox.Operation, error) {
 	if err := c.checkPool("OperationGet"); err != nil {
 		return nil, err
@@ -50,7 +50,7 @@ type OperationListParams struct {
 }
 
 // OperationList lists operations, oldest update first (in MANUAL and UNKNOWN_EXTERNAL: the
-// ones waiting longest) unless NewestFirst. Replaces outbox.List.
+// ones waiting longest) unless NewestFirst.
 func (c *Client) OperationList(ctx context.Context, params *OperationListParams) ([]*outbox.Operation, error) {
 	if err := c.checkPool("OperationList"); err != nil {
 		return nil, err
@@ -72,8 +72,7 @@ func operationList(ctx context.Context, q stepwisetype.DBTX, params *OperationLi
 }
 
 // OperationRequestList lists the requests recorded for an operation (one per send begun, and
-// claims lost with a dispatcher that died holding them), oldest first. Replaces
-// outbox.Requests.
+// claims lost with a dispatcher that died holding them), oldest first.
 func (c *Client) OperationRequestList(ctx context.Context, id uuid.UUID) ([]outbox.Request, error) {
 	if err := c.checkPool("OperationRequestList"); err != nil {
 		return nil, err
@@ -118,7 +117,7 @@ type OperationResolveOpts struct {
 // only if it is still at opts.ExpectedVersion, with the kind's outcome callback run by the
 // client's outbox in the same transaction, and audited in the ledger with Actor and Reason.
 // A RETRYABLE decision wakes the kind's dispatcher at commit. It returns the operation as
-// it is after. Replaces reconcile.(*Reconciler).Resolve.
+// it is after.
 func (c *Client) OperationResolve(ctx context.Context, id uuid.UUID, opts *OperationResolveOpts) (*outbox.Operation, error) {
 	var op *outbox.Operation
 	err := c.inTx(ctx, "OperationResolve", func(tx pgx.Tx) error {

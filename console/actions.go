@@ -16,8 +16,8 @@ import (
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/audittext"
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 

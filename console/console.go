@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/stepwise-go/stepwise"
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 )
 
 // Config configures the console. Every field is optional; a nil field hides what it enables.

@@ -17,9 +17,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise/internal/ledger"
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -522,13 +521,13 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 		if len(c) > 0 {
 			where = strings.Join(c, " AND ")
 		}
-		parts = append(parts, `(SELECT `+ledger.Columns("o")+` FROM stepwise_operation o WHERE `+where+
+		parts = append(parts, `(SELECT `+outbox.Columns("o")+` FROM stepwise_operation o WHERE `+where+
 			` ORDER BY o.created_at DESC, o.operation_id DESC LIMIT `+limit+`)`)
 	}
 	var sql string
 	switch len(parts) {
 	case 0: // no operation at all yet: a query with no parameters, so no arguments either
-		sql, args = `SELECT `+ledger.Columns("o")+` FROM stepwise_operation o WHERE false`, nil
+		sql, args = `SELECT `+outbox.Columns("o")+` FROM stepwise_operation o WHERE false`, nil
 	case 1:
 		sql = parts[0]
 	default:
@@ -539,7 +538,7 @@ func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) 
 		h.internal(w, r, "listing operations", err)
 		return
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Operation, error) { return ledger.Scan[*outbox.Operation](row) })
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*outbox.Operation, error) { return outbox.ScanOperation(row) })
 	if err != nil {
 		h.internal(w, r, "listing operations", err)
 		return

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/console"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 )
 
 // seedDay writes n SUCCEEDED payouts sent on day (UTC) in bulk, and returns the statement a

@@ -39,7 +39,7 @@ of code disagree about one external effect, and sending either could pay the wro
 	FAILED_PERMANENT  the external system definitely refused it            terminal
 	RETRYABLE         definitely not executed; resent later, same id       PROCESSING
 	UNKNOWN_EXTERNAL  it may or may not have happened                      reconciler
-	MANUAL            a person must decide                                 reconcile.Resolve
+	MANUAL            a person must decide                                 OperationResolve
 
 Every change of state names the state it expects (UPDATE … WHERE state = $expected), and the
 outcome of a send also names the claim that produced it (claims), so a dispatcher that outlived
@@ -62,7 +62,7 @@ statement that took or last renewed the claim), that its claim lasts at least th
 a claim that falls short is renewed once, and dropped unsent if that fails. A dispatcher frozen
 (GC, SIGSTOP, a frozen VM) or cut off from the database past its lease therefore sends nothing
 that crash recovery, the reconciler or a person has meanwhile moved on, and every request of a
-dispatcher that died is over by its lease's expiry. KindConfig.Lease must exceed Timeout.
+dispatcher that died is over by its lease's expiry. stepwise.KindConfig.Lease must exceed Timeout.
 
 The ledger keeps, per operation, the last moment a request could still be in flight
 (in_flight_until: the request's actual start plus Timeout, or the end of its claim, whichever
@@ -92,9 +92,9 @@ reached the other side (no connection, or a header block never completely writte
 
 Delivery is not one River job per operation (measured here: that caps delivery near 1,000
 operations/s, while a settlement step commits about 14,000 items/s). Each kind has one
-dispatcher job, in its own River queue (QueueName), which runs a pipeline: it claims due
+dispatcher job, in its own River queue (stepwise_outbox_<kind>), which runs a pipeline: it claims due
 operations in batches (FOR UPDATE SKIP LOCKED, a lease per row, PROCESSING, one short
-statement), calls Send with at most KindConfig.Concurrency calls in flight and at most
+statement), calls Send with at most stepwise.KindConfig.Concurrency calls in flight and at most
 RatePerSecond begun per second, each with KindConfig.Timeout and the operation id as
 idempotency key, and records outcomes in transactions of up to a batch: the state changes (one
 set-based UPDATE), the user's outcome callback, and the audit events, together. A slow send
@@ -115,19 +115,19 @@ other. When that kind's dispatcher is already running, River swallows the insert
 that found no more work completes its own job and then checks again for due operations, in one
 transaction: either that check sees the committed rows, or the wake that follows the commit
 finds the job completed and queues a new one. A wake is therefore never lost. (The reconciler's
-resends and reconcile.Resolve still queue the job inside their own transaction.)
+resends and a person's RETRYABLE resolution still queue the job inside their own transaction.)
 
 Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll wakes every
-kind with due work every Config.PollInterval: a River periodic job run by the leader, and
-RunMaintenance in every process that calls it (so that a dead leader does not hold it up).
+kind with due work every Config.PollInterval: a River periodic job run by the leader, and the
+maintenance loop of every started stepwise.Client (so that a dead leader does not hold it up).
 
-Enqueue refuses, with ErrUnknownKind, a kind that no Outbox registered in the database
-(Register does; stepwise.Client.Start calls it): an operation of a mistyped kind would wait
-forever.
+Enqueue refuses, with ErrUnknownKind, a kind that was never registered in the database
+(stepwise.Client.Start registers its kinds; RegisterKinds does too): an operation of a
+mistyped kind would wait forever.
 
-Enqueue takes no Outbox: it runs inside the caller's transaction, often in a process that
+Enqueue takes no handle: it runs inside the caller's transaction, often in a process that
 delivers nothing, with only ctx and tx in hand. So two things it needs are kept per process
-rather than per Outbox, on purpose: the wakers, one per River client (the client of ctx), each
+rather than per client, on purpose: the wakers, one per River client (the client of ctx), each
 a goroutine that lives only while it has transactions to watch; and the cache of the kinds
 found registered, per database (tx's connection), which only grows because a registration is
 never taken back, and which is never consulted for a kind it has not seen.
@@ -135,7 +135,7 @@ never taken back, and which is never consulted for a kind it has not seen.
 # Crash recovery
 
 A dispatcher killed between claiming and recording leaves its operations PROCESSING. When their
-lease expires (KindConfig.Lease after its last renewal), the poll or any dispatcher of the kind
+lease expires (stepwise.KindConfig.Lease after its last renewal), the poll or any dispatcher of the kind
 moves them to UNKNOWN_EXTERNAL. River keeps the killed dispatcher's job "running" until its own
 rescuer runs (an hour by default), and that job would swallow every wake of the kind; the poll
 notices the heartbeat is older than Config.DispatcherLease and starts a takeover dispatcher
@@ -145,7 +145,7 @@ to a new dispatcher at once, for as long as River still calls it running.
 
 # Outcome callbacks
 
-KindConfig.OnOutcome (or OnOutcomeBatch) runs in the transaction that records each transition
+stepwise.KindConfig.OnOutcome (or OnOutcomeBatch) runs in the transaction that records each transition
 out of PROCESSING, UNKNOWN_EXTERNAL and MANUAL, so that business state moves with the ledger: a
 settlement becomes PAID exactly when its payout becomes SUCCEEDED. If it returns an error the
 transition is not recorded; the operation stays PROCESSING until its lease expires and then
@@ -153,31 +153,22 @@ goes to the reconciler, which calls it again.
 
 # Wiring
 
-Users keep building their own River client; the Outbox adds its workers, periodic poll and
-queues to its config:
+The Outbox that delivers the kinds is run by stepwise.Client, for every kind of
+stepwise.Config.Kinds: one KindConfig per kind holds its Sender, its Checker for the
+reconciler, its outcome callback and its limits. NewClient installs the dispatchers, the poll
+and the queues into the client's River config; Start registers the kinds (so that Enqueue
+accepts them) and runs the poll in this process's maintenance loop; Stop drains the sends in
+flight. Config (stepwise.Config.Outbox) tunes the dispatchers; every default is an exported
+constant (LeaseDefault, PollIntervalDefault, ...).
 
-	ob, err := outbox.New(pool, &outbox.Config{
-		Kinds: map[string]*outbox.KindConfig{
-			"payout": {Sender: bankSender, OnOutcome: markPaid, Concurrency: 32, RatePerSecond: 500},
-		},
-	})
-	riverConfig := &river.Config{Workers: workers, Queues: myQueues}
-	if err := ob.Install(riverConfig); err != nil {
-		return err
-	}
-	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
-	if err := ob.Register(ctx); err != nil { // records the kinds, so that Enqueue accepts them
-		return err
-	}
-	// ... client.Start(ctx), then in every process, not only River's leader:
-	go ob.RunMaintenance(ctx, client) // crash recovery, retries and takeovers
-	prometheus.MustRegister(ob.Metrics())
+A program that enqueues before any client with those kinds has started (a web tier, a
+migration) registers them with RegisterKinds.
 
 # Reading the ledger
 
-Get, List and UnfinishedForRuns read the ledger for reports and batch status (a service reads
-through its stepwise.Client: OperationGet, OperationList); Outbox.Metrics is a Prometheus
-collector with delivery counters and, read at scrape time, the operations in each active state
-and the age of the oldest unknown operation per kind (stepwise.Client.Metrics includes it).
+A service reads the ledger through its stepwise.Client: OperationGet, OperationList and
+OperationRequestList (the requests of one operation). stepwise.Client.Metrics includes the
+outbox's Prometheus collector: delivery counters and, read at scrape time, the operations in
+each active state and the age of the oldest unknown operation per kind.
 */
 package outbox

@@ -42,10 +42,9 @@ same transaction as the state change.
 
 # Overlapping passes
 
-The pass is a River periodic job run by the leader every Config.Interval, and
-Reconciler.RunMaintenance runs the same pass in every process that calls it, so a dead or
-frozen leader does not hold reconciliation back until the next election; it can also be run on
-demand (RunOnce) for one operation, one kind or everything, by a CLI say. Passes that overlap
+The pass is a River periodic job run by the leader every Config.Interval, and every
+stepwise.Client runs the same pass in its own maintenance loop, so a dead or frozen leader
+does not hold reconciliation back until the next election. Passes that overlap
 are safe. Claiming a batch counts the check (checks + 1) and pushes next_check_at past the
 lookups, in one short statement, so another pass skips those operations, and nothing stays
 locked while the external system is asked. A decision is recorded only under the check that
@@ -54,13 +53,13 @@ decision is dropped and no outcome callback runs twice.
 
 # By hand
 
-Resolve records a person's decision on a MANUAL or UNKNOWN_EXTERNAL operation — SUCCEEDED,
-FAILED_PERMANENT, or RETRYABLE to send it again under the same id — with the person's name and
-reason in the audit trail and the outcome callback in the same transaction. It is refused with
-outbox.ErrStateChanged if the operation left the state the person saw:
+A person's decision on a MANUAL or UNKNOWN_EXTERNAL operation — SUCCEEDED, FAILED_PERMANENT,
+or RETRYABLE to send it again under the same id — is recorded by stepwise.Client's
+OperationResolve, with the person's name and reason in the audit trail and the outcome
+callback in the same transaction. It is refused with outbox.ErrStateChanged if the operation
+left the state (or version) the person saw:
 
-	_, err := rec.Resolve(ctx, &reconcile.ResolveOpts{
-		OperationID:   id,
+	_, err := client.OperationResolve(ctx, id, &stepwise.OperationResolveOpts{
 		Outcome:       outbox.StateSucceeded,
 		ExpectedState: outbox.StateManual,
 		Actor:         "alice",
@@ -80,27 +79,15 @@ TotalsParams.MaxDifferences differences of each kind are listed (all are counted
 
 # Wiring
 
-	rec, err := reconcile.New(pool, &reconcile.Config{
-		Outbox: ob, // its outcome callbacks run on every transition
-		Kinds: map[string]*reconcile.KindConfig{
-			"payout": {Checker: bankLookup, Grace: 10 * time.Minute, RatePerSecond: 50},
-		},
-	})
-	if err := rec.Install(riverConfig); err != nil { // worker, periodic pass, queue
-		return err
-	}
-	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
-	// ... client.Start(ctx), then in every process, not only River's leader:
-	go rec.RunMaintenance(ctx, client)
-	prometheus.MustRegister(rec.Metrics())
-
-Install is the only way to add the Reconciler to a River client, as for the Outbox and the
-workflow Engine. Every Config default is an exported constant (IntervalDefault, GraceDefault,
-...).
+The reconciler is run by stepwise.Client, for every kind of stepwise.Config.Kinds with a
+Checker: its worker, periodic pass and queue are installed into the client's River config, and
+Start runs the pass in this process's maintenance loop too. Config tunes it
+(stepwise.Config.Reconcile); every default is an exported constant (IntervalDefault,
+GraceDefault, ...).
 
 # Metrics
 
-Reconciler.Metrics is a Prometheus collector: lookups by result, counted in the process, and,
+stepwise.Client.Metrics includes the reconciler's: lookups by result, counted in the process, and,
 read from the ledger at scrape time, the unknown count, the age of the oldest unknown and the
 manual count per kind.
 */

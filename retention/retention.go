@@ -27,7 +27,7 @@
 // MANUAL keeps everything, and so does every run that wrote one: its batch is not settled.
 //
 // People's decisions: every console.action event, every resolution (the op.transition a person
-// recorded through reconcile.Resolve), every transition into MANUAL (what the person decided
+// recorded through stepwise.Client.OperationResolve), every transition into MANUAL (what the person decided
 // on), and every run.resume and run.cancel_requested (who resumed or stopped a run, and why).
 // A decision about money is kept as long as the operation it decided, which is forever.
 //

@@ -18,8 +18,8 @@ import (
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/faultpoint"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"

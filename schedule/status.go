@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -36,7 +36,7 @@ const (
 	BatchReconciling BatchStatus = "RECONCILING"
 
 	// BatchNeedsAttention: every shard run succeeded and some operation is MANUAL: only a
-	// person can finish the batch (reconcile.Resolve). The report's NeedsAttention counts
+	// person can finish the batch (stepwise.Client.OperationResolve). The report's NeedsAttention counts
 	// them. Such a slot is not COMPLETED, and not RECONCILING either, since waiting will
 	// not finish it.
 	BatchNeedsAttention BatchStatus = "NEEDS_ATTENTION"

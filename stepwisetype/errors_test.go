@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/stepwise-go/stepwise/checkpoint"
-	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"

@@ -63,11 +63,10 @@
 // README's quick start does: stepwise.AddWorker(workers, &SettleWorker{}) beside your own
 // River workers, stepwise.NewClient(pool, config), client.Start, and client.Stop on SIGTERM.
 //
-// By hand, every Stepwise component (this Engine, outbox.Outbox, reconcile.Reconciler,
-// schedule.Scheduler) is wired into your own River client the same way: New, Install on the
-// river.Config before river.NewClient, RunMaintenance in every process, Metrics registered;
-// an Outbox also records its kinds with Register(ctx) before the first Enqueue (Install
-// touches no database). Register step workers beside your own River workers and start runs by key:
+// By hand, this Engine and schedule.Scheduler are wired into your own River client the same
+// way: New, Install on the river.Config before river.NewClient, RunMaintenance in every
+// process, Metrics registered (Install touches no database). The outbox and the reconciler
+// run only under a stepwise.Client. Register step workers beside your own River workers and start runs by key:
 //
 //	engine, err := workflow.New(pool, &workflow.Config{})
 //	err = workflow.AddWorkerSafely(engine, riverConfig.Workers, &SettleWorker{})

@@ -49,7 +49,7 @@ type CheckOpts struct {
 	// operation's, with its amount, and at most one per operation.
 	Requests []Request
 
-	// Grace is the reconciler's grace period (reconcile.KindConfig.Grace), for the resend check.
+	// Grace is the reconciler's grace period (stepwise.KindConfig.Grace), for the resend check.
 	Grace time.Duration
 
 	// Runs limits the checks to these runs (keys), the operations they wrote, their slots

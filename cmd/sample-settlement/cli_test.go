@@ -119,7 +119,7 @@ func TestResolveFromStaleState(t *testing.T) {
 	id = outbox.OperationID(op.Kind, op.BusinessKey)
 	_, err = pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'MANUAL', manual_reason = 'test' WHERE operation_id = $1`, id)
 	require.NoError(t, err)
-	_, err = settlement.Resolve(ctx, pool, svc.Reconciler, settlement.Resolution{OperationID: id, From: outbox.StateManual,
+	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: outbox.StateManual,
 		To: outbox.StateSucceeded, Actor: "reconcile-stand-in", Reason: "found paid"})
 	require.NoError(t, err)
 	var events int
@@ -136,7 +136,7 @@ func TestResolveFromStaleState(t *testing.T) {
 	require.Contains(t, r.stderr, "is SUCCEEDED; only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand")
 	require.NotContains(t, r.stderr, "state you saw")
 
-	got, err := outbox.Get(ctx, pool, id)
+	got, err := svc.Client.OperationGet(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateSucceeded, got.State)
 	var status string

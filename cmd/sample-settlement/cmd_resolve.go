@@ -78,7 +78,7 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	op, err := settlement.Resolve(ctx, pool, svc.Reconciler, settlement.Resolution{OperationID: id, From: fromState, SeenVersion: *seenVersion, To: toState, Actor: *actor, Reason: *reason})
+	op, err := settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: fromState, SeenVersion: *seenVersion, To: toState, Actor: *actor, Reason: *reason})
 	if err != nil {
 		return err
 	}

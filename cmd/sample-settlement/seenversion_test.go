@@ -41,10 +41,10 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 	// MANUAL because never sent (test data: as the outbox leaves a payout it gave up on).
 	_, err = pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'MANUAL', manual_reason = 'gave up: not sent after 25 attempts' WHERE operation_id = $1`, id)
 	require.NoError(t, err)
-	seen, err := outbox.Get(ctx, pool, id)
+	seen, err := svc.Client.OperationGet(ctx, id)
 	require.NoError(t, err)
 	// Someone sends it again; the send is ambiguous; the bank holds 999 EUR: MANUAL again.
-	_, err = settlement.Resolve(ctx, pool, svc.Reconciler, settlement.Resolution{OperationID: id, From: outbox.StateManual,
+	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: outbox.StateManual,
 		To: outbox.StateRetryable, Actor: "bob", Reason: "INC-3: bank back, send again"})
 	require.NoError(t, err)
 	for _, st := range []string{"PROCESSING", "MANUAL"} {
@@ -58,7 +58,7 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "is MANUAL at version "+itoa(seen.Version+3)+" now, not MANUAL at version "+itoa(seen.Version))
 	require.Contains(t, r.stderr, "999 EUR")
-	now, err := outbox.Get(ctx, pool, id)
+	now, err := svc.Client.OperationGet(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateManual, now.State)
 

@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
-	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )

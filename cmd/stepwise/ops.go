@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	sw "github.com/stepwise-go/stepwise"
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 )
 
 func runOps(ctx context.Context, c *cli, args []string) error {

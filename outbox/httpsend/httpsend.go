@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 )
 
 // MaxAnswerBytes bounds the answer body Do reads. A longer answer is an *Error (the status

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/outbox/httpsend"
 )
 

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
 )
 
 // This file connects the fake bank to the operation ledger: an outbox sender, a reconcile

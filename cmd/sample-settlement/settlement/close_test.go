@@ -128,7 +128,7 @@ func TestDateClosesOnlyWhenEveryPayoutIsProven(t *testing.T) {
 	require.True(t, checkNamed(t, res, settlement.ClosedDateAtRest).OK)
 
 	// A person decides: paid. The wait wakes, the date closes and is reconciled.
-	_, err = settlement.Resolve(ctx, pool, svc.Reconciler, settlement.Resolution{OperationID: manual, From: outbox.StateManual,
+	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: manual, From: outbox.StateManual,
 		To: outbox.StateSucceeded, Actor: "alice", Reason: "the bank's portal shows it paid"})
 	require.NoError(t, err)
 	waitProgress(t, pool, "the date closed and reconciled", func(ctx context.Context) (bool, string, error) {

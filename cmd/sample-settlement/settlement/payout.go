@@ -3,12 +3,12 @@ package settlement
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // Settlement statuses, as stored in settlement.status.
@@ -60,7 +60,7 @@ WITH v AS (
 )
 SELECT count(*) FROM u`
 
-// OnPayoutOutcomes is the payout kind's outcome callback (outbox.KindConfig.OnOutcomeBatch):
+// OnPayoutOutcomes is the payout kind's outcome callback (stepwise.KindConfig.OnOutcomeBatch):
 // it moves each payout's settlement to the status that goes with the payout's new state.
 func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOutcome) error {
 	ids := make([]int64, 0, len(batch))
@@ -95,15 +95,6 @@ func OnPayoutOutcomes(ctx context.Context, tx pgx.Tx, batch []outbox.OperationOu
 // Service does when it starts, for code that settles (and so enqueues payouts) where neither
 // has run yet: outbox.Enqueue refuses a kind no outbox registered, since nothing would ever
 // send it.
-func RegisterPayoutKind(ctx context.Context, db outbox.DB) error {
-	// The outbox is only registered, never run: its sender refuses, so a payout can never go
-	// out through it without a bank.
-	noSend := outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
-		return outbox.Receipt{}, outbox.NotSent(errors.New("RegisterPayoutKind's outbox sends nothing; a Service sends payouts"))
-	})
-	ob, err := outbox.New(db, &outbox.Config{ID: "settlement", Kinds: map[string]*outbox.KindConfig{PayoutKind: {Sender: noSend}}})
-	if err != nil {
-		return err
-	}
-	return ob.Register(ctx)
+func RegisterPayoutKind(ctx context.Context, db stepwisetype.DBTX) error {
+	return outbox.RegisterKinds(ctx, db, "settlement", PayoutKind)
 }

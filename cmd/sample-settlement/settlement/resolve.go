@@ -7,10 +7,9 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
 )
 
 // Resolution is a person's decision about a payout the machines could not settle.
@@ -35,12 +34,12 @@ type Resolution struct {
 	Reason string
 }
 
-// Resolve applies a person's decision to a payout through the reconciler (reconcile.Resolve):
+// Resolve applies a person's decision to a payout through the client (OperationResolve):
 // in one transaction the ledger move, its audit event, and the settlement's status through the
 // payout's outcome callback, as for any other outcome — and only if the payout is still in
 // the state the person saw (ErrStaleState otherwise, nothing changed). An operation id that
 // names no payout is ErrNoSuchSettlement.
-func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler, r Resolution) (*outbox.Operation, error) {
+func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbox.Operation, error) {
 	switch r.To {
 	case outbox.StateSucceeded, outbox.StateFailedPermanent, outbox.StateRetryable:
 	default:
@@ -52,7 +51,7 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler,
 	if strings.TrimSpace(r.Actor) == "" {
 		return nil, errors.New("resolving needs an actor: who decides, for the audit trail")
 	}
-	cur, err := outbox.Get(ctx, pool, r.OperationID)
+	cur, err := client.OperationGet(ctx, r.OperationID)
 	if errors.Is(err, outbox.ErrNotFound) {
 		return nil, fmt.Errorf("%w: operation %s does not exist; find open payouts with \"report --date D --json\"", ErrNoSuchSettlement, r.OperationID)
 	}
@@ -72,18 +71,24 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, rec *reconcile.Reconciler,
 				ErrNotResolvable, r.OperationID, cur.BusinessKey, cur.State)
 		}
 	}
-	op, err := rec.Resolve(ctx, &reconcile.ResolveOpts{
-		OperationID: r.OperationID, Outcome: r.To, ExpectedState: from, ExpectedVersion: r.SeenVersion, Actor: r.Actor, Reason: r.Reason,
+	seen := r.SeenVersion
+	if seen == 0 {
+		// "The state I saw" only: the version read above stands for it, so a payout that
+		// moved since that read is refused, even back into the same state.
+		seen = cur.Version
+	}
+	op, err := client.OperationResolve(ctx, r.OperationID, &stepwise.OperationResolveOpts{
+		Outcome: r.To, ExpectedState: from, ExpectedVersion: seen, Actor: r.Actor, Reason: r.Reason,
 	})
 	var changed *outbox.StateChangedError
 	switch {
 	case errors.As(err, &changed):
-		now, _ := outbox.Get(ctx, pool, r.OperationID)
+		now, _ := client.OperationGet(ctx, r.OperationID)
 		when := ""
 		if now != nil {
 			when = fmt.Sprintf(" (last change %s)", now.UpdatedAt.UTC().Format("2006-01-02 15:04:05Z"))
 		}
-		if changed.ExpectedVersion != 0 {
+		if r.SeenVersion != 0 {
 			why := ""
 			if now != nil && now.ManualReason != "" {
 				why = fmt.Sprintf("; why MANUAL now: %q", now.ManualReason)

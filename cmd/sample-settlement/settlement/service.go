@@ -155,14 +155,6 @@ type Service struct {
 	Client *stepwise.Client
 	Plan   Plan
 	Bank   Bank
-
-	// Engine, Outbox and Reconciler are stand-alone handles on the same database and the
-	// same payout configuration, for passes driven by hand (Outbox.Drain,
-	// Reconciler.RunOnce, Engine.Maintain) in benchmarks, tests and settlement.Resolve. They
-	// are not the ones the Client runs: quiescing them stops nothing (Service.Stop does).
-	Engine     *workflow.Engine
-	Outbox     *outbox.Outbox
-	Reconciler *reconcile.Reconciler
 }
 
 // payoutKind is the payout kind's configuration: the bank pays under the operation id and
@@ -238,28 +230,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	svc := &Service{Pool: pool, Client: client, Plan: plan, Bank: cfg.Bank}
-	if err := svc.standAlone(pool, cfg, wcfg); err != nil {
-		return nil, err
-	}
-	return svc, nil
-}
-
-// standAlone builds the stand-alone Engine, Outbox and Reconciler (see Service).
-func (s *Service) standAlone(pool *pgxpool.Pool, cfg *ServiceConfig, wcfg *workflow.Config) error {
-	k := payoutKind(cfg)
-	var err error
-	if s.Engine, err = workflow.New(pool, wcfg); err != nil {
-		return err
-	}
-	if s.Outbox, err = outbox.New(pool, &outbox.Config{ID: cfg.ID, Logger: cfg.Logger, Kinds: map[string]*outbox.KindConfig{PayoutKind: {
-		Sender: k.Sender, OnOutcomeBatch: k.OnOutcomeBatch, Concurrency: k.Concurrency, Timeout: k.Timeout, Lease: k.Lease, RetryBackoff: k.RetryBackoff,
-	}}}); err != nil {
-		return err
-	}
-	s.Reconciler, err = reconcile.New(pool, &reconcile.Config{Outbox: s.Outbox, Interval: cfg.ReconcileInterval, Logger: cfg.Logger,
-		Kinds: map[string]*reconcile.KindConfig{PayoutKind: {Checker: k.Checker, Timeout: k.CheckTimeout, Grace: k.Grace, CheckBackoff: k.CheckBackoff}}})
-	return err
+	return &Service{Pool: pool, Client: client, Plan: plan, Bank: cfg.Bank}, nil
 }
 
 // Start starts the Client: settle runs, payout delivery, reconciliation, the maintenance

@@ -10,8 +10,9 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/reconcile"
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 
@@ -59,17 +60,47 @@ func pendingPayouts(ctx context.Context, pool *pgxpool.Pool, dates *dateSeq, n i
 	return date, nil
 }
 
-// sampleService is the sample's Service on pool, not started: its Outbox and Reconciler are
-// the sample's delivery and reconciliation wiring (fakebank.Sender, OnPayoutOutcomes, fakebank.Checker,
-// the sample's concurrency and timeouts), driven here on demand.
-func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*settlement.Service, error) {
-	return settlement.NewService(pool, &settlement.ServiceConfig{Bank: bankfake.New(bank), Logger: quietLogger(), ID: "bench"})
+// sample is the sample's Service on a database, not started, with stand-alone handles on
+// the same database and the same payout configuration (the fake bank's Sender and Checker,
+// OnPayoutOutcomes, the sample's concurrency and timeouts) for passes driven here on demand:
+// Outbox.Drain, Reconciler.RunOnce, Engine.Maintain. They are not the handles the Service's
+// client runs.
+type sample struct {
+	*settlement.Service
+	Engine     *workflow.Engine
+	Outbox     *outbox.Outbox
+	Reconciler *reconcile.Reconciler
+}
+
+func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*sample, error) {
+	cfg := (&settlement.ServiceConfig{Bank: bankfake.New(bank), Logger: quietLogger(), ID: "bench"}).WithDefaults()
+	svc, err := settlement.NewService(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &sample{Service: svc}
+	wcfg := cfg.Workflow.WithDefaults()
+	wcfg.Logger = cfg.Logger
+	if s.Engine, err = workflow.New(pool, wcfg); err != nil {
+		return nil, err
+	}
+	if s.Outbox, err = outbox.New(pool, &outbox.Config{ID: cfg.ID, Logger: cfg.Logger, Kinds: map[string]*outbox.KindConfig{settlement.PayoutKind: {
+		Sender: cfg.Bank, OnOutcomeBatch: settlement.OnPayoutOutcomes, Concurrency: cfg.PayoutConcurrency,
+		Timeout: cfg.PayoutTimeout, Lease: cfg.PayoutLease, RetryBackoff: cfg.PayoutRetryBackoff,
+	}}}); err != nil {
+		return nil, err
+	}
+	s.Reconciler, err = reconcile.New(pool, &reconcile.Config{Outbox: s.Outbox, Interval: cfg.ReconcileInterval, Logger: cfg.Logger,
+		Kinds: map[string]*reconcile.KindConfig{settlement.PayoutKind: {
+			Checker: cfg.Bank, Timeout: cfg.PayoutTimeout, Grace: cfg.ReconcileGrace, CheckBackoff: cfg.ReconcileBackoff,
+		}}})
+	return s, err
 }
 
 // sampleSection is what the delivery and reconcile sections start from: the section's
 // database, a zero-latency fake bank and the sample's Service on them, not started. done
 // stops the bank and closes the pool.
-func (r *runner) sampleSection(ctx context.Context, name string) (pool *pgxpool.Pool, bank *fakebank.Bank, svc *settlement.Service, done func(), err error) {
+func (r *runner) sampleSection(ctx context.Context, name string) (pool *pgxpool.Pool, bank *fakebank.Bank, svc *sample, done func(), err error) {
 	pool, _, err = r.sectionDB(ctx, name)
 	if err != nil {
 		return nil, nil, nil, nil, err

@@ -15,7 +15,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/retention"
 )
 
@@ -59,7 +59,7 @@ type historyDB struct {
 	label string
 	pool  *pgxpool.Pool
 	rig   *settleRig
-	svc   *settlement.Service
+	svc   *sample
 	store *checkpoint.Store
 	close func()
 }

@@ -125,7 +125,7 @@ func seedRuns(ctx context.Context, pool *pgxpool.Pool, prefix string, n int, run
 // maintenancePlans runs one pass on a pool whose connections log every statement's plan to
 // the client (auto_explain at client_min_messages = log) and returns those plans. It needs
 // a superuser to LOAD auto_explain; elsewhere it says why it cannot.
-func maintenancePlans(ctx context.Context, dbURL string, svc *settlement.Service) (string, error) {
+func maintenancePlans(ctx context.Context, dbURL string, svc *sample) (string, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return "", err

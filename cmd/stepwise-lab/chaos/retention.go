@@ -18,7 +18,7 @@ import (
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/retention"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
@@ -239,7 +239,7 @@ func (s *retentionSoak) decide(ctx context.Context) error {
 		s.mu.Unlock()
 		d := decision{id: o.id, to: to, actor: "soak-operator",
 			reason: fmt.Sprintf("soak decision %d: the bank holds payment %s as %s", n, p.ID, p.Status)}
-		_, err = settlement.Resolve(ctx, s.pool, s.svc.Reconciler, settlement.Resolution{
+		_, err = settlement.Resolve(ctx, s.svc.Client, settlement.Resolution{
 			OperationID: d.id, From: o.state, To: d.to, Actor: d.actor, Reason: d.reason})
 		s.mu.Lock()
 		if err == nil {

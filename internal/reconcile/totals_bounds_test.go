@@ -1,0 +1,154 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/internal/outbox"
+	"github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
+)
+
+// TestTotalsCountAnOperationWhoseSenderDied: a dispatcher claims a payout, its request reaches
+// the bank, and it dies before recording anything (no send time in the ledger). Lease recovery
+// makes it UNKNOWN_EXTERNAL, the reconciler finds it at the bank and proves it SUCCEEDED. The
+// bank's statement lists it on the day it was applied; the ledger must count it on that day
+// too, not report it "only there (SUCCEEDED)" — a report contradicting itself.
+func TestTotalsCountAnOperationWhoseSenderDied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil, nil)
+	from := time.Now().Add(-time.Minute)
+
+	b.enqueue(t, payout(key(1), "acct", 100), payout(key(2), "acct", 200))
+	b.drain(t)
+
+	died := payout(key(3), "acct", 300)
+	b.enqueue(t, died)
+	id := outbox.OperationID("payout", died.BusinessKey)
+	// The claim, as the dispatcher's claim statement takes it, with a lease that has run out.
+	_, err := b.pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'PROCESSING', claims = claims + 1, claimed_at = now(),
+		lease_until = now() - interval '1 second', leased_by = 'killed-worker', updated_at = now() WHERE operation_id = $1`, id)
+	require.NoError(t, err)
+	// Its request got through before the process was killed.
+	_, err = b.client.Pay(ctx, id.String(), fakebank.PaymentRequest{Account: "acct", Amount: 300, Currency: "EUR", Reference: died.BusinessKey})
+	require.NoError(t, err)
+	n, err := b.ob.RecoverExpired(ctx, "payout")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = b.rec.RunOnce(ctx, &reconcile.RunOpts{Force: true})
+	require.NoError(t, err)
+	op := b.get(t, died.BusinessKey)
+	require.Equal(t, outbox.StateSucceeded, op.State, "proven by the reconciler")
+	require.Nil(t, op.LastSentAt, "no send was ever recorded for it")
+
+	totals, err := reconcile.CompareTotals(ctx, b.pool, bankStatement(b.client),
+		&reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	t.Log("\n" + totals.String())
+	require.True(t, totals.Match(), totals.String())
+	require.Equal(t, map[string]reconcile.Sum{"EUR": {Count: 3, Amount: 600}}, totals.Here)
+}
+
+// TestTotalsBoundTheDifferencesListed: a statement missing a whole period (or listing one
+// nobody sent) yields as many differences as the period has payouts; the result lists at most
+// MaxDifferences of each kind and counts the rest, and the totals still cover everything. A
+// key the bank applied twice is a difference of its own.
+func TestTotalsBoundTheDifferencesListed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil, nil)
+	from := time.Now().Add(-time.Minute)
+	var ops []outbox.EnqueueParams
+	for i := range 30 {
+		ops = append(ops, payout(key(i), "acct", int64(100+i)))
+	}
+	b.enqueue(t, ops...)
+	b.drain(t)
+	// The bank's statement: the first ten as applied, then twenty-five it never had here,
+	// and the first one a second time.
+	entries, err := bankStatement(b.client).Entries(ctx, from, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	var stmt []reconcile.StatementEntry
+	for _, e := range entries {
+		if e.Amount < 110 {
+			stmt = append(stmt, e)
+		}
+	}
+	for i := range 25 {
+		stmt = append(stmt, reconcile.StatementEntry{Key: uuid.NewString(), ExternalRef: fmt.Sprintf("by-hand-%d", i), Amount: 7, Currency: "EUR", At: time.Now()})
+	}
+	stmt = append(stmt, stmt[0])
+	statement := reconcile.StatementFunc(func(context.Context, time.Time, time.Time) ([]reconcile.StatementEntry, error) {
+		return slices.Clone(stmt), nil
+	})
+
+	totals, err := reconcile.CompareTotals(ctx, b.pool, statement,
+		&reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now().Add(time.Minute), MaxDifferences: 5})
+	require.NoError(t, err)
+	t.Log("\n" + totals.String())
+	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.DifferenceOnlyHere: 20, reconcile.DifferenceOnlyThere: 25, reconcile.DifferenceDuplicate: 1}, totals.Counts)
+	require.Len(t, totals.Differences, 11)
+	require.Equal(t, 46, totals.DifferenceCount())
+	require.Equal(t, 35, totals.Omitted())
+	require.Contains(t, totals.String(), "... and 35 more not listed")
+	require.Equal(t, 30, totals.Here["EUR"].Count, "the totals count every operation, listed or not")
+	require.Equal(t, 36, totals.There["EUR"].Count)
+	for _, d := range totals.Differences {
+		switch d.Kind {
+		case reconcile.DifferenceOnlyHere:
+			require.NotEmpty(t, d.BusinessKey)
+			require.Equal(t, outbox.StateSucceeded, d.OurState)
+		case reconcile.DifferenceDuplicate:
+			require.Equal(t, stmt[0].Key, d.Key)
+			require.NotEmpty(t, d.BusinessKey)
+		}
+	}
+
+	_, err = reconcile.CompareTotals(ctx, b.pool, statement, &reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now(), MaxDifferences: -1})
+	require.ErrorContains(t, err, "MaxDifferences -1")
+}
+
+// TestTotalsKeysOfAnotherSpelling: keys that cannot be an operation_id's text (upper case,
+// short, empty) are only there, with what the ledger holds under the id they spell if any;
+// the ledger's own keys still match however the statement is ordered.
+func TestTotalsKeysOfAnotherSpelling(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil, nil)
+	from := time.Now().Add(-time.Minute)
+	var ops []outbox.EnqueueParams
+	for i := range 50 {
+		ops = append(ops, payout(key(i), "acct", int64(100+i)))
+	}
+	b.enqueue(t, ops...)
+	b.drain(t)
+	entries, err := bankStatement(b.client).Entries(ctx, from, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Len(t, entries, 50)
+	upper := strings.ToUpper(entries[7].Key)
+	odd := []reconcile.StatementEntry{{Key: upper, Amount: 1, Currency: "EUR"}, {Key: "x", Amount: 2, Currency: "EUR"},
+		{Key: "", Amount: 3, Currency: "EUR"}, {Key: "zzzz-not-hex", Amount: 4, Currency: "EUR"}}
+	stmt := append(slices.Clone(odd), entries...)
+	slices.Reverse(stmt)
+	totals, err := reconcile.CompareTotals(ctx, b.pool, reconcile.StatementFunc(func(context.Context, time.Time, time.Time) ([]reconcile.StatementEntry, error) {
+		return stmt, nil
+	}), &reconcile.TotalsParams{Kind: "payout", From: from, To: time.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	t.Log("\n" + totals.String())
+	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.DifferenceOnlyThere: 4}, totals.Counts)
+	for _, d := range totals.Differences {
+		if d.Key == upper {
+			require.Equal(t, outbox.StateSucceeded, d.OurState, "the id it spells is ours")
+		} else {
+			require.Equal(t, outbox.State(""), d.OurState)
+		}
+	}
+}

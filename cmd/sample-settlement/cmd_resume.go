@@ -6,11 +6,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
-	"github.com/stepwise-go/stepwise/workflow"
 )
 
 func init() {
@@ -52,17 +49,24 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	// An insert-only client: the resumed run's job is worked by the running "serve" processes.
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	// An operator client (insert-only River): the resumed run's job is worked by the running
+	// "serve" processes.
+	client, err := stepwise.NewOperatorClient(pool)
 	if err != nil {
 		return err
 	}
-	if *seenVersion > 0 {
-		err = workflow.ResumeIfUnchanged(ctx, client, key, *seenVersion, *actor, *reason)
-	} else {
-		err = workflow.Resume(ctx, client, key, *actor, *reason)
+	seen := *seenVersion
+	if seen == 0 {
+		// No version given: resume the run as it is now. Read now, and the resume below is
+		// still conditional on it, so a run that moves in between is refused, not resumed
+		// blindly.
+		run, err := client.RunGet(ctx, key)
+		if err != nil {
+			return err
+		}
+		seen = run.Version
 	}
-	if err != nil {
+	if _, err := client.RunResume(ctx, key, &stepwise.RunResumeOpts{ExpectedVersion: seen, Actor: *actor, Reason: *reason}); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "run %s resumed from its last checkpoint by %s (%q); serve picks it up\n", key, *actor, *reason)

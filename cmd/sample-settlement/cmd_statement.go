@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/workflow"
@@ -49,7 +50,11 @@ func runStatementArrived(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	key := settlement.ReconcileRunKey(d)
 	fmt.Fprintf(stdout, "statement for %s sent to run %s\n", *date, key)
-	run, err := workflow.GetRun(ctx, pool, key)
+	client, err := stepwise.NewOperatorClient(pool)
+	if err != nil {
+		return err
+	}
+	run, err := client.RunGet(ctx, key)
 	switch {
 	case errors.Is(err, workflow.ErrRunNotFound):
 		fmt.Fprintf(stdout, "the run does not exist yet (the date is not closed): the statement is kept for it\n")

@@ -38,7 +38,7 @@ func checkShare(flagName string, v float64) error {
 // characters (a newline in --actor forges a second line in every log and report that prints
 // it), invisible and bidirectional formatting characters (Unicode Cf: U+202E shows "refund
 // 100" as "001 dnufer", U+200B makes two tickets look alike), line and paragraph separators.
-// The same rule as reconcile.Resolve's and workflow.Resume's; every command that writes audit
+// The same rule as the client's OperationResolve and RunResume; every command that writes audit
 // text (resolve, resume) checks its flags with it before anything runs.
 func checkText(flagName, s string, max int) error {
 	switch {

@@ -31,9 +31,13 @@ type Client struct {
 	engine     *workflow.Engine
 	outbox     *outbox.Outbox        // nil when the config has no kinds
 	reconciler *reconcile.Reconciler // nil when no kind has a Checker
-	scheduler  *schedule.Scheduler   // nil when the config has no schedules
-	metrics    *clientMetrics
-	logger     *slog.Logger
+	// resolver records a person's decisions (OperationResolve) through the client's outbox,
+	// with the kinds' callbacks: the reconciler, or, when no kind has a Checker, one that is
+	// never installed and never looks anything up. nil when the config has no kinds.
+	resolver  *reconcile.Reconciler
+	scheduler *schedule.Scheduler // nil when the config has no schedules
+	metrics   *clientMetrics
+	logger    *slog.Logger
 
 	mu         sync.Mutex
 	started    bool
@@ -73,6 +77,11 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 			if c.reconciler, err = reconcile.New(pool, rc); err != nil {
 				return nil, err
 			}
+			c.resolver = c.reconciler
+		} else if c.resolver, err = resolverOver(pool, c.outbox, cfg.kindNames()...); err != nil {
+			// Guards against a kind nobody can look up (no Checker anywhere), which only a
+			// person can settle, being unresolvable with its callback.
+			return nil, err
 		}
 	}
 	if len(cfg.Schedules) > 0 {
@@ -127,7 +136,7 @@ func (c *Client) River() *river.Client[pgx.Tx] { return c.river }
 
 // Start starts the Client, in this order:
 //
-//  1. It records the outbox's kinds in the database (outbox.Outbox.Register), so that
+//  1. It records the outbox's kinds in the database (outbox.RegisterKinds), so that
 //     outbox.Enqueue accepts them. Guards against: the first Enqueue of a new kind refused
 //     because no process has registered it yet.
 //  2. It warns (and sets stepwise_client_kind_without_checker) for every kind this process

@@ -183,11 +183,12 @@ func (c *Client) OperationResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID
 }
 
 // resolverFor is the reconciler that records a decision on an operation of kind: the
-// client's, which runs the kind's outcome callback; or, with noCallback, one that knows the
-// kind without a callback and never sends nor looks up (the service's own processes do).
+// client's resolver, which runs the kind's outcome callback; or, with noCallback, one that
+// knows the kind without a callback and never sends nor looks up (the service's own processes
+// do).
 func (c *Client) resolverFor(kind string, noCallback bool) (*reconcile.Reconciler, error) {
-	if c.reconciler != nil && c.outbox != nil && c.outbox.KindConfig(kind) != nil {
-		return c.reconciler, nil
+	if c.resolver != nil && c.outbox != nil && c.outbox.KindConfig(kind) != nil {
+		return c.resolver, nil
 	}
 	// Guards against a resolution that leaves the service's business state behind the
 	// ledger for good: the kind's callback is the service's code, which this client lacks.
@@ -204,29 +205,35 @@ func (c *Client) resolverFor(kind string, noCallback bool) (*reconcile.Reconcile
 // and can record a person's decision on their operations and nothing else: they never send
 // nor look up (the service's own processes do), and are never started.
 func noCallbackResolver(pool outbox.DB, kinds ...string) (*outbox.Outbox, *reconcile.Reconciler, error) {
-	obKinds, recKinds := map[string]*outbox.KindConfig{}, map[string]*reconcile.KindConfig{}
+	obKinds := map[string]*outbox.KindConfig{}
 	for _, kind := range kinds {
 		obKinds[kind] = &outbox.KindConfig{Sender: neverSend{}}
-		recKinds[kind] = &reconcile.KindConfig{Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{}, errors.New("an operator's resolution does not look operations up")
-		})}
 	}
 	ob, err := outbox.New(pool, &outbox.Config{Kinds: obKinds})
 	if err != nil {
 		return nil, nil, err
 	}
-	rec, err := reconcile.New(pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-operator", Kinds: recKinds})
-	if err != nil {
-		return nil, nil, err
+	rec, err := resolverOver(pool, ob, kinds...)
+	return ob, rec, err
+}
+
+// resolverOver is a reconciler over ob for kinds that records people's decisions only: it is
+// never installed, and its checkers refuse to look anything up.
+func resolverOver(pool outbox.DB, ob *outbox.Outbox, kinds ...string) (*reconcile.Reconciler, error) {
+	recKinds := map[string]*reconcile.KindConfig{}
+	for _, kind := range kinds {
+		recKinds[kind] = &reconcile.KindConfig{Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+			return reconcile.LookupResult{}, errors.New("an operator's resolution does not look operations up")
+		})}
 	}
-	return ob, rec, nil
+	return reconcile.New(pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-operator", Kinds: recKinds})
 }
 
 // OperationKinds returns the operation kinds whose operations OperationResolve resolves
 // without NoCallback: the kinds of the client's outbox, whose outcome callbacks it runs.
 // A console offers Resolve on these.
 func (c *Client) OperationKinds() []string {
-	if c == nil || c.outbox == nil || c.reconciler == nil {
+	if c == nil || c.outbox == nil || c.resolver == nil {
 		return nil
 	}
 	return c.outbox.Kinds()

@@ -26,7 +26,7 @@ func NewOperatorClient(pool *pgxpool.Pool, noCallbackKinds ...string) (*Client, 
 	}
 	c := &Client{pool: pool, river: rc}
 	if len(noCallbackKinds) > 0 {
-		if c.outbox, c.reconciler, err = noCallbackResolver(pool, noCallbackKinds...); err != nil {
+		if c.outbox, c.resolver, err = noCallbackResolver(pool, noCallbackKinds...); err != nil {
 			return nil, fmt.Errorf("stepwise.NewOperatorClient: noCallbackKinds: %w", err)
 		}
 	}

@@ -64,7 +64,7 @@ func newOpsEnv(t *testing.T) *opsEnv {
 	require.NoError(t, err)
 	engine, err := workflow.New(pool, &workflow.Config{Logger: discard})
 	require.NoError(t, err)
-	return &opsEnv{pool: pool, c: &Client{pool: pool, river: rc, engine: engine, outbox: ob, reconciler: rec}}
+	return &opsEnv{pool: pool, c: &Client{pool: pool, river: rc, engine: engine, outbox: ob, reconciler: rec, resolver: rec}}
 }
 
 // addRun writes a run and its checkpoint as workflow.Start and a worker would leave them.
@@ -470,4 +470,35 @@ func TestNewOperatorClient(t *testing.T) {
 	_, err = NewOperatorClient(nil)
 	require.Error(t, err)
 	require.Equal(t, "stepwise: not found", fmt.Sprint(stepwisetype.ErrNotFound))
+}
+
+// A kind with a Sender and an outcome callback but no Checker anywhere can only be settled by
+// a person: its client resolves it, with the callback, in the same transaction.
+func TestOperationResolveOfAKindWithoutChecker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := smallPool(t, 20)
+	_, err := pool.Exec(ctx, `CREATE TABLE notice_outcome (operation_id uuid, to_state text)`)
+	require.NoError(t, err)
+	c, err := NewClient(pool, &Config{Logger: slog.New(slog.DiscardHandler), Kinds: map[string]*KindConfig{
+		"notice": {
+			Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil }),
+			OnOutcome: func(ctx context.Context, tx pgx.Tx, op *outbox.Operation, o outbox.Outcome) error {
+				_, err := tx.Exec(ctx, `INSERT INTO notice_outcome VALUES ($1, $2)`, op.ID, string(o.To))
+				return err
+			},
+		},
+	}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"notice"}, c.OperationKinds())
+	require.NoError(t, outbox.RegisterKinds(ctx, pool, "test", "notice"))
+	e := &opsEnv{pool: pool, c: c}
+	id, version := e.enqueueManual(t, "notice", "n-1", "")
+
+	op, err := c.OperationResolve(ctx, id, &OperationResolveOpts{Outcome: outbox.StateFailedPermanent, ExpectedVersion: version,
+		Actor: "alice", Reason: "the customer withdrew"})
+	require.NoError(t, err)
+	require.Equal(t, outbox.StateFailedPermanent, op.State)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM notice_outcome WHERE operation_id = $1 AND to_state = 'FAILED_PERMANENT'`, id),
+		"the kind's callback ran with the decision")
 }

@@ -20,9 +20,9 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/internal/outbox"
-	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
@@ -134,9 +134,9 @@ func TestClientEndToEnd(t *testing.T) {
 	run = waitRun(t, c, "client/e2e")
 	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	require.Eventually(t, func() bool {
-		n, err := outbox.UnfinishedForRuns(ctx, pool, "client/e2e")
+		ops, err := c.OperationList(ctx, &OperationListParams{RunKey: "client/e2e", State: outbox.StateSucceeded, Limit: 100})
 		require.NoError(t, err)
-		return n == 0
+		return len(ops) == 20
 	}, time.Minute, 20*time.Millisecond)
 	var succeeded int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation WHERE state = 'SUCCEEDED'`).Scan(&succeeded))
@@ -369,10 +369,37 @@ func TestConfigWithDefaults(t *testing.T) {
 	cfg.River.Queues["other"] = river.QueueConfig{MaxWorkers: 1}
 	require.Len(t, rc.Queues, 1, "WithDefaults copies the River config's queues")
 
-	_, err := NewClient(smallPool(t, 24), &Config{River: rc, Outbox: &outbox.Config{Kinds: map[string]*outbox.KindConfig{"x": {}}}})
-	require.ErrorContains(t, err, "Config.Outbox.Kinds is set")
-	_, err = NewClient(smallPool(t, 24), &Config{River: rc, Kinds: map[string]*KindConfig{"x": {}}})
+	_, err := NewClient(smallPool(t, 24), &Config{River: rc, Kinds: map[string]*KindConfig{"x": {}}})
 	require.ErrorContains(t, err, `Config.Kinds["x"].Sender is nil`)
+}
+
+// A bad limit is refused by NewClient with the name of the field the user set in
+// stepwise.Config, not of the internal config it maps onto.
+func TestNewClientNamesTheKindConfigFieldThatIsWrong(t *testing.T) {
+	t.Parallel()
+	pool := smallPool(t, 40)
+	send := outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil })
+	check := reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
+		return reconcile.LookupResult{}, nil
+	})
+	for _, tc := range []struct {
+		kind KindConfig
+		want string
+	}{
+		{KindConfig{Sender: send, Checker: check, CheckBatchSize: 20000}, `Config.Kinds["k"].CheckBatchSize 20000: want 1 to 10000`},
+		{KindConfig{Sender: send, Checker: check, CheckConcurrency: -1}, `Config.Kinds["k"].CheckConcurrency -1`},
+		{KindConfig{Sender: send, Checker: check, CheckRatePerSecond: -1}, `Config.Kinds["k"].CheckRatePerSecond -1 is negative`},
+		{KindConfig{Sender: send, Checker: check, CheckTimeout: -1}, `Config.Kinds["k"]: CheckTimeout, GiveUpAfter and MaxChecks`},
+		{KindConfig{Sender: send, Checker: check, Timeout: time.Minute, Lease: 2 * time.Minute, Grace: time.Minute}, `Config.Kinds["k"].Grace 1m0s is not longer than its send Timeout 1m0s`},
+		{KindConfig{Sender: send, Concurrency: -1}, `Config.Kinds["k"].Concurrency -1`},
+		{KindConfig{Sender: send, Lease: time.Second, Timeout: time.Second}, `Config.Kinds["k"].Lease 1s is not longer than Timeout 1s`},
+	} {
+		k := tc.kind
+		_, err := NewClient(pool, &Config{Logger: quiet, Kinds: map[string]*KindConfig{"k": &k}})
+		require.ErrorContains(t, err, "stepwise: "+tc.want)
+	}
+	_, err := NewClient(pool, &Config{Logger: quiet, Kinds: map[string]*KindConfig{"k": {Sender: send}}, Outbox: &outbox.Config{PollInterval: time.Millisecond}})
+	require.ErrorContains(t, err, "stepwise: Config.Outbox.PollInterval 1ms is below River's minimum period of 1s")
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.

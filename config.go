@@ -1,7 +1,6 @@
 package stepwise
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -10,8 +9,10 @@ import (
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/stepwise-go/stepwise/internal/outbox"
-	"github.com/stepwise-go/stepwise/internal/reconcile"
+	ioutbox "github.com/stepwise-go/stepwise/internal/outbox"
+	ireconcile "github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -43,12 +44,12 @@ type Config struct {
 	// means workflow's defaults.
 	Workflow *workflow.Config
 
-	// Outbox tunes the dispatchers (PollInterval, Slice, DispatcherLease, ID). Its Kinds
-	// must be empty: kinds are configured in Config.Kinds. Nil means outbox's defaults.
+	// Outbox tunes the dispatchers (PollInterval, Slice, DispatcherLease, ID); the kinds are
+	// configured in Config.Kinds. Nil means outbox's defaults.
 	Outbox *outbox.Config
 
-	// Reconcile tunes the reconciler (Interval, Slice, Actor). Its Outbox and Kinds must be
-	// empty: the Client sets them from Config.Kinds. Nil means reconcile's defaults.
+	// Reconcile tunes the reconciler (Interval, Slice, Actor); the kinds are configured in
+	// Config.Kinds. Nil means reconcile's defaults.
 	Reconcile *reconcile.Config
 
 	// Scheduler tunes the scheduler (TickInterval, MaxSlotsPerTick). Nil means schedule's
@@ -80,7 +81,8 @@ type Schedule interface {
 // KindConfig configures one kind of external operation: how it is sent (the outbox), how an
 // operation whose outcome is unknown is looked up (the reconciler), and what business state
 // moves with each outcome. Every zero limit takes its default (outbox.…Default for sending,
-// reconcile.…Default for reconciling).
+// reconcile.…Default for reconciling); a negative one (but MaxAttempts -1) is refused by
+// NewClient, with the field's name.
 type KindConfig struct {
 	// Sender performs the operations, under op.IdempotencyKey(). Required.
 	Sender outbox.Sender
@@ -112,7 +114,7 @@ type KindConfig struct {
 	// performance budget in docs/design.md for where more stops helping.
 	//
 	// Defaults to outbox.ConcurrencyDefault (16): polite to an external system nobody has
-	// sized yet, and enough for 80-320 operations/s at 50-200ms.
+	// sized yet, and enough for 80-320 operations/s at 50-200ms. At most 10,000.
 	Concurrency int
 
 	// RatePerSecond caps Send calls per second for this kind in one process, so that a burst
@@ -131,14 +133,14 @@ type KindConfig struct {
 	// longer than Timeout (NewClient refuses otherwise); twice Timeout or more keeps renewals
 	// off the sending path.
 	//
-	// Defaults to outbox.LeaseDefault (1m).
+	// Defaults to outbox.LeaseDefault (1m). At least 1s.
 	Lease time.Duration
 
 	// BatchSize is how many due operations a dispatcher claims with one statement, and at
 	// most how many outcomes it records in one transaction. Claiming, sending and recording
 	// overlap, so it need not grow with Concurrency.
 	//
-	// Defaults to outbox.BatchSizeDefault (200).
+	// Defaults to outbox.BatchSizeDefault (200). At most 10,000.
 	BatchSize int
 
 	// RetryBackoff is the wait before the attempt-th resend of a RETRYABLE operation.
@@ -158,7 +160,7 @@ type KindConfig struct {
 	// minutes; 256: nine seconds). Size it by the backlog you must clear after an incident
 	// and what the external system allows (CheckRatePerSecond).
 	//
-	// Defaults to reconcile.ConcurrencyDefault (8).
+	// Defaults to reconcile.ConcurrencyDefault (8). At most 10,000.
 	CheckConcurrency int
 
 	// CheckRatePerSecond caps lookups per second in one process, so that reconciling a
@@ -176,7 +178,7 @@ type KindConfig struct {
 	// CheckConcurrency).
 	//
 	// Defaults to 4 × CheckConcurrency, at least reconcile.BatchSizeDefault (100) and at
-	// most 10,000.
+	// most 10,000; a value set above 10,000 is refused.
 	CheckBatchSize int
 
 	// Grace is how long after an operation's last request could still be in flight a
@@ -308,12 +310,6 @@ func (c *Config) kindNames() []string {
 }
 
 func (c *Config) validate() error {
-	if len(c.Outbox.Kinds) > 0 {
-		return errors.New("stepwise: Config.Outbox.Kinds is set; configure kinds in Config.Kinds (one map for sending and reconciling)")
-	}
-	if c.Reconcile.Outbox != nil || len(c.Reconcile.Kinds) > 0 {
-		return errors.New("stepwise: Config.Reconcile.Outbox or .Kinds is set; the Client sets them: configure kinds in Config.Kinds")
-	}
 	if c.StopTimeout < 0 {
 		return fmt.Errorf("stepwise: Config.StopTimeout is %s; it must be positive (0 means %s)", c.StopTimeout, StopTimeoutDefault)
 	}
@@ -335,30 +331,31 @@ func (c *Config) validate() error {
 }
 
 // outboxConfig is the outbox's config: Config.Outbox's tunables with the kinds of Config.Kinds.
-func (c *Config) outboxConfig() *outbox.Config {
-	out := *c.Outbox
-	out.Kinds = make(map[string]*outbox.KindConfig, len(c.Kinds))
+func (c *Config) outboxConfig() *ioutbox.Config {
+	o := c.Outbox
+	out := &ioutbox.Config{ID: o.ID, Logger: o.Logger, TracerProvider: o.TracerProvider, PollInterval: o.PollInterval,
+		Slice: o.Slice, DispatcherLease: o.DispatcherLease, Kinds: make(map[string]*ioutbox.KindConfig, len(c.Kinds))}
 	for name, k := range c.Kinds {
-		out.Kinds[name] = &outbox.KindConfig{
+		out.Kinds[name] = &ioutbox.KindConfig{
 			Sender: k.Sender, OnOutcome: k.OnOutcome, OnOutcomeBatch: k.OnOutcomeBatch,
 			Concurrency: k.Concurrency, RatePerSecond: k.RatePerSecond, Timeout: k.Timeout, Lease: k.Lease,
 			BatchSize: k.BatchSize, RetryBackoff: k.RetryBackoff, MaxAttempts: k.MaxAttempts,
 		}
 	}
-	return &out
+	return out
 }
 
 // reconcileConfig is the reconciler's config for the kinds that have a Checker, or nil when
 // none has.
-func (c *Config) reconcileConfig(ob *outbox.Outbox) *reconcile.Config {
-	out := *c.Reconcile
-	out.Outbox = ob
-	out.Kinds = map[string]*reconcile.KindConfig{}
+func (c *Config) reconcileConfig(ob *ioutbox.Outbox) *ireconcile.Config {
+	r := c.Reconcile
+	out := &ireconcile.Config{Actor: r.Actor, Interval: r.Interval, Slice: r.Slice, Logger: r.Logger, TracerProvider: r.TracerProvider,
+		Outbox: ob, Kinds: map[string]*ireconcile.KindConfig{}}
 	for name, k := range c.Kinds {
 		if k.Checker == nil {
 			continue
 		}
-		out.Kinds[name] = &reconcile.KindConfig{
+		out.Kinds[name] = &ireconcile.KindConfig{
 			Checker: k.Checker, Concurrency: k.CheckConcurrency, RatePerSecond: k.CheckRatePerSecond,
 			Timeout: k.CheckTimeout, BatchSize: k.CheckBatchSize, Grace: k.Grace, GiveUpAfter: k.GiveUpAfter,
 			MaxChecks: k.MaxChecks, CheckBackoff: k.CheckBackoff,
@@ -367,7 +364,7 @@ func (c *Config) reconcileConfig(ob *outbox.Outbox) *reconcile.Config {
 	if len(out.Kinds) == 0 {
 		return nil
 	}
-	return &out
+	return out
 }
 
 // kindsWithoutChecker are the kinds with a Sender and no Checker in this config.

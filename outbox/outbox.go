@@ -2,11 +2,13 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/stepwisetype"
@@ -107,10 +109,62 @@ type OutcomeFunc = outbox.OutcomeFunc
 // (stepwise.KindConfig.OnOutcomeBatch).
 type OutcomeBatchFunc = outbox.OutcomeBatchFunc
 
-// Config tunes the dispatchers (stepwise.Config.Outbox): ID, PollInterval, Slice,
-// DispatcherLease, Logger and TracerProvider. Its Kinds must stay empty: kinds are
-// configured in stepwise.Config.Kinds.
-type Config = outbox.Config
+// Config tunes the dispatchers (stepwise.Config.Outbox); the kinds themselves are configured
+// in stepwise.Config.Kinds. Every zero field takes its default (WithDefaults).
+type Config struct {
+	// ID names this process in the ledger's lease (leased_by) and audit events.
+	//
+	// Defaults to "<hostname>/<pid>".
+	ID string
+
+	// Logger receives what cannot be returned: a batch whose outcome callback keeps failing.
+	// Records logged inside a traced send carry its trace_id and span_id.
+	//
+	// Defaults to stepwise.Config.Logger.
+	Logger *slog.Logger
+
+	// TracerProvider gives the tracer of the "stepwise.send" span of each send, linked to
+	// the span that enqueued the operation (docs/design.md, *Tracing*).
+	//
+	// Defaults to stepwise.Config.TracerProvider.
+	TracerProvider trace.TracerProvider
+
+	// PollInterval is how often the poll (a River periodic job on the leader, and the
+	// maintenance loop of every started client) looks for due operations no dispatcher was
+	// woken for: operations enqueued outside a River worker, RETRYABLE ones whose backoff
+	// elapsed, and PROCESSING ones whose lease expired.
+	//
+	// Defaults to PollIntervalDefault (1s, River's minimum for a periodic job).
+	PollInterval time.Duration
+
+	// Slice is how long one dispatcher job delivers before it returns to River and queues
+	// itself again, so that a busy kind never looks stuck to River.
+	//
+	// Defaults to SliceDefault (30s).
+	Slice time.Duration
+
+	// DispatcherLease is how long a kind's dispatcher may go without proving it is alive
+	// (it heartbeats every DispatcherLease/4) before the poll starts a takeover dispatcher
+	// beside it: delivery after a kill -9 resumes about DispatcherLease + PollInterval later.
+	// Shorter recovers faster but risks a takeover beside a dispatcher stalled on a slow
+	// database; a takeover beside a live dispatcher is safe (claims skip locked rows,
+	// outcomes are fenced by claim), only wasteful.
+	//
+	// Defaults to DispatcherLeaseDefault (5s).
+	DispatcherLease time.Duration
+}
+
+// WithDefaults returns a copy of the config with every unset field at its default.
+func (c *Config) WithDefaults() *Config {
+	var in outbox.Config
+	if c != nil {
+		in = outbox.Config{ID: c.ID, Logger: c.Logger, TracerProvider: c.TracerProvider,
+			PollInterval: c.PollInterval, Slice: c.Slice, DispatcherLease: c.DispatcherLease}
+	}
+	d := in.WithDefaults()
+	return &Config{ID: d.ID, Logger: d.Logger, TracerProvider: d.TracerProvider,
+		PollInterval: d.PollInterval, Slice: d.Slice, DispatcherLease: d.DispatcherLease}
+}
 
 // Defaults of Config and of the sending limits of stepwise.KindConfig: the value an unset
 // (zero) field takes.

@@ -2,7 +2,10 @@ package reconcile
 
 import (
 	"context"
+	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/stepwisetype"
@@ -89,10 +92,48 @@ func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, par
 	return reconcile.CompareTotals(ctx, q, stmt, params)
 }
 
-// Config tunes the reconciler (stepwise.Config.Reconcile): Actor, Interval, Slice, Logger and
-// TracerProvider. Its Outbox and Kinds must stay empty: the client sets them from
-// stepwise.Config.Kinds.
-type Config = reconcile.Config
+// Config tunes the reconciler (stepwise.Config.Reconcile); the kinds themselves are
+// configured in stepwise.Config.Kinds. Every zero field takes its default (WithDefaults).
+type Config struct {
+	// Actor names the reconciler in audit events.
+	//
+	// Defaults to ActorDefault ("reconcile").
+	Actor string
+
+	// Interval is how often a reconciliation pass runs: a River periodic job on the leader,
+	// and the maintenance loop of every started client.
+	//
+	// Defaults to IntervalDefault (10s).
+	Interval time.Duration
+
+	// Slice is the longest one pass runs before it returns to River; the next pass goes on
+	// where it stopped.
+	//
+	// Defaults to SliceDefault (1m).
+	Slice time.Duration
+
+	// Logger receives what cannot be returned: a transition whose outcome callback failed.
+	// Records logged inside a traced check carry its trace_id and span_id.
+	//
+	// Defaults to stepwise.Config.Logger.
+	Logger *slog.Logger
+
+	// TracerProvider gives the tracer of the "stepwise.check" span of each lookup, linked to
+	// the span that enqueued the operation (docs/design.md, *Tracing*).
+	//
+	// Defaults to stepwise.Config.TracerProvider.
+	TracerProvider trace.TracerProvider
+}
+
+// WithDefaults returns a copy of the config with every unset field at its default.
+func (c *Config) WithDefaults() *Config {
+	var in reconcile.Config
+	if c != nil {
+		in = reconcile.Config{Actor: c.Actor, Interval: c.Interval, Slice: c.Slice, Logger: c.Logger, TracerProvider: c.TracerProvider}
+	}
+	d := in.WithDefaults()
+	return &Config{Actor: d.Actor, Interval: d.Interval, Slice: d.Slice, Logger: d.Logger, TracerProvider: d.TracerProvider}
+}
 
 // Defaults of Config and of the reconciling limits of stepwise.KindConfig: the value an unset
 // (zero) field takes.
@@ -112,7 +153,8 @@ const (
 // ±25% jitter (stepwise.KindConfig.CheckBackoff when unset).
 func DefaultCheckBackoff(check int) time.Duration { return reconcile.DefaultCheckBackoff(check) }
 
-// ErrInvalidResolution is returned by stepwise.Client.OperationResolve for an outcome or an
-// expected state a person may not choose: the outcome must be SUCCEEDED, FAILED_PERMANENT or
-// RETRYABLE, and the expected state MANUAL or UNKNOWN_EXTERNAL.
+// ErrInvalidResolution is returned by stepwise.Client.OperationResolve for a decision it
+// cannot record: nil opts, an ExpectedVersion below 1, a missing or multi-line Actor or
+// Reason, or an outcome or expected state a person may not choose (the outcome must be
+// SUCCEEDED, FAILED_PERMANENT or RETRYABLE, the expected state MANUAL or UNKNOWN_EXTERNAL).
 var ErrInvalidResolution = reconcile.ErrInvalidResolution

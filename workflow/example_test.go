@@ -14,9 +14,9 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/stepwise-go/stepwise"
-	"github.com/stepwise-go/stepwise/internal/outbox"
-	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -144,7 +144,7 @@ func Example() {
 
 	for run.Status != workflow.RunStatusSucceeded && run.Status != workflow.RunStatusFailed {
 		time.Sleep(20 * time.Millisecond)
-		if run, err = workflow.GetRun(ctx, pool, run.Key); err != nil {
+		if run, err = client.RunGet(ctx, run.Key); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -157,7 +157,20 @@ func Example() {
 
 	// The run is done; its payouts are done when none is left unproven.
 	deadline := time.Now().Add(time.Minute)
-	for n, _ := outbox.UnfinishedForRuns(ctx, pool, run.Key); n > 0 && time.Now().Before(deadline); n, _ = outbox.UnfinishedForRuns(ctx, pool, run.Key) {
+	unproven := func() int {
+		ops, err := client.OperationList(ctx, &stepwise.OperationListParams{RunKey: run.Key, Limit: 1000})
+		if err != nil {
+			log.Fatal(err)
+		}
+		n := 0
+		for _, op := range ops {
+			if !op.State.Terminal() && op.State != outbox.StateManual {
+				n++
+			}
+		}
+		return n
+	}
+	for unproven() > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	var succeeded, wereUnknown int

@@ -107,7 +107,7 @@ func TestConfigValidation(t *testing.T) {
 		{"lease not longer than timeout", &outbox.Config{Kinds: map[string]*outbox.KindConfig{"payout": {Sender: sender, Timeout: 30 * time.Second, Lease: 30 * time.Second}}},
 			`Kinds["payout"].Lease 30s is not longer than Timeout 30s`},
 		{"short dispatcher lease", &outbox.Config{DispatcherLease: 100 * time.Millisecond, Kinds: map[string]*outbox.KindConfig{"payout": {Sender: sender}}},
-			"Config.DispatcherLease 100ms: want at least 1s"},
+			"Config.Outbox.DispatcherLease 100ms: want at least 1s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

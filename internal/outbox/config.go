@@ -300,9 +300,11 @@ func (k *KindConfig) holdLimit() time.Duration {
 	return d
 }
 
+// validate names what is wrong as the user configured it: stepwise.Config.Kinds and
+// stepwise.Config.Outbox, from which the client builds this config.
 func (c *Config) validate() error {
 	if len(c.Kinds) == 0 {
-		return errors.New("outbox: Config.Kinds is empty; configure at least one kind with its Sender")
+		return errors.New("stepwise: Config.Kinds is empty; configure at least one kind with its Sender")
 	}
 	names := make([]string, 0, len(c.Kinds))
 	for name := range c.Kinds {
@@ -312,50 +314,50 @@ func (c *Config) validate() error {
 	for _, name := range names {
 		k := c.Kinds[name]
 		if err := validateKind(name); err != nil {
-			return fmt.Errorf("outbox: Config.Kinds: %w", err)
+			return fmt.Errorf("stepwise: Config.Kinds: %w", err)
 		}
 		if k == nil {
-			return fmt.Errorf("outbox: Config.Kinds[%q] is nil; give it a KindConfig with a Sender", name)
+			return fmt.Errorf("stepwise: Config.Kinds[%q] is nil; give it a KindConfig with a Sender", name)
 		}
 		if k.Sender == nil {
-			return fmt.Errorf("outbox: Config.Kinds[%q].Sender is nil; every kind needs a Sender", name)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].Sender is nil; every kind needs a Sender", name)
 		}
 		if k.OnOutcome != nil && k.OnOutcomeBatch != nil {
-			return fmt.Errorf("outbox: Config.Kinds[%q]: both OnOutcome and OnOutcomeBatch are set; keep one", name)
+			return fmt.Errorf("stepwise: Config.Kinds[%q]: both OnOutcome and OnOutcomeBatch are set; keep one", name)
 		}
 		if k.BatchSize < 1 || k.BatchSize > 10000 {
-			return fmt.Errorf("outbox: Config.Kinds[%q].BatchSize %d: want 1 to 10000", name, k.BatchSize)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].BatchSize %d: want 1 to 10000", name, k.BatchSize)
 		}
 		if k.Concurrency < 1 || k.Concurrency > 10000 {
-			return fmt.Errorf("outbox: Config.Kinds[%q].Concurrency %d: want 1 to 10000", name, k.Concurrency)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].Concurrency %d: want 1 to 10000", name, k.Concurrency)
 		}
 		if k.RatePerSecond < 0 {
-			return fmt.Errorf("outbox: Config.Kinds[%q].RatePerSecond %v is negative; use 0 for no limit", name, k.RatePerSecond)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].RatePerSecond %v is negative; use 0 for no limit", name, k.RatePerSecond)
 		}
 		if k.Timeout < 0 {
-			return fmt.Errorf("outbox: Config.Kinds[%q].Timeout %s is negative", name, k.Timeout)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].Timeout %s is negative", name, k.Timeout)
 		}
 		if k.Lease < time.Second {
-			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s: want at least 1s; the dispatcher renews it several times per Lease, "+
+			return fmt.Errorf("stepwise: Config.Kinds[%q].Lease %s: want at least 1s; the dispatcher renews it several times per Lease, "+
 				"and a lease that lapses under a live dispatcher turns its operations UNKNOWN_EXTERNAL", name, k.Lease)
 		}
 		if k.Lease <= k.Timeout {
-			return fmt.Errorf("outbox: Config.Kinds[%q].Lease %s is not longer than Timeout %s; no Send starts unless its claim "+
+			return fmt.Errorf("stepwise: Config.Kinds[%q].Lease %s is not longer than Timeout %s; no Send starts unless its claim "+
 				"outlasts the send timeout, so make Lease at least twice Timeout (the default Lease is %s for the default %s Timeout)",
 				name, k.Lease, k.Timeout, LeaseDefault, TimeoutDefault)
 		}
 		if k.MaxAttempts < -1 {
-			return fmt.Errorf("outbox: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].MaxAttempts %d: want a positive count, or -1 for no limit", name, k.MaxAttempts)
 		}
 	}
 	if c.PollInterval < time.Second {
-		return fmt.Errorf("outbox: Config.PollInterval %s is below River's minimum period of 1s", c.PollInterval)
+		return fmt.Errorf("stepwise: Config.Outbox.PollInterval %s is below River's minimum period of 1s", c.PollInterval)
 	}
 	if c.Slice < time.Second {
-		return fmt.Errorf("outbox: Config.Slice %s: want at least 1s", c.Slice)
+		return fmt.Errorf("stepwise: Config.Outbox.Slice %s: want at least 1s", c.Slice)
 	}
 	if c.DispatcherLease < time.Second {
-		return fmt.Errorf("outbox: Config.DispatcherLease %s: want at least 1s (0 means the default, %s); the dispatcher "+
+		return fmt.Errorf("stepwise: Config.Outbox.DispatcherLease %s: want at least 1s (0 means the default, %s); the dispatcher "+
 			"heartbeats every DispatcherLease/4, and a shorter lease would start takeovers beside live dispatchers",
 			c.DispatcherLease, DispatcherLeaseDefault)
 	}

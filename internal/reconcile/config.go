@@ -245,6 +245,9 @@ func (c *Config) WithDefaults() *Config {
 	return &out
 }
 
+// validate names what is wrong as the user configured it (stepwise.Config.Kinds and
+// stepwise.Config.Reconcile, from which the client builds this config), except for the
+// Outbox and the kinds' presence there, which only the client sets.
 func (c *Config) validate() error {
 	if c.Outbox == nil {
 		return errors.New("reconcile: Config.Outbox is nil; pass the *outbox.Outbox whose operations it settles (its outcome callbacks must run on every transition)")
@@ -260,37 +263,37 @@ func (c *Config) validate() error {
 	for _, name := range names {
 		k := c.Kinds[name]
 		if k == nil {
-			return fmt.Errorf("reconcile: Config.Kinds[%q] is nil; give it a KindConfig with a Checker", name)
+			return fmt.Errorf("stepwise: Config.Kinds[%q] is nil; give it a KindConfig with a Checker", name)
 		}
 		if k.Checker == nil {
-			return fmt.Errorf("reconcile: Config.Kinds[%q].Checker is nil; every kind needs a Checker", name)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].Checker is nil; every kind needs a Checker", name)
 		}
 		ok := c.Outbox.KindConfig(name)
 		if ok == nil {
 			return fmt.Errorf("reconcile: Config.Kinds[%q]: the Outbox has no such kind; configure it there too (its outcome callback must run on every transition)", name)
 		}
 		if k.Grace <= ok.Timeout {
-			return fmt.Errorf("reconcile: Config.Kinds[%q].Grace %s is not longer than the outbox's send Timeout %s; "+
+			return fmt.Errorf("stepwise: Config.Kinds[%q].Grace %s is not longer than its send Timeout %s; "+
 				"a request still in flight could land after a not-found lookup and the resend", name, k.Grace, ok.Timeout)
 		}
 		if k.BatchSize < 1 || k.BatchSize > maxBatchSize {
-			return fmt.Errorf("reconcile: Config.Kinds[%q].BatchSize %d: want 1 to %d", name, k.BatchSize, maxBatchSize)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].CheckBatchSize %d: want 1 to %d", name, k.BatchSize, maxBatchSize)
 		}
 		if k.Concurrency < 1 || k.Concurrency > 10000 {
-			return fmt.Errorf("reconcile: Config.Kinds[%q].Concurrency %d: want 1 to 10000", name, k.Concurrency)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].CheckConcurrency %d: want 1 to 10000", name, k.Concurrency)
 		}
 		if k.RatePerSecond < 0 {
-			return fmt.Errorf("reconcile: Config.Kinds[%q].RatePerSecond %v is negative; use 0 for no limit", name, k.RatePerSecond)
+			return fmt.Errorf("stepwise: Config.Kinds[%q].CheckRatePerSecond %v is negative; use 0 for no limit", name, k.RatePerSecond)
 		}
 		if k.Timeout < 0 || k.GiveUpAfter < 0 || k.MaxChecks < 0 {
-			return fmt.Errorf("reconcile: Config.Kinds[%q]: Timeout, GiveUpAfter and MaxChecks must not be negative", name)
+			return fmt.Errorf("stepwise: Config.Kinds[%q]: CheckTimeout, GiveUpAfter and MaxChecks must not be negative", name)
 		}
 	}
 	if c.Interval < time.Second {
-		return fmt.Errorf("reconcile: Config.Interval %s is below River's minimum period of 1s", c.Interval)
+		return fmt.Errorf("stepwise: Config.Reconcile.Interval %s is below River's minimum period of 1s", c.Interval)
 	}
 	if c.Slice < time.Second {
-		return fmt.Errorf("reconcile: Config.Slice %s: want at least 1s", c.Slice)
+		return fmt.Errorf("stepwise: Config.Reconcile.Slice %s: want at least 1s", c.Slice)
 	}
 	return nil
 }

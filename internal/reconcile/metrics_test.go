@@ -88,7 +88,7 @@ func TestConfigValidation(t *testing.T) {
 		{"no checker", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {}}}, `Kinds["payout"].Checker is nil`},
 		{"kind not in the outbox", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"refund": {Checker: q}}}, "the Outbox has no such kind"},
 		{"grace not past the send timeout", &reconcile.Config{Outbox: ob, Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: q, Grace: 30 * time.Second}}},
-			"Grace 30s is not longer than the outbox's send Timeout 30s"},
+			"Grace 30s is not longer than its send Timeout 30s"},
 		{"fast interval", &reconcile.Config{Outbox: ob, Interval: time.Millisecond, Kinds: map[string]*reconcile.KindConfig{"payout": {Checker: q}}}, "Interval"},
 	}
 	for _, tc := range cases {

@@ -57,13 +57,15 @@ A person's decision on a MANUAL or UNKNOWN_EXTERNAL operation — SUCCEEDED, FAI
 or RETRYABLE to send it again under the same id — is recorded by stepwise.Client's
 OperationResolve, with the person's name and reason in the audit trail and the outcome
 callback in the same transaction. It is refused with outbox.ErrStateChanged if the operation
-left the state (or version) the person saw:
+moved since the version the person saw, even back into the same state:
 
-	_, err := client.OperationResolve(ctx, id, &stepwise.OperationResolveOpts{
-		Outcome:       outbox.StateSucceeded,
-		ExpectedState: outbox.StateManual,
-		Actor:         "alice",
-		Reason:        "TICKET-42: the bank confirms the payment",
+	op, err := client.OperationGet(ctx, id) // what the person looks at
+	// ... the person decides ...
+	_, err = client.OperationResolve(ctx, id, &stepwise.OperationResolveOpts{
+		Outcome:         outbox.StateSucceeded,
+		ExpectedVersion: op.Version,
+		Actor:           "alice",
+		Reason:          "TICKET-42: the bank confirms the payment",
 	})
 
 # Totals

@@ -45,6 +45,11 @@ func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbo
 	default:
 		return nil, fmt.Errorf("resolving to %q: want SUCCEEDED, FAILED_PERMANENT or RETRYABLE", r.To)
 	}
+	switch r.From {
+	case "", outbox.StateManual, outbox.StateUnknownExternal:
+	default:
+		return nil, fmt.Errorf("resolving from %q: only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand; leave From empty for the current state", r.From)
+	}
 	if strings.TrimSpace(r.Reason) == "" {
 		return nil, errors.New("resolving needs a reason: it is kept in the audit trail")
 	}
@@ -95,6 +100,12 @@ func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbo
 			}
 			return nil, fmt.Errorf("%w: payout %s (%s) is %s at version %d now, not %s at version %d as you saw%s%s; nothing was changed: look again before deciding",
 				ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, changed.ActualVersion, from, changed.ExpectedVersion, when, why)
+		}
+		if changed.Actual == from {
+			// Left the state and came back between the read above and the move: another
+			// question than the one the person answered.
+			return nil, fmt.Errorf("%w: payout %s (%s) is %s again, but it moved since it was read (version %d, now %d)%s; nothing was changed: look again before deciding",
+				ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, changed.ExpectedVersion, changed.ActualVersion, when)
 		}
 		return nil, fmt.Errorf("%w: payout %s (%s) is %s now, not %s as you saw%s; nothing was changed: look again before deciding",
 			ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, from, when)

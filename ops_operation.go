@@ -239,6 +239,22 @@ func (c *Client) OperationKinds() []string {
 	return c.outbox.Kinds()
 }
 
+// KindStatements returns the Statement of each configured kind that has one
+// (KindConfig.Statement): what reconcile.CompareTotals and the console's Totals page compare
+// the ledger with. The console takes them from here unless its config names its own.
+func (c *Client) KindStatements() map[string]reconcile.Statement {
+	out := map[string]reconcile.Statement{}
+	if c == nil || c.config == nil {
+		return out
+	}
+	for name, k := range c.config.Kinds {
+		if k != nil && k.Statement != nil {
+			out[name] = k.Statement
+		}
+	}
+	return out
+}
+
 // neverSend is the Sender of the outbox of a resolution without callback; it is never started.
 type neverSend struct{}
 

@@ -63,6 +63,9 @@ type Config struct {
 	Client *stepwise.Client
 
 	// Statements enables the Totals page: the external statement of each operation kind.
+	// Defaults to the Statement of each kind of Client (stepwise.KindConfig.Statement), so a
+	// service's console compares what its client is configured with; set it only for a
+	// console whose client has no statements (an operator client).
 	Statements map[string]reconcile.Statement
 	// Location is the time zone of the Totals page's dates. Default: UTC.
 	Location *time.Location
@@ -151,6 +154,9 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 		c.TotalsTimeout = defaultTotalsTimeout
 	case c.TotalsTimeout < 0:
 		return nil, fmt.Errorf("console.New: TotalsTimeout %s: want a positive duration below the server's WriteTimeout, or 0 for the default %s", c.TotalsTimeout, defaultTotalsTimeout)
+	}
+	if len(c.Statements) == 0 && c.Client != nil {
+		c.Statements = c.Client.KindStatements()
 	}
 	for kind, s := range c.Statements {
 		if s == nil {

@@ -8,15 +8,15 @@
 //
 //	h, err := console.New(pool, &console.Config{
 //		Prefix:       "/console",
-//		Client:       client,                                      // the service's *stepwise.Client: Resume, Resolve, requests
-//		Authenticate: users.Authenticate,                          // console.LoadUsers; enables every action
-//		Statements:   map[string]reconcile.Statement{"payout": s}, // enables Totals
+//		Client:       client,             // the service's *stepwise.Client: Resume, Resolve, requests, Totals
+//		Authenticate: users.Authenticate, // console.LoadUsers; enables every action
 //	})
 //	mux.Handle("/console/", h)
 //
 // With Client, the console resolves the operations of the kinds the client has, running
-// their outcome callbacks as the client does, and needs no adapter; without it, it only
-// reads. A console outside the service builds its client with stepwise.NewOperatorClient.
+// their outcome callbacks as the client does, and compares each kind that has a Statement
+// (stepwise.KindConfig.Statement) with the ledger on its Totals page: it needs no adapter and
+// no second map of kinds. Without it, it only reads. A console outside the service builds its client with stepwise.NewOperatorClient.
 //
 // Pages are server-rendered (html/template), with no script and no asset fetched from
 // anywhere: the console works on an air-gapped operations network.

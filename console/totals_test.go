@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -11,10 +12,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 )
 
 // seedDay writes n SUCCEEDED payouts sent on day (UTC) in bulk, and returns the statement a
@@ -252,4 +257,39 @@ func TestTotalsStopBeforeTheWriteTimeout(t *testing.T) {
 
 	_, err := console.New(f.pool, &console.Config{TotalsTimeout: -time.Second})
 	require.ErrorContains(t, err, "TotalsTimeout -1s")
+}
+
+// A service's console compares what its client is configured with: the kind's Statement in
+// stepwise.KindConfig enables Totals without a second map in the console's config.
+func TestTotalsTakeTheStatementsOfTheClient(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pcfg, err := pgxpool.ParseConfig(testkit.DBURL(t))
+	require.NoError(t, err)
+	pcfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	stmt := &countingStatement{}
+	client, err := stepwise.NewClient(pool, &stepwise.Config{Logger: slog.New(slog.DiscardHandler), Kinds: map[string]*stepwise.KindConfig{
+		"payout": {
+			Sender:    outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil }),
+			Statement: stmt,
+		},
+		"notice": {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil })},
+	}})
+	require.NoError(t, err)
+	require.Len(t, client.KindStatements(), 1, "only the kind with a Statement")
+	cfg := &console.Config{Prefix: "/console", Authenticate: console.BasicAuth(testUser, testPassword), Client: client,
+		Logger: slog.New(slog.DiscardHandler)}
+	h, err := console.New(pool, cfg)
+	require.NoError(t, err)
+	require.Nil(t, cfg.Statements, "the caller's config is left as it was")
+	f := &fixture{pool: pool, client: client, h: h, cfg: cfg}
+
+	page := f.get(t, "/console/totals")
+	require.Contains(t, page, "payout")
+	require.NotContains(t, page, "notice", "a kind without a Statement has no totals")
+	f.get(t, "/console/totals?kind=payout&date="+time.Now().UTC().Format(time.DateOnly))
+	require.EqualValues(t, 1, stmt.calls.Load(), "the client's statement was read")
 }

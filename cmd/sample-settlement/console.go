@@ -10,7 +10,6 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/console"
-	"github.com/stepwise-go/stepwise/reconcile"
 )
 
 // newConsole is the operator's console of the sample service, mounted at /console/. With
@@ -28,7 +27,8 @@ func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger
 		sec = &consoleSecurity{auth: auth}
 	}
 	// The client takes every action (cancel, resume on the version the page showed, resolve
-	// with the payout's outcome callback) and lists the requests per operation: no adapter.
+	// with the payout's outcome callback), lists the requests per operation, and gives the
+	// payout kind's statement for Totals: no adapter.
 	cfg := &console.Config{
 		Prefix:       "/console",
 		Client:       svc.Client,
@@ -37,9 +37,6 @@ func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger
 		Guard:        sec.auth.Guard,
 		Hosts:        sec.hosts,
 		MaxInFlight:  sec.maxInFlight,
-	}
-	if svc.Bank != nil {
-		cfg.Statements = map[string]reconcile.Statement{settlement.PayoutKind: settlement.StatementOf(svc.Bank)}
 	}
 	return console.New(pool, cfg)
 }

@@ -158,12 +158,14 @@ type Service struct {
 }
 
 // payoutKind is the payout kind's configuration: the bank pays under the operation id and
-// classifies the answer (Sender), looks the id up when the outcome is unknown (Checker), and
-// each outcome moves the settlement's status in its transaction (OnOutcomeBatch).
+// classifies the answer (Sender), looks the id up when the outcome is unknown (Checker), lists
+// what it paid (Statement), and each outcome moves the settlement's status in its transaction
+// (OnOutcomeBatch).
 func payoutKind(cfg *ServiceConfig) *stepwise.KindConfig {
 	return &stepwise.KindConfig{
 		Sender:         cfg.Bank,
 		Checker:        cfg.Bank,
+		Statement:      StatementOf(cfg.Bank), // the console's Totals compare the payouts with it
 		OnOutcomeBatch: OnPayoutOutcomes,
 		Concurrency:    cfg.PayoutConcurrency,
 		Timeout:        cfg.PayoutTimeout,

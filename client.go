@@ -78,10 +78,10 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 				return nil, err
 			}
 			c.resolver = c.reconciler
-		} else if c.resolver, err = resolverOver(pool, c.outbox, cfg.kindNames()...); err != nil {
+		} else {
 			// Guards against a kind nobody can look up (no Checker anywhere), which only a
 			// person can settle, being unresolvable with its callback.
-			return nil, err
+			c.resolver = reconcile.NewResolver(pool, c.outbox)
 		}
 	}
 	if len(cfg.Schedules) > 0 {
@@ -156,6 +156,9 @@ func (c *Client) River() *river.Client[pgx.Tx] { return c.river }
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.engine == nil {
+		return errors.New("stepwise.Client.Start: this is an operator client (NewOperatorClient), which reads and acts but runs no work; a service builds its client with NewClient")
+	}
 	if c.started {
 		return nil
 	}
@@ -188,7 +191,12 @@ func (c *Client) Start(ctx context.Context) error {
 // KindsWithoutChecker returns the kinds this process sends and does not reconcile (a Sender
 // without a Checker in Config.Kinds), sorted. Their UNKNOWN_EXTERNAL operations wait for a
 // process that has a Checker.
-func (c *Client) KindsWithoutChecker() []string { return c.config.kindsWithoutChecker() }
+func (c *Client) KindsWithoutChecker() []string {
+	if c == nil || c.config == nil { // an operator client configures no kinds
+		return nil
+	}
+	return c.config.kindsWithoutChecker()
+}
 
 // Stop drains the Client, in this order:
 //

@@ -82,7 +82,8 @@ type Schedule interface {
 // operation whose outcome is unknown is looked up (the reconciler), and what business state
 // moves with each outcome. Every zero limit takes its default (outbox.…Default for sending,
 // reconcile.…Default for reconciling); a negative one (but MaxAttempts -1) is refused by
-// NewClient, with the field's name.
+// NewClient, with the field's name. The Check… limits, Grace, GiveUpAfter and MaxChecks apply
+// (and are checked) only for a kind with a Checker.
 type KindConfig struct {
 	// Sender performs the operations, under op.IdempotencyKey(). Required.
 	Sender outbox.Sender

@@ -27,7 +27,12 @@ func newClientMetrics() *clientMetrics {
 // Register it once:
 //
 //	prometheus.MustRegister(client.Metrics())
+//
+// An operator client (NewOperatorClient) runs nothing, and its collector is empty.
 func (c *Client) Metrics() prometheus.Collector {
+	if c.engine == nil {
+		return collectors{}
+	}
 	cs := collectors{c.metrics.passes, c.metrics.withoutChecker, c.engine.Metrics()}
 	if c.outbox != nil {
 		cs = append(cs, c.outbox.Metrics())

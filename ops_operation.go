@@ -207,26 +207,16 @@ func (c *Client) resolverFor(kind string, noCallback bool) (*reconcile.Reconcile
 func noCallbackResolver(pool outbox.DB, kinds ...string) (*outbox.Outbox, *reconcile.Reconciler, error) {
 	obKinds := map[string]*outbox.KindConfig{}
 	for _, kind := range kinds {
+		if err := outbox.ValidateKind(kind); err != nil {
+			return nil, nil, err
+		}
 		obKinds[kind] = &outbox.KindConfig{Sender: neverSend{}}
 	}
 	ob, err := outbox.New(pool, &outbox.Config{Kinds: obKinds})
 	if err != nil {
 		return nil, nil, err
 	}
-	rec, err := resolverOver(pool, ob, kinds...)
-	return ob, rec, err
-}
-
-// resolverOver is a reconciler over ob for kinds that records people's decisions only: it is
-// never installed, and its checkers refuse to look anything up.
-func resolverOver(pool outbox.DB, ob *outbox.Outbox, kinds ...string) (*reconcile.Reconciler, error) {
-	recKinds := map[string]*reconcile.KindConfig{}
-	for _, kind := range kinds {
-		recKinds[kind] = &reconcile.KindConfig{Checker: reconcile.CheckerFunc(func(context.Context, *outbox.Operation) (reconcile.LookupResult, error) {
-			return reconcile.LookupResult{}, errors.New("an operator's resolution does not look operations up")
-		})}
-	}
-	return reconcile.New(pool, &reconcile.Config{Outbox: ob, Actor: "stepwise-operator", Kinds: recKinds})
+	return ob, reconcile.NewResolver(pool, ob), nil
 }
 
 // OperationKinds returns the operation kinds whose operations OperationResolve resolves

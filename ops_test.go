@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
@@ -480,8 +481,11 @@ func TestOperationResolveOfAKindWithoutChecker(t *testing.T) {
 	pool := smallPool(t, 20)
 	_, err := pool.Exec(ctx, `CREATE TABLE notice_outcome (operation_id uuid, to_state text)`)
 	require.NoError(t, err)
+	// A long send timeout (past the reconciler's 5-minute default grace) is no reason to refuse
+	// a kind that has no reconciler.
 	c, err := NewClient(pool, &Config{Logger: slog.New(slog.DiscardHandler), Kinds: map[string]*KindConfig{
 		"notice": {
+			Timeout: 10 * time.Minute, Lease: 30 * time.Minute,
 			Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) { return outbox.Receipt{}, nil }),
 			OnOutcome: func(ctx context.Context, tx pgx.Tx, op *outbox.Operation, o outbox.Outcome) error {
 				_, err := tx.Exec(ctx, `INSERT INTO notice_outcome VALUES ($1, $2)`, op.ID, string(o.To))
@@ -501,4 +505,20 @@ func TestOperationResolveOfAKindWithoutChecker(t *testing.T) {
 	require.Equal(t, outbox.StateFailedPermanent, op.State)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM notice_outcome WHERE operation_id = $1 AND to_state = 'FAILED_PERMANENT'`, id),
 		"the kind's callback ran with the decision")
+}
+
+// An operator client runs nothing: Start says so, Metrics is empty, and nothing panics.
+func TestOperatorClientRunsNothing(t *testing.T) {
+	t.Parallel()
+	c, err := NewOperatorClient(testkit.DB(t))
+	require.NoError(t, err)
+	require.ErrorContains(t, c.Start(context.Background()), "operator client")
+	require.NoError(t, c.Stop(context.Background()))
+	require.Nil(t, c.KindsWithoutChecker())
+	require.Empty(t, c.KindStatements())
+	ch := make(chan *prometheus.Desc, 10)
+	c.Metrics().Describe(ch)
+	require.Empty(t, ch)
+	_, err = NewOperatorClient(testkit.DB(t), "Bad Kind")
+	require.ErrorContains(t, err, `stepwise.NewOperatorClient: noCallbackKinds: invalid operation: kind "Bad Kind"`)
 }

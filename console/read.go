@@ -747,7 +747,7 @@ func (h *Handler) totals(w http.ResponseWriter, r *http.Request, v *viewer) {
 	}
 	sort.Strings(d.Kinds)
 	if len(d.Kinds) == 0 {
-		h.fail(w, r, http.StatusNotFound, "totals are not configured: set Config.Statements to the external statement of each kind")
+		h.fail(w, r, http.StatusNotFound, "totals are not configured: give each kind its external statement (stepwise.KindConfig.Statement of the console's client, or console.Config.Statements)")
 		return
 	}
 	if d.Kind == "" && d.Date == "" {

@@ -179,6 +179,9 @@ func (op *Operation) IdempotencyKey() string { return op.ID.String() }
 var kindRE = regexp.MustCompile(`^[a-z0-9]+([_-][a-z0-9]+)*$`)
 var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
 
+// ValidateKind refuses a kind name Enqueue would refuse, with ErrInvalidOperation.
+func ValidateKind(kind string) error { return validateKind(kind) }
+
 func validateKind(kind string) error {
 	if kind == "" || len(kind) > MaxKindLen || !kindRE.MatchString(kind) {
 		return fmt.Errorf("%w: kind %q: want 1 to %d lower-case letters and digits separated by single '_' or '-', as \"payout\"",

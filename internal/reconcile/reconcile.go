@@ -62,6 +62,14 @@ func New(db outbox.DB, config *Config) (*Reconciler, error) {
 	return r, nil
 }
 
+// NewResolver returns a Reconciler that records people's decisions (Resolve, ResolveTx)
+// through ob, with ob's outcome callbacks, and does nothing else: it has no kinds to look up,
+// is never installed, and needs no kind configured but ob's. It is how a client settles kinds
+// that no process can look up (no Checker), which only a person can settle.
+func NewResolver(db outbox.DB, ob *outbox.Outbox) *Reconciler {
+	return &Reconciler{db: db, ob: ob, config: (&Config{Outbox: ob}).WithDefaults(), kinds: map[string]*kindState{}}
+}
+
 // RunOpts narrows an on-demand pass.
 type RunOpts struct {
 	// Kind, when set, reconciles this kind only.

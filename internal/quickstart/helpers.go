@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise/internal/outbox"
-	"github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
 

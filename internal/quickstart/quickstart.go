@@ -13,8 +13,8 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/stepwise-go/stepwise"
-	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/migrations"
+	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 

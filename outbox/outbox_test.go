@@ -29,7 +29,9 @@ func TestRegisterKindsLetsEnqueueAcceptAKindNoClientStarted(t *testing.T) {
 			return err
 		})
 	}
-	require.ErrorIs(t, enqueue(), outbox.ErrUnknownKind, "a kind nobody registered would wait forever")
+	err := enqueue()
+	require.ErrorIs(t, err, outbox.ErrUnknownKind, "a kind nobody registered would wait forever")
+	require.ErrorContains(t, err, "outbox.RegisterKinds", "the error names the fix a program without a client can apply")
 
 	require.NoError(t, outbox.RegisterKinds(ctx, pool, "web-tier", "refund"))
 	require.NoError(t, outbox.RegisterKinds(ctx, pool, "web-tier", "refund"), "registering again is a no-op")
@@ -39,7 +41,7 @@ func TestRegisterKindsLetsEnqueueAcceptAKindNoClientStarted(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT registered_by FROM stepwise_outbox_kind WHERE kind = 'refund'`).Scan(&by))
 	require.Equal(t, "web-tier", by)
 
-	err := outbox.RegisterKinds(ctx, pool, "web-tier", "Refund Kind")
+	err = outbox.RegisterKinds(ctx, pool, "web-tier", "Refund Kind")
 	require.ErrorIs(t, err, outbox.ErrInvalidOperation)
 	require.ErrorContains(t, err, `kind "Refund Kind"`)
 	var n int

@@ -313,7 +313,7 @@ func (c *Config) validate() error {
 	sort.Strings(names)
 	for _, name := range names {
 		k := c.Kinds[name]
-		if err := validateKind(name); err != nil {
+		if err := ValidateKind(name); err != nil {
 			return fmt.Errorf("stepwise: Config.Kinds: %w", err)
 		}
 		if k == nil {

@@ -351,7 +351,7 @@ func (o *Outbox) claim(ctx context.Context, ks *kindState) ([]*Operation, error)
 	if err != nil {
 		return nil, fmt.Errorf("claiming operations of kind %q: %w", ks.name, err)
 	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Operation, error) { return scanOperation(r) })
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Operation, error) { return ScanOperation(r) })
 	if err != nil {
 		return nil, fmt.Errorf("claiming operations of kind %q: %w", ks.name, err)
 	}

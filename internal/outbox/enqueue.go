@@ -297,7 +297,7 @@ func checkExisting(ctx context.Context, tx pgx.Tx, ops []EnqueueParams, inserted
 		var ord int
 		var newHash []byte
 		var same bool
-		op, err := scanOperation(rows, &ord, &newHash, &same)
+		op, err := ScanOperation(rows, &ord, &newHash, &same)
 		if err != nil {
 			return nil, fmt.Errorf("reading the operations that already exist: %w", err)
 		}

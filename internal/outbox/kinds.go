@@ -24,7 +24,7 @@ func (o *Outbox) Register(ctx context.Context) error {
 // never taken back.
 func RegisterKinds(ctx context.Context, db stepwisetype.DBTX, actor string, kinds ...string) error {
 	for _, k := range kinds {
-		if err := validateKind(k); err != nil {
+		if err := ValidateKind(k); err != nil {
 			return err
 		}
 	}
@@ -56,7 +56,7 @@ func databaseKey(tx pgx.Tx) string {
 	return cfg.Host + ":" + strconv.Itoa(int(cfg.Port)) + "/" + cfg.Database
 }
 
-// checkKinds refuses kinds no Outbox registered in tx's database. Without it an operation of
+// checkKinds refuses kinds nobody registered in tx's database. Without it an operation of
 // a mistyped kind ("tickets" for "ticket") would commit and wait PENDING forever, silently.
 func checkKinds(ctx context.Context, tx pgx.Tx, kinds []string) error {
 	db := databaseKey(tx)
@@ -82,9 +82,9 @@ func checkKinds(ctx context.Context, tx pgx.Tx, kinds []string) error {
 	}
 	for _, k := range missing {
 		if !slices.Contains(registered, k) {
-			return fmt.Errorf("%w: %q: no outbox has registered it in this database, so nothing would ever send it; "+
+			return fmt.Errorf("%w: %q: no client has registered it in this database, so nothing would ever send it; "+
 				"registered kinds are %q. Check the spelling, or Start a stepwise.Client whose Config.Kinds has %q "+
-				"(an Outbox wired by hand: call its Register) before enqueueing", ErrUnknownKind, k, registered, k)
+				"(or call outbox.RegisterKinds) before enqueueing", ErrUnknownKind, k, registered, k)
 		}
 	}
 	return nil

@@ -27,11 +27,6 @@ const columnsTmpl = `{a}.operation_id, {a}.kind, {a}.business_key, {a}.payload, 
 // alias (as "o").
 func Columns(alias string) string { return strings.ReplaceAll(columnsTmpl, "{a}", alias) }
 
-// ScanOperation scans a row selected with Columns, followed by any extra destinations.
-func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
-	return scanOperation(row, extra...)
-}
-
 // Move is one transition of one operation asked by the reconciler or a person: the Outbox's
 // own transition without the dispatcher's claim and request.
 type Move struct {

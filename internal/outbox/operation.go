@@ -180,9 +180,7 @@ var kindRE = regexp.MustCompile(`^[a-z0-9]+([_-][a-z0-9]+)*$`)
 var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
 
 // ValidateKind refuses a kind name Enqueue would refuse, with ErrInvalidOperation.
-func ValidateKind(kind string) error { return validateKind(kind) }
-
-func validateKind(kind string) error {
+func ValidateKind(kind string) error {
 	if kind == "" || len(kind) > MaxKindLen || !kindRE.MatchString(kind) {
 		return fmt.Errorf("%w: kind %q: want 1 to %d lower-case letters and digits separated by single '_' or '-', as \"payout\"",
 			ErrInvalidOperation, kind, MaxKindLen)
@@ -193,7 +191,7 @@ func validateKind(kind string) error {
 // prepare validates op and fills its defaults, before any SQL runs, so that a bad operation
 // leaves the caller's transaction exactly as it was.
 func (op *EnqueueParams) prepare() error {
-	if err := validateKind(op.Kind); err != nil {
+	if err := ValidateKind(op.Kind); err != nil {
 		return err
 	}
 	if op.BusinessKey == "" || len(op.BusinessKey) > MaxBusinessKeyLen || !utf8.ValidString(op.BusinessKey) {
@@ -224,11 +222,11 @@ func (op *EnqueueParams) prepare() error {
 	return nil
 }
 
-// columns is the select list scanOperation reads (see Columns).
+// columns is the select list ScanOperation reads (see Columns).
 var columns = Columns("stepwise_operation")
 
-// scanOperation scans a row selected with Columns, followed by any extra destinations.
-func scanOperation(row pgx.Row, extra ...any) (*Operation, error) {
+// ScanOperation scans a row selected with Columns, followed by any extra destinations.
+func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	var op Operation
 	var payload []byte
 	dest := []any{&op.ID, &op.Kind, &op.BusinessKey, &payload, &op.PayloadHash, &op.Amount, &op.Currency,

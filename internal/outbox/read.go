@@ -14,7 +14,7 @@ import (
 
 // Get returns the operation with id, or an error matching ErrNotFound.
 func Get(ctx context.Context, q stepwisetype.DBTX, id uuid.UUID) (*Operation, error) {
-	op, err := scanOperation(q.QueryRow(ctx, `SELECT `+columns+` FROM stepwise_operation WHERE operation_id = $1`, id))
+	op, err := ScanOperation(q.QueryRow(ctx, `SELECT `+columns+` FROM stepwise_operation WHERE operation_id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
@@ -83,7 +83,7 @@ func List(ctx context.Context, q stepwisetype.DBTX, params *ListParams) ([]*Oper
 	if err != nil {
 		return nil, fmt.Errorf("listing %s operations: %w", what, err)
 	}
-	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Operation, error) { return scanOperation(r) })
+	ops, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Operation, error) { return ScanOperation(r) })
 	if err != nil {
 		return nil, fmt.Errorf("listing %s operations: %w", what, err)
 	}

@@ -198,7 +198,7 @@ func (o *Outbox) transitionTx(ctx context.Context, tx pgx.Tx, ts []transition) (
 	for rows.Next() {
 		var oc Outcome
 		var from string
-		op, err := scanOperation(rows, &from, &oc.Actor, &oc.Error, &oc.Reason)
+		op, err := ScanOperation(rows, &from, &oc.Actor, &oc.Error, &oc.Reason)
 		if err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("recording %d operation transitions: %w", n, err)

@@ -67,7 +67,7 @@ func New(db outbox.DB, config *Config) (*Reconciler, error) {
 // is never installed, and needs no kind configured but ob's. It is how a client settles kinds
 // that no process can look up (no Checker), which only a person can settle.
 func NewResolver(db outbox.DB, ob *outbox.Outbox) *Reconciler {
-	return &Reconciler{db: db, ob: ob, config: (&Config{Outbox: ob}).WithDefaults(), kinds: map[string]*kindState{}}
+	return &Reconciler{db: db, ob: ob} // all Resolve and ResolveTx use
 }
 
 // RunOpts narrows an on-demand pass.

@@ -243,9 +243,9 @@ type RunResumeOpts struct {
 }
 
 // RunResume continues a failed or cancelled run from its last committed cursor under a new
-// River job (see workflow.Resume), only if the run is still at opts.ExpectedVersion, and
+// River job (see workflow.ResumeTx), only if the run is still at opts.ExpectedVersion, and
 // returns it as it is after. A pending, running or succeeded run is refused
-// (workflow.ErrRunNotResumable). Replaces workflow.ResumeIfUnchanged.
+// (workflow.ErrRunNotResumable).
 func (c *Client) RunResume(ctx context.Context, key string, opts *RunResumeOpts) (*workflow.Run, error) {
 	var run *workflow.Run
 	err := c.inTx(ctx, "RunResume", func(tx pgx.Tx) error {

@@ -201,7 +201,14 @@ func TestPruneKeepsRunKeysAndResumability(t *testing.T) {
 	require.NotNil(t, again.HistoryPrunedAt, "the succeeded run's history was pruned, and it says so")
 
 	w.worker.failAt.Store(-1)
-	assert.NoError(t, workflow.Resume(ctx, w.client, key, "alice", "TICKET-9: the bank's file arrived"))
+	// Alice resumes the run she reads now (what stepwise.Client.RunResume does).
+	assert.NoError(t, pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		run, err := workflow.GetRun(ctx, tx, key)
+		if err != nil {
+			return err
+		}
+		return workflow.ResumeTx(ctx, w.client, tx, key, run.Version, "alice", "TICKET-9: the bank's file arrived")
+	}))
 	w.waitRun(t, key, workflow.RunStatusSucceeded)
 	w.waitRun(t, done, workflow.RunStatusSucceeded)
 	require.Equal(t, map[int]int{0: 1, 1: 1, 2: 1, 3: 1}, w.effects(t, key), "every item once: nothing redone")

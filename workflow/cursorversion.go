@@ -151,7 +151,7 @@ func (a *attempt[A, C]) admitCursor(ctx context.Context, run *Run, endClaim func
 		c, err := a.upgradeCursor(committed, raw)
 		if err != nil {
 			err = fmt.Errorf("run %q: its committed cursor is version %d and %T reads version %d, with no upgrade from version %d: %w; "+
-				"teach UpgradeCursor version %d (or deploy a release that reads it), then resume the run (workflow.Resume) from its cursor, which is kept in stepwise_checkpoint: %s",
+				"teach UpgradeCursor version %d (or deploy a release that reads it), then resume the run (stepwise.Client.RunResume) from its cursor, which is kept in stepwise_checkpoint: %s",
 				a.key, committed, a.sw.w, reads, committed, err, committed, raw)
 			endClaim("undecodable_cursor", err)
 			return true, a.failTerminal(ctx, err)

@@ -267,7 +267,7 @@ func TestOlderCursorWithoutUpgradeFailsNamingVersions(t *testing.T) {
 	require.Equal(t, workflow.RunStatusFailed, run.Status)
 	msg := deref(run.LastError)
 	t.Logf("last error: %s", msg)
-	for _, want := range []string{"committed cursor is version 1", "reads version 2", "no upgrade from version 1", "UpgradeCursor", "workflow.Resume", `{"next": 20}`} {
+	for _, want := range []string{"committed cursor is version 1", "reads version 2", "no upgrade from version 1", "UpgradeCursor", "RunResume", `{"next": 20}`} {
 		require.Contains(t, msg, want)
 	}
 	perN, _ := itemCounts(t, e.pool, "items", key)

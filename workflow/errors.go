@@ -27,11 +27,12 @@ var errLeaseLost = errors.New("workflow: lease lost while the step ran")
 // ErrRunCancelled is the cause of a step context cancelled by CancelRun.
 var ErrRunCancelled = errors.New("workflow: run cancelled")
 
-// ErrRunNotResumable is returned by Resume for a run that is not failed or cancelled.
+// ErrRunNotResumable is returned by ResumeTx (and stepwise.Client.RunResume) for a run that is
+// not failed or cancelled.
 var ErrRunNotResumable = errors.New("workflow: run is not resumable")
 
-// ErrRunChanged is returned (as a *RunChangedError) by ResumeIfUnchanged when the run moved
-// since the person read it, and by Resume when it moved while being resumed.
+// ErrRunChanged is returned (as a *RunChangedError) by ResumeTx (and stepwise.Client.RunResume)
+// when the run moved since the person read it, or while being resumed.
 var ErrRunChanged = stepwisetype.Changed("workflow: run changed since it was read")
 
 // RunChangedError says what a run is now, for the person who decided on an older view of it.

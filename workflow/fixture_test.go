@@ -408,3 +408,23 @@ func queryInt(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
 	return n
 }
+
+// resumeSeen resumes key as a person who read its version seen: workflow.ResumeTx in a
+// transaction of its own, which is what stepwise.Client.RunResume does.
+func resumeSeen(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx.Tx], key string, seen int64, actor, reason string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return workflow.ResumeTx(ctx, client, tx, key, seen, actor, reason)
+	})
+}
+
+// resumeNow resumes key at the version it has now, as a script deciding on what it reads
+// does: the read and the resume in one transaction.
+func resumeNow(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx.Tx], key, actor, reason string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		run, err := workflow.GetRun(ctx, tx, key)
+		if err != nil {
+			return err
+		}
+		return workflow.ResumeTx(ctx, client, tx, key, run.Version, actor, reason)
+	})
+}

@@ -329,10 +329,10 @@ func TestResumeFailedRun(t *testing.T) {
 	run := waitRun(t, pool, "resumable", 10*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
 	require.Equal(t, workflow.RunStatusFailed, run.Status)
 
-	err = workflow.Resume(ctx, e.client, "resumable", "", "x")
+	err = resumeNow(ctx, pool, e.client, "resumable", "", "x")
 	require.ErrorContains(t, err, "actor")
 	broken.Store(false)
-	require.NoError(t, workflow.Resume(ctx, e.client, "resumable", "alice@ops", "bank is back (INC-42)"))
+	require.NoError(t, resumeNow(ctx, pool, e.client, "resumable", "alice@ops", "bank is back (INC-42)"))
 	run = waitRun(t, pool, "resumable", 10*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
 	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
 	perN, _ := itemCounts(t, pool, "items", "resumable")
@@ -345,8 +345,8 @@ func TestResumeFailedRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), st.Steps, "steps 1-3 were not redone: resumed from the committed cursor")
 
-	require.ErrorContains(t, workflow.Resume(ctx, e.client, "resumable", "alice@ops", "again"), "succeeded")
-	require.ErrorIs(t, workflow.Resume(ctx, e.client, "nope", "alice@ops", "x"), workflow.ErrRunNotFound)
+	require.ErrorContains(t, resumeNow(ctx, pool, e.client, "resumable", "alice@ops", "again"), "succeeded")
+	require.ErrorIs(t, resumeNow(ctx, pool, e.client, "nope", "alice@ops", "x"), workflow.ErrRunNotFound)
 }
 
 // hourRetry schedules every retry an hour out, like River's backoff after a few attempts.

@@ -14,11 +14,11 @@ import (
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
-// TestResumeIfUnchangedRefusesARunThatFailedAgain (ABA): alice reads a run failed on a bank
+// TestResumeTxRefusesARunThatFailedAgain (ABA): alice reads a run failed on a bank
 // outage. Before she resumes it, bob does; it runs and fails again, on an account the bank
 // froze. The status alice saw (failed) is the status now, but not the failure she decided
 // on: her resume is refused with what the run is now, and the run stays failed.
-func TestResumeIfUnchangedRefusesARunThatFailedAgain(t *testing.T) {
+func TestResumeTxRefusesARunThatFailedAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
@@ -43,12 +43,12 @@ func TestResumeIfUnchangedRefusesARunThatFailedAgain(t *testing.T) {
 
 	// Bob resumes on what he saw; the run fails again, for another reason.
 	failure.Store("bank refuses account acct-9: frozen by compliance")
-	require.NoError(t, workflow.ResumeIfUnchanged(ctx, e.client, "aba", seen.Version, "bob", "INC-1: the bank is back"))
+	require.NoError(t, resumeSeen(ctx, pool, e.client, "aba", seen.Version, "bob", "INC-1: the bank is back"))
 	again := waitRun(t, pool, "aba", 10*time.Second, workflow.RunStatusFailed, workflow.RunStatusSucceeded)
 	require.Equal(t, workflow.RunStatusFailed, again.Status)
 	require.Greater(t, again.Version, seen.Version)
 
-	err = workflow.ResumeIfUnchanged(ctx, e.client, "aba", seen.Version, "alice", "INC-1: the bank is back")
+	err = resumeSeen(ctx, pool, e.client, "aba", seen.Version, "alice", "INC-1: the bank is back")
 	var changed *workflow.RunChangedError
 	require.ErrorAs(t, err, &changed)
 	require.ErrorIs(t, err, workflow.ErrRunChanged)
@@ -64,16 +64,16 @@ func TestResumeIfUnchangedRefusesARunThatFailedAgain(t *testing.T) {
 
 	// Audit text: one line, read as typed.
 	for _, bad := range []struct{ actor, reason string }{{"alice\nroot", "x"}, {"alice", "INC-1 \u202eok"}, {"alice", "INC\u200b-1"}} {
-		err := workflow.ResumeIfUnchanged(ctx, e.client, "aba", now.Version, bad.actor, bad.reason)
+		err := resumeSeen(ctx, pool, e.client, "aba", now.Version, bad.actor, bad.reason)
 		require.Error(t, err)
 		require.ErrorContains(t, err, "U+")
 	}
-	require.ErrorContains(t, workflow.ResumeIfUnchanged(ctx, e.client, "aba", 0, "alice", "x"), "seenVersion 0")
-	require.ErrorIs(t, workflow.Resume(ctx, e.client, "aba-none", "alice", "x"), workflow.ErrRunNotFound)
+	require.ErrorContains(t, resumeSeen(ctx, pool, e.client, "aba", 0, "alice", "x"), "seenVersion 0")
+	require.ErrorIs(t, resumeSeen(ctx, pool, e.client, "aba-none", 1, "alice", "x"), workflow.ErrRunNotFound)
 
 	// With the version alice reads now, she decides again, and the resume goes through.
 	failure.Store("")
-	require.NoError(t, workflow.ResumeIfUnchanged(ctx, e.client, "aba", now.Version, "alice", "INC-2: compliance released acct-9"))
+	require.NoError(t, resumeSeen(ctx, pool, e.client, "aba", now.Version, "alice", "INC-2: compliance released acct-9"))
 	done := waitRun(t, pool, "aba", 10*time.Second, workflow.RunStatusSucceeded)
 	require.Equal(t, workflow.RunStatusSucceeded, done.Status)
 	perN, _ := itemCounts(t, pool, "items", "aba")

@@ -61,7 +61,7 @@ type Run struct {
 	// Steps counts the steps the run has committed (its checkpoint's count).
 	Steps int64
 	// Version counts the run's status changes (1 when started). A person who resumes a
-	// run passes the version they saw (ResumeIfUnchanged): a run resumed, run and failed
+	// run passes the version they saw (stepwise.Client.RunResume, ResumeTx): a run resumed, run and failed
 	// again since has another version, and another failure to read first.
 	Version int64
 
@@ -297,66 +297,28 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 	return nil
 }
 
-// Resume continues a failed or cancelled run from its last committed cursor: the run goes
-// back to pending under a new River job (same queue, priority and max attempts as its last
-// job, when River still has it) with a fresh crash-loop budget, and the checkpoint is left
-// as committed, so no committed step is redone. actor (who) and reason (why, e.g. a ticket)
-// are required and recorded in the run's 'run.resume' event; neither may hold control or
-// invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is never redone;
-// a pending or running one is refused (it is not stopped): ErrRunNotResumable.
+// ResumeTx continues a failed or cancelled run from its last committed cursor, in the
+// caller's transaction, only if the run's Version is still seenVersion: the run the person
+// read. It is what stepwise.Client.RunResume/RunResumeTx call; use it directly only when
+// wiring the engine by hand.
 //
-// A person who decided on a screen should call ResumeIfUnchanged with the version they saw.
-func Resume(ctx context.Context, client *river.Client[pgx.Tx], key, actor, reason string) error {
-	return resume(ctx, client, key, 0, actor, reason)
-}
-
-// ResumeIfUnchanged is Resume, only if the run's Version is still seenVersion: the run the
-// person read. A run resumed by someone else meanwhile, run and failed again (perhaps for a
-// reason that should not be retried blindly) is refused with a *RunChangedError
-// (errors.Is ErrRunChanged) that says what it is now; read it again and decide again.
-// seenVersion must be a Version read from the run (1 or more).
-func ResumeIfUnchanged(ctx context.Context, client *river.Client[pgx.Tx], key string, seenVersion int64, actor, reason string) error {
-	if seenVersion < 1 {
-		return fmt.Errorf("workflow.ResumeIfUnchanged(%q): seenVersion %d: pass the run's Version as read (1 or more)", key, seenVersion)
-	}
-	return resume(ctx, client, key, seenVersion, actor, reason)
-}
-
-func resume(ctx context.Context, client *river.Client[pgx.Tx], key string, seenVersion int64, actor, reason string) error {
-	switch {
-	case client == nil:
-		return errors.New("workflow.Resume: client is nil")
-	case actor == "":
-		return fmt.Errorf("workflow.Resume(%q): actor is empty; say who resumes the run, for the audit trail", key)
-	case reason == "":
-		return fmt.Errorf("workflow.Resume(%q): reason is empty; say why the run can go on now (e.g. the incident fixed)", key)
-	}
-	if err := audittext.Check("actor", actor); err != nil {
-		return fmt.Errorf("workflow.Resume(%q): %w", key, err)
-	}
-	if err := audittext.Check("reason", reason); err != nil {
-		return fmt.Errorf("workflow.Resume(%q): %w", key, err)
-	}
-	execTx, err := client.Driver().GetExecutor().Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("resuming run %q: %w", key, err)
-	}
-	tx := client.Driver().UnwrapTx(execTx)
-	defer pgtx.Rollback(ctx, tx)
-	if err := resumeTx(ctx, client, tx, key, seenVersion, actor, reason); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("resuming run %q: committing: %w", key, err)
-	}
-	return nil
-}
-
-// ResumeTx is ResumeIfUnchanged in the caller's transaction, for a tool that records the
-// decision beside its own writes (an audit row of its own, say): the run's new job and its
-// 'run.resume' event commit or roll back with tx. On any error nothing of this call remains
-// in tx (it works under a savepoint), so a caller that commits anyway commits no orphan job.
-// seenVersion must be a Version read from the run (1 or more).
+// The run goes back to pending under a new River job (same queue, priority and max attempts
+// as its last job, when River still has it) with a fresh crash-loop budget, and the
+// checkpoint is left as committed, so no committed step is redone. The run's failed or
+// cancelled descendants (Step.StartChild) are resumed with it. actor (who) and reason (why,
+// e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
+// control or invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is
+// never redone; a pending or running one is refused (it is not stopped): ErrRunNotResumable.
+//
+// seenVersion must be a Version read from the run (1 or more); there is no unconditional
+// resume. A run resumed by someone else meanwhile, run and failed again (perhaps for a reason
+// that should not be retried blindly) is refused with a *RunChangedError (errors.Is
+// ErrRunChanged) that says what it is now; read it again and decide again. A script that
+// decides on what the run is now reads it (GetRun) in tx and passes that Version.
+//
+// The run's new job and its 'run.resume' event commit or roll back with tx. On any error
+// nothing of this call remains in tx (it works under a savepoint), so a caller that commits
+// anyway commits no orphan job.
 func ResumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) error {
 	switch {
 	case client == nil:
@@ -394,7 +356,7 @@ func ResumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) error {
 	run, err := GetRun(ctx, tx, key)
 	if err != nil {
-		return fmt.Errorf("workflow.Resume: %w", err)
+		return fmt.Errorf("workflow.ResumeTx: %w", err)
 	}
 	// Guards against a decision on a stale screen: the run the person read may have been
 	// resumed, run and failed again since, failed or cancelled as before but for another
@@ -403,7 +365,7 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 		return &RunChangedError{Key: key, SeenVersion: seenVersion, Status: run.Status, Version: run.Version, LastError: run.LastError}
 	}
 	if run.Status != RunStatusFailed && run.Status != RunStatusCancelled {
-		return fmt.Errorf("%w: workflow.Resume(%q): the run is %s; only a failed or cancelled run can be resumed", ErrRunNotResumable, key, run.Status)
+		return fmt.Errorf("%w: workflow.ResumeTx(%q): the run is %s; only a failed or cancelled run can be resumed", ErrRunNotResumable, key, run.Status)
 	}
 	opts := &river.InsertOpts{}
 	if run.RiverJobID != nil {

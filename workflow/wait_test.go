@@ -354,7 +354,7 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 			require.Contains(t, deref(r.LastError), "cancelled with its parent run cp")
 		}
 	}
-	require.NoError(t, workflow.Resume(ctx, we.client, "cp", "tester", "test: go on"))
+	require.NoError(t, resumeNow(ctx, we.pool, we.client, "cp", "tester", "test: go on"))
 	for i := range 2 {
 		child := fmt.Sprintf("cp/child-%d", i)
 		waitingRun(t, pool, child)

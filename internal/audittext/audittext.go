@@ -1,5 +1,5 @@
 // Package audittext is the one rule for text a person writes into the audit trail (an
-// actor's name, a reason), shared by reconcile.Resolve, workflow.Resume and the console.
+// actor's name, a reason), shared by the client's resolve, workflow.ResumeTx and the console.
 //
 // The audit trail is read by people, in a browser, a terminal or a report. A control
 // character there forges a second line (a newline) or rewrites the terminal (an escape); an

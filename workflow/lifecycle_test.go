@@ -345,8 +345,12 @@ func TestResumeFailedRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), st.Steps, "steps 1-3 were not redone: resumed from the committed cursor")
 
-	require.ErrorContains(t, resumeNow(ctx, pool, e.client, "resumable", "alice@ops", "again"), "succeeded")
-	require.ErrorIs(t, resumeNow(ctx, pool, e.client, "nope", "alice@ops", "x"), workflow.ErrRunNotFound)
+	err = resumeNow(ctx, pool, e.client, "resumable", "alice@ops", "again")
+	require.ErrorIs(t, err, workflow.ErrRunNotResumable)
+	require.ErrorContains(t, err, "succeeded")
+	// A stale version is refused as such before the status is judged.
+	require.ErrorIs(t, resumeSeen(ctx, pool, e.client, "resumable", 1, "alice@ops", "again"), workflow.ErrRunChanged)
+	require.ErrorIs(t, resumeSeen(ctx, pool, e.client, "nope", 1, "alice@ops", "x"), workflow.ErrRunNotFound)
 }
 
 // hourRetry schedules every retry an hour out, like River's backoff after a few attempts.

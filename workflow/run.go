@@ -305,10 +305,14 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 // The run goes back to pending under a new River job (same queue, priority and max attempts
 // as its last job, when River still has it) with a fresh crash-loop budget, and the
 // checkpoint is left as committed, so no committed step is redone. The run's failed or
-// cancelled descendants (Step.StartChild) are resumed with it. actor (who) and reason (why,
+// cancelled descendants (Step.StartChild) are resumed with it, unless one of them was resumed
+// on its own after the run ended and is failed or cancelled again: news the person has not
+// seen, so the whole resume is refused (ErrRunChanged, naming it) until that descendant is
+// decided on its own. actor (who) and reason (why,
 // e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
 // control or invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is
-// never redone; a pending or running one is refused (it is not stopped): ErrRunNotResumable.
+// never redone; a pending or running one is refused (it is not stopped): ErrRunNotResumable
+// (at the version seen; a run that moved since gets the *RunChangedError below first).
 //
 // seenVersion must be a Version read from the run (1 or more); there is no unconditional
 // resume. A run resumed by someone else meanwhile, run and failed again (perhaps for a reason
@@ -361,7 +365,7 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 	// Guards against a decision on a stale screen: the run the person read may have been
 	// resumed, run and failed again since, failed or cancelled as before but for another
 	// reason (ABA on the status).
-	if seenVersion != 0 && run.Version != seenVersion {
+	if run.Version != seenVersion {
 		return &RunChangedError{Key: key, SeenVersion: seenVersion, Status: run.Status, Version: run.Version, LastError: run.LastError}
 	}
 	if run.Status != RunStatusFailed && run.Status != RunStatusCancelled {
@@ -387,7 +391,7 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 		return fmt.Errorf("resuming run %q: inserting its River job: %w", key, err)
 	}
 	// Guards: two resumes at once, or a run that changed since it was read (its version).
-	ok, err := resumeRun(ctx, tx, key, run.Status, run.Version, ins.Job.ID, actor, reason)
+	ok, err := resumeRun(ctx, tx, key, run.Status, run.Version, ins.Job.ID, actor, reason, nil)
 	if err != nil {
 		return fmt.Errorf("resuming run %q: %w", key, err)
 	}
@@ -400,10 +404,14 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 		}
 		return &RunChangedError{Key: key, SeenVersion: run.Version, Status: now.Status, Version: now.Version, LastError: now.LastError}
 	}
-	// Resume reaches the run's descendants (Step.StartChild) that were failed or cancelled,
+	// A resume reaches the run's descendants (Step.StartChild) that were failed or cancelled,
 	// in the same transaction: a parent resumed into a wait for its children must not wait
 	// for children that will never run again.
-	if err := resumeDescendants(ctx, client, tx, key, actor, reason); err != nil {
+	ended := run.UpdatedAt
+	if run.FinishedAt != nil {
+		ended = *run.FinishedAt
+	}
+	if err := resumeDescendants(ctx, client, tx, key, run.Version, ended, actor, reason); err != nil {
 		return err
 	}
 	return nil
@@ -411,17 +419,32 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 
 // resumeDescendants resumes, in tx, the failed or cancelled descendants of the run key, each
 // under a new job (its last job's queue, priority and max attempts), compare-and-set on the
-// version read.
-func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key, actor, reason string) error {
+// version read, as part of the resume of key at its version seen, which ended at ended.
+//
+// The person decided on the run as it ended, and its version does not move when a descendant
+// does. So a failed or cancelled descendant resumed on its own after the run ended, and
+// failed or cancelled again, is news the person has not seen (a child retried alone by a
+// colleague that now fails for another reason): the whole resume is refused with a
+// *RunChangedError naming it, and nothing moves. Guards against: resuming a parent
+// re-running, unseen, a child that a colleague resumed and that failed again (the ABA of
+// ResumeTx one level down). Decided on its own (ResumeTx of that descendant at its
+// version), it is no longer failed, and the parent's resume goes through.
+func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, ended time.Time, actor, reason string) error {
 	rows, err := tx.Query(ctx, `
 		WITH RECURSIVE tree AS (
 			SELECT c.key FROM stepwise_run c WHERE c.parent_key = $1
 			UNION
 			SELECT c.key FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
 		)
-		SELECT r.key, r.workflow, r.input, r.status, r.version, j.queue, j.priority, j.max_attempts
+		SELECT r.key, r.workflow, r.input, r.status, r.version, r.last_error, j.queue, j.priority, j.max_attempts,
+		       since.actor, since.at
 		  FROM stepwise_run r JOIN tree USING (key) LEFT JOIN river_job j ON j.id = r.river_job_id
-		 WHERE r.status IN ('failed', 'cancelled') ORDER BY r.key`, key)
+		  LEFT JOIN LATERAL (
+			SELECT e.actor, e.at FROM stepwise_event e
+			 WHERE e.subject = r.key AND e.kind = 'run.resume' AND e.at > $2
+			 ORDER BY e.id DESC LIMIT 1
+		  ) since ON true
+		 WHERE r.status IN ('failed', 'cancelled') ORDER BY r.key`, key, ended)
 	if err != nil {
 		return fmt.Errorf("resuming the children of run %q: %w", key, err)
 	}
@@ -430,15 +453,32 @@ func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx
 		input         json.RawMessage
 		status        RunStatus
 		version       int64
+		lastError     *string
 		queue         *string
 		priority, max *int
+		resumedBy     *string
+		resumedAt     *time.Time
 	}
 	kids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (child, error) {
 		var c child
-		return c, row.Scan(&c.key, &c.workflow, &c.input, &c.status, &c.version, &c.queue, &c.priority, &c.max)
+		return c, row.Scan(&c.key, &c.workflow, &c.input, &c.status, &c.version, &c.lastError, &c.queue, &c.priority, &c.max, &c.resumedBy, &c.resumedAt)
 	})
 	if err != nil {
 		return fmt.Errorf("resuming the children of run %q: %w", key, err)
+	}
+	for _, c := range kids {
+		if c.resumedAt != nil {
+			by := "someone"
+			if c.resumedBy != nil && *c.resumedBy != "" {
+				by = *c.resumedBy
+			}
+			last := ""
+			if c.lastError != nil && *c.lastError != "" {
+				last = fmt.Sprintf(", last error %q", *c.lastError)
+			}
+			return fmt.Errorf("%w: resuming run %q: its descendant %q was resumed on its own after %q ended (by %s at %s) and is %s again (version %d%s); nothing was done: decide on it first (resume it at that version, or leave it), then resume %q",
+				ErrRunChanged, key, c.key, key, by, c.resumedAt.UTC().Format(time.RFC3339), c.status, c.version, last, key)
+		}
 	}
 	for _, c := range kids {
 		opts := &river.InsertOpts{}
@@ -452,7 +492,7 @@ func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx
 		if err != nil {
 			return fmt.Errorf("resuming run %q with its parent %q: inserting its River job: %w", c.key, key, err)
 		}
-		if _, err := resumeRun(ctx, tx, c.key, c.status, c.version, ins.Job.ID, actor, "with its parent run "+key+": "+reason); err != nil {
+		if _, err := resumeRun(ctx, tx, c.key, c.status, c.version, ins.Job.ID, actor, "with its parent run "+key+": "+reason, &withParent{key: key, seenVersion: seenVersion}); err != nil {
 			return fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
 		}
 	}

@@ -368,6 +368,72 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 	waitRun(t, pool, "cp", 10*time.Second, workflow.RunStatusSucceeded)
 }
 
+// A child resumed on its own after its parent ended, and cancelled (or failed) again, is news
+// the person who read the parent has not seen: resuming the parent at the version they saw is
+// refused, naming the child, and nothing moves. Once the child is decided on its own, the
+// parent's resume goes through, and the children it resumes record the parent's version.
+func TestResumeOfAParentRefusesAChildThatChangedOnItsOwn(t *testing.T) {
+	pool := testkit.DB(t)
+	we := newWaitEnv(t, pool, true)
+	ctx := context.Background()
+	we.start(t, "ab", waitArgs{Mode: "children", TimeoutMS: 600_000, N: 2})
+	waitingRun(t, pool, "ab")
+	for i := range 2 {
+		waitingRun(t, pool, fmt.Sprintf("ab/child-%d", i))
+	}
+	cancelAll := func(key, reason string) {
+		t.Helper()
+		require.NoError(t, workflow.CancelRun(ctx, pool, key, reason))
+		_, err := we.engine.Maintain(ctx, we.client)
+		require.NoError(t, err)
+		waitRun(t, pool, key, 10*time.Second, workflow.RunStatusCancelled)
+	}
+	cancelAll("ab", "INC-1: the bank is down")
+	for i := range 2 {
+		waitRun(t, pool, fmt.Sprintf("ab/child-%d", i), 10*time.Second, workflow.RunStatusCancelled)
+	}
+	// Alice reads the parent: cancelled, with its two children.
+	seen, err := workflow.GetRun(ctx, pool, "ab")
+	require.NoError(t, err)
+
+	// Meanwhile Bob retries child 0 alone; it is stopped again, for another reason.
+	require.NoError(t, resumeNow(ctx, pool, we.client, "ab/child-0", "bob", "INC-1: try EUR alone"))
+	waitingRun(t, pool, "ab/child-0")
+	cancelAll("ab/child-0", "acct-9 frozen by compliance")
+
+	err = resumeSeen(ctx, pool, we.client, "ab", seen.Version, "alice", "INC-1: the bank is back")
+	require.ErrorIs(t, err, workflow.ErrRunChanged)
+	for _, want := range []string{`"ab/child-0"`, "resumed on its own", "by bob", "cancelled again", "frozen by compliance", "nothing was done"} {
+		require.ErrorContains(t, err, want)
+	}
+	for _, k := range []string{"ab", "ab/child-0", "ab/child-1"} {
+		r, err := workflow.GetRun(ctx, pool, k)
+		require.NoError(t, err)
+		require.Equal(t, workflow.RunStatusCancelled, r.Status, "%s: nothing moved", k)
+	}
+	now, err := workflow.GetRun(ctx, pool, "ab")
+	require.NoError(t, err)
+	require.Equal(t, seen.Version, now.Version, "the parent did not move")
+
+	// Alice decides on child 0 at the version she now reads, then resumes the parent.
+	require.NoError(t, resumeNow(ctx, pool, we.client, "ab/child-0", "alice", "INC-2: compliance released acct-9"))
+	require.NoError(t, resumeSeen(ctx, pool, we.client, "ab", seen.Version, "alice", "INC-1: the bank is back"))
+	var withParent string
+	var parentSeen int64
+	var ownSeen *int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT detail->>'with_parent', (detail->>'parent_seen_version')::bigint, (detail->>'seen_version')::bigint
+		FROM stepwise_event WHERE subject = 'ab/child-1' AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`).Scan(&withParent, &parentSeen, &ownSeen))
+	require.Equal(t, "ab", withParent)
+	require.Equal(t, seen.Version, parentSeen, "a child resumed with its parent records the version the person saw: the parent's")
+	require.Nil(t, ownSeen, "and no version of its own, which nobody saw")
+	for i := range 2 {
+		child := fmt.Sprintf("ab/child-%d", i)
+		waitingRun(t, pool, child)
+		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
+	}
+	waitRun(t, pool, "ab", 20*time.Second, workflow.RunStatusSucceeded)
+}
+
 // The backstop: a satisfier that does not know waits (an UPDATE by hand, an older binary)
 // satisfies the condition without waking the run; maintenance wakes it. And a wake whose
 // job was lost (rescheduled far out by hand) is woken again.

@@ -6,7 +6,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The resume command refuses bad input clearly; workflow.Resume itself is tested in workflow.
+// The resume command refuses bad input clearly; stepwise.Client.RunResume (workflow.ResumeTx)
+// itself is tested in the root and workflow packages.
 func TestResumeCommand(t *testing.T) {
 	t.Parallel()
 	r := runCLI(t, "resume", "--help")

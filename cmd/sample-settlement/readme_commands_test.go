@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,8 +30,18 @@ func TestReadmeResumeCommand(t *testing.T) { // not parallel: it sets $USER
 	require.NoError(t, err)
 
 	t.Setenv("USER", "ops-on-call") // the actor defaults to $USER
-	// README: sample-settlement resume settle/<slot>/<shard> --reason "bank back (INC-42)"
+	// README: without --seen-version the command refuses and says the version the run has now.
+	var version int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT version FROM stepwise_run WHERE key = $1`, key).Scan(&version))
 	r = runCLI(t, "resume", key, "--reason", "bank back (INC-42)", "--database-url", dbURL)
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, fmt.Sprintf("run %s is cancelled now (version %d, last error \"cancelled by a test\")", key, version))
+	require.Contains(t, r.stderr, fmt.Sprintf("--seen-version %d", version))
+	var resumes int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume'`, key).Scan(&resumes))
+	require.Zero(t, resumes, "refused: nothing resumed")
+	// README: sample-settlement resume settle/<slot>/<shard> --seen-version N --reason "bank back (INC-42)"
+	r = runCLI(t, "resume", key, "--seen-version", strconv.FormatInt(version, 10), "--reason", "bank back (INC-42)", "--database-url", dbURL)
 	require.Equal(t, 0, r.code, r.stderr)
 	var actor, reason string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT actor, detail->>'reason' FROM stepwise_event

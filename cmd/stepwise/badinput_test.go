@@ -52,6 +52,8 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{[]string{"runs", "resume", "r/failed", "--reason", "x", "--actor", "ana", "--seen-version", "-1"}, 2, "--seen-version -1"},
 		{[]string{"runs", "resume", "r/failed", "--reason", "x", "--actor", "ana", "--seen-version", "7"}, 1, "has never had version 7"},
 		{[]string{"runs", "resume", "r/ok", "--reason", "x", "--actor", "ana"}, 1, "not resumable"},
+		// A resume names the version seen: without it, the refusal says what the run is now.
+		{[]string{"runs", "resume", "r/failed", "--reason", "x", "--actor", "ana"}, 2, "--seen-version is required: run r/failed is failed now (version "},
 		{[]string{"runs", "resume", "no/such/run", "--reason", "x", "--actor", "ana"}, 3, "not found"},
 		{[]string{"ops", "--state", "LOST"}, 2, `--state "LOST": want one of`},
 		{[]string{"ops", "show", "42"}, 2, `ID "42": want an operation id (a UUID`},

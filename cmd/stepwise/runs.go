@@ -325,9 +325,9 @@ func auditAction(ctx context.Context, tx pgx.Tx, subject, action, from, to strin
 }
 
 func runsResume(ctx context.Context, c *cli, args []string) error {
-	f := c.newFlags("KEY --reason TEXT [--actor NAME] [--seen-version N] [--json]", true, true)
+	f := c.newFlags("KEY --reason TEXT --seen-version N [--actor NAME] [--json]", true, true)
 	key, a, seen, err := f.runDecision(args, "why the run can go on now, e.g. the incident fixed",
-		"refused if the run changed since (resumed, run and failed again). Default: the version the command reads first (a change after that is refused too)")
+		"required; refused if the run changed since (resumed, run and failed again). Without it the command refuses and prints the version the run has now")
 	if err != nil {
 		return err
 	}
@@ -338,17 +338,25 @@ func runsResume(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	version := seen
-	if version == 0 {
-		// Without --seen-version the decision is on the run as it is now: read it, and the
-		// resume is still conditional on that read (a change in between is refused).
+	if seen == 0 {
+		// Guards against a resume on what the run is when the command runs rather than on
+		// what the person saw: a run a colleague resumed, and that failed again for another
+		// reason, would be resumed blindly. Say what the run is now; the person confirms it by
+		// passing its version.
 		var run *workflow.Run
-		if run, err = client.RunGet(ctx, key); err == nil {
-			version = run.Version
+		if run, err = client.RunGet(ctx, key); err == nil && !resumable(run.Status) {
+			err = fmt.Errorf("%w: run %s is %s (version %d); only a failed or cancelled run can be resumed", workflow.ErrRunNotResumable, key, run.Status, run.Version)
+		} else if err == nil {
+			last := ""
+			if run.LastError != nil && *run.LastError != "" {
+				last = fmt.Sprintf(", last error %q", *run.LastError)
+			}
+			return usageError("%s: --seen-version is required: run %s is %s now (version %d%s); if that is the run you decided to resume, run the command again with --seen-version %d",
+				f.c.path, key, run.Status, run.Version, last, run.Version)
 		}
 	}
 	if err == nil {
-		_, err = client.RunResume(ctx, key, &sw.RunResumeOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: version})
+		_, err = client.RunResume(ctx, key, &sw.RunResumeOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: seen})
 	}
 	switch {
 	case errors.Is(err, workflow.ErrRunNotFound):
@@ -455,4 +463,9 @@ func toRunJSON(r *workflow.Run) runJSON {
 		Retry: r.Retry, LastError: r.LastError, WakeAt: r.WakeAt, CancelRequestedAt: r.CancelRequestedAt, CreatedAt: r.CreatedAt,
 		UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt, HistoryPrunedAt: r.HistoryPrunedAt, Awaiting: r.Awaiting,
 		Parent: r.Parent, Wait: r.Wait}
+}
+
+// resumable reports whether a run in status s can be resumed: failed or cancelled.
+func resumable(s workflow.RunStatus) bool {
+	return s == workflow.RunStatusFailed || s == workflow.RunStatusCancelled
 }

@@ -33,7 +33,7 @@
 //
 // Waits and signals (package workflow's WaitFor... and Signal): a succeeded run has no open
 // wait (the step after a wait takes it), and a failed or cancelled run keeps its open wait and
-// the signals it has not taken, even when named in FailedRuns: Resume re-enters the wait and
+// the signals it has not taken, even when named in FailedRuns: a resume re-enters the wait and
 // takes them. The signals a pruned run took, and those sent to a succeeded run after its last
 // wait (no wait can take them any more), are its history and go with its events. A signal
 // not taken and sent before the age to a key that has no run goes too: a signal may come
@@ -348,7 +348,7 @@ const opEventsWhere = `e.at < $1 AND e.subject LIKE 'op:%' AND e.kind = 'op.tran
 
 // runSignalsWhere selects (alias s, run keys $1) the signals pruneRuns deletes: those taken,
 // and those of a succeeded run (no wait of it can take them). A failed or cancelled run's
-// untaken signals stay: Resume re-enters its wait, which takes them. Read by the primary key
+// untaken signals stay: a resume re-enters its wait, which takes them. Read by the primary key
 // (run_key, name, signal_id).
 const runSignalsWhere = `s.run_key = ANY($1) AND (s.consumed_at IS NOT NULL
 	OR (SELECT r.status FROM stepwise_run r WHERE r.key = s.run_key) = 'succeeded')`

@@ -108,7 +108,8 @@
 //     failure recorded after the run committed steps since the previous one restarts the
 //     count at 1. A poison run (an item that kills the worker, a step that always errors)
 //     makes no progress and still fails after MaxAttempts failures; a long run on machines
-//     that crash now and then does not. Resume continues a failed run later.
+//     that crash now and then does not. A resume (stepwise.Client.RunResume) continues a failed
+//     run later.
 //
 // Every change of a run's state is one transition of runstate.go, conditional on the
 // state its caller saw.

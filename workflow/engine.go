@@ -268,7 +268,7 @@ func (e *Engine) Install(rc *river.Config) error {
 		return errors.New("workflow.Engine.Install: river config is nil; pass the *river.Config you give river.NewClient")
 	}
 	if rc.Schema != "" {
-		// Maintenance and Resume read river_job unqualified, through the pool's search_path;
+		// Maintenance and resumes read river_job unqualified, through the pool's search_path;
 		// with River's tables in another schema they would silently read the wrong table.
 		return fmt.Errorf("workflow.Engine.Install: river.Config.Schema is %q, but Stepwise reads River's tables through the connection's search_path; leave Schema empty and put %q first in the pool's search_path (e.g. the connection string's search_path=%s) instead", rc.Schema, rc.Schema, rc.Schema)
 	}

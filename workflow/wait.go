@@ -112,7 +112,7 @@ func (s *Step[A, C]) Woken() *Woken { return s.woken }
 
 // StartChild starts a child run in the step's transaction, so that it exists exactly when the
 // step commits, with this run recorded as its parent: WaitForChildren waits for it, and
-// CancelRun and Resume of this run reach it. As StartTx: the same key with the same
+// CancelRun and a resume (ResumeTx) of this run reach it. As StartTx: the same key with the same
 // workflow, input and parent returns the existing run.
 func (s *Step[A, C]) StartChild(ctx context.Context, key string, args river.JobArgs, opts *StartOpts) (*Run, error) {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)

@@ -122,7 +122,7 @@ func (sw *stepWorker[A, C]) work(ctx context.Context, job *river.Job[A], failure
 		// with its Sleep, is the promise; the job's schedule only carries it. A job can be
 		// delivered early: an attempt that took its committed Sleep for a failure and went
 		// back to River for a retry, River's rescuer, an operator's "retry now" in River's
-		// UI. Resume clears wake_at. Not a claim, not a failure: the job goes back to sleep.
+		// UI. A resume clears wake_at. Not a claim, not a failure: the job goes back to sleep.
 		// Waits are not held here: their next step checks the condition again and re-enters
 		// the wait when it does not hold, so an early job is safe (and "retry now" on a wait
 		// whose condition holds must work). Measured on the database's clock, which River's

@@ -182,7 +182,7 @@ func (w *reconcileWorker) Step(ctx context.Context, s *workflow.Step[reconcileAr
 	wk := s.Woken()
 	switch {
 	case wk == nil && s.Cursor.StatementID != "":
-		// Resumed after a currency run failed (Resume resumed it too): wait for them again.
+		// Resumed after a currency run failed (its resume resumed it too): wait for them again.
 		return workflow.WaitForChildren(currencyTimeout), nil
 	case wk == nil:
 		return workflow.WaitForSignal(statementSignal, statementTimeout), nil

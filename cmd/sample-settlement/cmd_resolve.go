@@ -19,12 +19,12 @@ func init() {
 }
 
 func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := prog.NewFlagSet("resolve", "resolve [flags] OP_ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT [--from STATE] [--seen-version N]", stderr)
+	fs := prog.NewFlagSet("resolve", "resolve [flags] OP_ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT --seen-version N [--from STATE]", stderr)
 	var db dbFlags
 	db.register(fs)
 	to := fs.String("to", "", "the decision: SUCCEEDED, FAILED_PERMANENT or RETRYABLE (required)")
 	from := fs.String("from", "", "the state you saw (MANUAL or UNKNOWN_EXTERNAL); refused if the payout has moved since. Default: its current state")
-	seenVersion := fs.Int64("seen-version", 0, "the payout's version you decided on, as the console's operation page shows it; refused if it has changed state since, even back to the same state. Default: not checked")
+	seenVersion := fs.Int64("seen-version", 0, "the payout's version you decided on, as the console's operation page shows it; refused if it has changed state since, even back to the same state (required: without it the command refuses and prints the version the payout has now)")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	actor := fs.String("actor", envOr("USER", ""), "who decides, for the audit trail (default $USER)")
 	// The operation id may come before or after the flags.
@@ -62,7 +62,7 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return cmdline.UsageError("--from %q: only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand", *from)
 	}
 	if *seenVersion < 0 {
-		return cmdline.UsageError("--seen-version %d: want the version the console's operation page shows (1 or more), or leave it out", *seenVersion)
+		return cmdline.UsageError("--seen-version %d: want the version the console's operation page shows (1 or more)", *seenVersion)
 	}
 	if err := checkAuditFlags(*actor, *reason); err != nil {
 		return err
@@ -77,6 +77,17 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	svc, err := settlement.NewService(pool, &settlement.ServiceConfig{Bank: dialBank(defaultBankURL, time.Second), ID: "resolve/" + *actor})
 	if err != nil {
 		return err
+	}
+	if *seenVersion == 0 {
+		// Guards against a decision on what the payout is when the command runs rather than
+		// on what the person saw: MANUAL, resolved RETRYABLE by a colleague, resent and
+		// MANUAL again for another reason looks the same by state. Say what it is now; the
+		// person confirms it by passing its version. A payout that is not resolvable at all,
+		// or does not exist, is refused below as such.
+		if cur, err := svc.Client.OperationGet(ctx, id); err == nil && (cur.State == outbox.StateManual || cur.State == outbox.StateUnknownExternal) {
+			return cmdline.UsageError("--seen-version is required: payout %s (%s, %s) is %s now (version %d); if that is the payout you decided on, run the command again with --seen-version %d",
+				id, cur.BusinessKey, settlement.FormatMoney(cur.Amount, cur.Currency), cur.State, cur.Version, cur.Version)
+		}
 	}
 	op, err := settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: fromState, SeenVersion: *seenVersion, To: toState, Actor: *actor, Reason: *reason})
 	if err != nil {

@@ -49,7 +49,15 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 		($1, 'op.transition', 'PROCESSING', 'UNKNOWN_EXTERNAL', 'dispatcher-1')`, subject)
 	require.NoError(t, err)
 
+	var version int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT version FROM stepwise_operation WHERE operation_id = $1`, id).Scan(&version))
+	// Without the version seen, the command refuses, says what the payout is now, and changes nothing.
 	r := runCLI(t, "resolve", id.String(), "--from", "MANUAL", "--to", "SUCCEEDED", "--reason", "TICKET-7: the bank confirms the payment",
+		"--actor", "alice", "--database-url", dbURL)
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, "--seen-version is required: payout "+id.String())
+	require.Contains(t, r.stderr, "is MANUAL now (version "+itoa(version)+")")
+	r = runCLI(t, "resolve", id.String(), "--from", "MANUAL", "--seen-version", itoa(version), "--to", "SUCCEEDED", "--reason", "TICKET-7: the bank confirms the payment",
 		"--actor", "alice", "--database-url", dbURL)
 	require.Equal(t, 0, r.code, r.stderr)
 

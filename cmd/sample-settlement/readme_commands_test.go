@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,7 +40,7 @@ func TestReadmeResumeCommand(t *testing.T) { // not parallel: it sets $USER
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume'`, key).Scan(&resumes))
 	require.Zero(t, resumes, "refused: nothing resumed")
 	// README: sample-settlement resume settle/<slot>/<shard> --seen-version N --reason "bank back (INC-42)"
-	r = runCLI(t, "resume", key, "--seen-version", strconv.FormatInt(version, 10), "--reason", "bank back (INC-42)", "--database-url", dbURL)
+	r = runCLI(t, "resume", key, "--seen-version", itoa(version), "--reason", "bank back (INC-42)", "--database-url", dbURL)
 	require.Equal(t, 0, r.code, r.stderr)
 	var actor, reason string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT actor, detail->>'reason' FROM stepwise_event

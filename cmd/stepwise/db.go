@@ -136,10 +136,10 @@ func (a *auditFlags) check(path string) error {
 	return nil
 }
 
-// seenVersion checks --seen-version: 0 (not checked) or a version read (1 or more).
+// seenVersion checks --seen-version: 0 (not given) or a version read (1 or more).
 func seenVersion(path string, v int64, what string) error {
 	if v < 0 {
-		return usageError("%s: --seen-version %d: want the version \"%s show\" printed (1 or more), or leave it out", path, v, what)
+		return usageError("%s: --seen-version %d: want the version \"%s show\" printed (1 or more)", path, v, what)
 	}
 	return nil
 }

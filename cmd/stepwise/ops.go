@@ -248,10 +248,10 @@ func opsShow(ctx context.Context, c *cli, args []string) error {
 }
 
 func opsResolve(ctx context.Context, c *cli, args []string) error {
-	f := c.newFlags("ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT --no-callback [--seen-version N] [--from STATE] [--actor NAME] [--json]", true, true)
+	f := c.newFlags("ID --to SUCCEEDED|FAILED_PERMANENT|RETRYABLE --reason TEXT --no-callback --seen-version N [--from STATE] [--actor NAME] [--json]", true, true)
 	to := f.String("to", "", "the decision: SUCCEEDED (it happened), FAILED_PERMANENT (it did not and will not) or RETRYABLE (send it again, under the same id) (required)")
 	from := f.String("from", "", "the state you saw (MANUAL or UNKNOWN_EXTERNAL); refused if the operation has moved since. Default: its current state")
-	seen := f.Int64("seen-version", 0, "the operation's version you decided on, as \"stepwise ops show\" prints it; refused if it moved since, even back to the same state. Default: not checked")
+	seen := f.Int64("seen-version", 0, "the operation's version you decided on, as \"stepwise ops show\" prints it; refused if it moved since, even back to the same state (required: without it the command refuses and prints the version the operation has now)")
 	noCallback := f.Bool("no-callback", false, "your service registers no outcome callback (OnOutcome, OnOutcomeBatch) for this operation's kind, as the README's quick start; required, see above")
 	var a auditFlags
 	a.register(f, "why: a ticket, what the external system's support said")
@@ -315,11 +315,15 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 			return fmt.Errorf("operation %s (%s %s) is %s: only MANUAL and UNKNOWN_EXTERNAL operations are resolved by hand; nothing was changed", id, cur.Kind, cur.BusinessKey, cur.State)
 		}
 	}
-	version := *seen
-	if version == 0 {
-		// Without --seen-version: the version read just now (a move since is refused).
-		version = cur.Version
+	if *seen == 0 {
+		// Guards against a decision on what the operation is when the command runs rather
+		// than on what the person saw: MANUAL, resolved RETRYABLE by a colleague, resent and
+		// MANUAL again for another reason ("the bank holds another amount") looks the same
+		// by state. Say what it is now; the person confirms it by passing its version.
+		return usageError("%s: --seen-version is required: operation %s (%s %s) is %s now (version %d); if that is the operation you decided on, run the command again with --seen-version %d",
+			c.path, id, cur.Kind, cur.BusinessKey, cur.State, cur.Version, cur.Version)
 	}
+	version := *seen
 	op, err := client.OperationResolve(ctx, id, &sw.OperationResolveOpts{
 		Outcome: toState, ExpectedState: fromState, ExpectedVersion: version, Actor: a.actor, Reason: a.reason, NoCallback: true,
 	})

@@ -113,9 +113,9 @@ func TestConsoleWithClient(t *testing.T) {
 }
 
 // TestConsoleResumeNamesTheDescendantThatChanged: a parent unchanged since the operator read
-// it, whose child a colleague resumed on its own and which failed again, is not resumed, and
-// the refusal says which child, who resumed it and what it is now: "reload the run" would show
-// the operator nothing new.
+// it, whose child a colleague resumed on its own and which failed again after the parent
+// ended, is not resumed, and the refusal says which child, who resumed it and what it is now:
+// "reload the run" would show the operator nothing new.
 func TestConsoleResumeNamesTheDescendantThatChanged(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -137,7 +137,7 @@ func TestConsoleResumeNamesTheDescendantThatChanged(t *testing.T) {
 	resume.Set("reason", "bank back up")
 	res := f.post(t, "/console/run/resume", resume)
 	require.Equal(t, http.StatusConflict, res.status, res.body)
-	for _, want := range []string{`its descendant "p/eur" was resumed on its own`, "by bob", "failed again", "acct-9 frozen by compliance", "nothing was done", "decide on it first"} {
+	for _, want := range []string{`its descendant "p/eur" became failed`, "resumed on its own by bob", "acct-9 frozen by compliance", "nothing was done", `decide on "p/eur" first`} {
 		require.Contains(t, res.text, want)
 	}
 	require.NotContains(t, res.text, "reload the run")

@@ -305,10 +305,10 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 // The run goes back to pending under a new River job (same queue, priority and max attempts
 // as its last job, when River still has it) with a fresh crash-loop budget, and the
 // checkpoint is left as committed, so no committed step is redone. The run's failed or
-// cancelled descendants (Step.StartChild) are resumed with it, unless one of them was resumed
-// on its own after the run ended and is failed or cancelled again: news the person has not
-// seen, so the whole resume is refused (ErrRunChanged, naming it) until that descendant is
-// decided on its own. actor (who) and reason (why,
+// cancelled descendants (Step.StartChild) are resumed with it, unless one of them became
+// failed or cancelled after the run ended (other than by the run's own cancellation reaching
+// it): news the person has not seen, so the whole resume is refused (ErrRunChanged, wrapped
+// with the descendant's key and what it is now) until that descendant is decided on its own. actor (who) and reason (why,
 // e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
 // control or invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is
 // never redone; a pending or running one is refused (it is not stopped): ErrRunNotResumable
@@ -422,13 +422,15 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 // version read, as part of the resume of key at its version seen, which ended at ended.
 //
 // The person decided on the run as it ended, and its version does not move when a descendant
-// does. So a failed or cancelled descendant resumed on its own after the run ended, and
-// failed or cancelled again, is news the person has not seen (a child retried alone by a
-// colleague that now fails for another reason): the whole resume is refused with a
-// *RunChangedError naming it, and nothing moves. Guards against: resuming a parent
-// re-running, unseen, a child that a colleague resumed and that failed again (the ABA of
-// ResumeTx one level down). Decided on its own (ResumeTx of that descendant at its
-// version), it is no longer failed, and the parent's resume goes through.
+// does. So a failed or cancelled descendant that reached that state after the run ended is
+// news the person has not seen (a child retried by a colleague that now fails for another
+// reason, or one still running when the run failed that failed later): the whole resume is
+// refused (ErrRunChanged, naming it) and nothing moves. The one exception is the cancellation
+// that ended the run reaching its descendants: a cancel requested with the run (the cascade of
+// CancelRun) at or before it ended, which ends each descendant at its own pace after the run.
+// Guards against: resuming a parent re-running, unseen, a child a colleague retried and that
+// failed again (the ABA of ResumeTx one level down). Decided on its own (ResumeTx of that
+// descendant at its version), it is no longer failed, and the parent's resume goes through.
 func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, ended time.Time, actor, reason string) error {
 	rows, err := tx.Query(ctx, `
 		WITH RECURSIVE tree AS (
@@ -437,13 +439,23 @@ func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx
 			SELECT c.key FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
 		)
 		SELECT r.key, r.workflow, r.input, r.status, r.version, r.last_error, j.queue, j.priority, j.max_attempts,
-		       since.actor, since.at
+		       r.finished_at,
+		       coalesce(r.finished_at > $2, false) AND NOT (r.status = 'cancelled' AND coalesce(cx.ok, false)) AS news,
+		       last_resume.actor, last_resume.at, last_resume.with_parent
 		  FROM stepwise_run r JOIN tree USING (key) LEFT JOIN river_job j ON j.id = r.river_job_id
 		  LEFT JOIN LATERAL (
-			SELECT e.actor, e.at FROM stepwise_event e
-			 WHERE e.subject = r.key AND e.kind = 'run.resume' AND e.at > $2
+			-- The descendant's last cancel request or resume: a cancel that came with an
+			-- ancestor's, at or before the run ended, is the run's own cancellation reaching it.
+			SELECT e.kind = 'run.cancel_requested' AND e.detail ? 'with_parent' AND e.at <= $2 AS ok
+			  FROM stepwise_event e
+			 WHERE e.subject = r.key AND e.kind IN ('run.cancel_requested', 'run.resume')
 			 ORDER BY e.id DESC LIMIT 1
-		  ) since ON true
+		  ) cx ON true
+		  LEFT JOIN LATERAL (
+			SELECT e.actor, e.at, e.detail->>'with_parent' AS with_parent FROM stepwise_event e
+			 WHERE e.subject = r.key AND e.kind = 'run.resume'
+			 ORDER BY e.id DESC LIMIT 1
+		  ) last_resume ON true
 		 WHERE r.status IN ('failed', 'cancelled') ORDER BY r.key`, key, ended)
 	if err != nil {
 		return fmt.Errorf("resuming the children of run %q: %w", key, err)
@@ -456,29 +468,42 @@ func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx
 		lastError     *string
 		queue         *string
 		priority, max *int
+		finishedAt    *time.Time
+		news          bool
 		resumedBy     *string
 		resumedAt     *time.Time
+		resumedWith   *string
 	}
 	kids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (child, error) {
 		var c child
-		return c, row.Scan(&c.key, &c.workflow, &c.input, &c.status, &c.version, &c.lastError, &c.queue, &c.priority, &c.max, &c.resumedBy, &c.resumedAt)
+		return c, row.Scan(&c.key, &c.workflow, &c.input, &c.status, &c.version, &c.lastError, &c.queue, &c.priority, &c.max,
+			&c.finishedAt, &c.news, &c.resumedBy, &c.resumedAt, &c.resumedWith)
 	})
 	if err != nil {
 		return fmt.Errorf("resuming the children of run %q: %w", key, err)
 	}
 	for _, c := range kids {
-		if c.resumedAt != nil {
+		if !c.news {
+			continue
+		}
+		last := ""
+		if c.lastError != nil && *c.lastError != "" {
+			last = fmt.Sprintf(", last error %q", *c.lastError)
+		}
+		resumed := ""
+		if c.resumedAt != nil && c.resumedAt.After(ended) {
 			by := "someone"
 			if c.resumedBy != nil && *c.resumedBy != "" {
 				by = *c.resumedBy
 			}
-			last := ""
-			if c.lastError != nil && *c.lastError != "" {
-				last = fmt.Sprintf(", last error %q", *c.lastError)
+			how := "on its own"
+			if c.resumedWith != nil && *c.resumedWith != "" && *c.resumedWith != key {
+				how = "with " + *c.resumedWith
 			}
-			return fmt.Errorf("%w: resuming run %q: its descendant %q was resumed on its own after %q ended (by %s at %s) and is %s again (version %d%s); nothing was done: decide on it first (resume it at that version, or leave it), then resume %q",
-				ErrRunChanged, key, c.key, key, by, c.resumedAt.UTC().Format(time.RFC3339), c.status, c.version, last, key)
+			resumed = fmt.Sprintf("; it was resumed %s by %s at %s", how, by, c.resumedAt.UTC().Format(time.RFC3339))
 		}
+		return fmt.Errorf("%w: resuming run %q: its descendant %q became %s at %s (version %d%s), after %q ended at %s%s: news the version of %q you saw does not show; nothing was done: decide on %q first (resume it on its own at version %d), since %q cannot be resumed with it while it stays %s",
+			ErrRunChanged, key, c.key, c.status, c.finishedAt.UTC().Format(time.RFC3339), c.version, last, key, ended.UTC().Format(time.RFC3339), resumed, key, c.key, c.version, key, c.status)
 	}
 	for _, c := range kids {
 		opts := &river.InsertOpts{}

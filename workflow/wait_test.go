@@ -356,6 +356,18 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 	}
 	require.NoError(t, resumeNow(ctx, we.pool, we.client, "cp", "tester", "test: go on"))
 	for i := range 2 {
+		waitingRun(t, pool, fmt.Sprintf("cp/child-%d", i))
+	}
+	// A second round: cancelled again with its children (who end after it), it resumes
+	// again: a cancellation that came with the parent's is not news about a child.
+	require.NoError(t, workflow.CancelRun(ctx, pool, "cp", "test: stop the batch again"))
+	_, err = we.engine.Maintain(ctx, we.client)
+	require.NoError(t, err)
+	for _, k := range []string{"cp", "cp/child-0", "cp/child-1"} {
+		waitRun(t, pool, k, 10*time.Second, workflow.RunStatusCancelled)
+	}
+	require.NoError(t, resumeNow(ctx, we.pool, we.client, "cp", "tester", "test: go on again"))
+	for i := range 2 {
 		child := fmt.Sprintf("cp/child-%d", i)
 		waitingRun(t, pool, child)
 		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
@@ -403,7 +415,7 @@ func TestResumeOfAParentRefusesAChildThatChangedOnItsOwn(t *testing.T) {
 
 	err = resumeSeen(ctx, pool, we.client, "ab", seen.Version, "alice", "INC-1: the bank is back")
 	require.ErrorIs(t, err, workflow.ErrRunChanged)
-	for _, want := range []string{`"ab/child-0"`, "resumed on its own", "by bob", "cancelled again", "frozen by compliance", "nothing was done"} {
+	for _, want := range []string{`its descendant "ab/child-0" became cancelled`, "resumed on its own by bob", "frozen by compliance", "nothing was done", `decide on "ab/child-0" first`} {
 		require.ErrorContains(t, err, want)
 	}
 	for _, k := range []string{"ab", "ab/child-0", "ab/child-1"} {
@@ -432,6 +444,61 @@ func TestResumeOfAParentRefusesAChildThatChangedOnItsOwn(t *testing.T) {
 		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
 	}
 	waitRun(t, pool, "ab", 20*time.Second, workflow.RunStatusSucceeded)
+}
+
+// A child resumed on its own before its parent ended, and stopped again after: the parent's
+// end does not show it, so resuming the parent at the version seen is refused, naming the
+// child and not the one cancelled with the parent.
+func TestResumeOfAParentRefusesAChildThatStoppedAfterTheParentEnded(t *testing.T) {
+	pool := testkit.DB(t)
+	we := newWaitEnv(t, pool, true)
+	ctx := context.Background()
+	we.start(t, "hb", waitArgs{Mode: "children", TimeoutMS: 600_000, N: 2})
+	waitingRun(t, pool, "hb")
+	for i := range 2 {
+		waitingRun(t, pool, fmt.Sprintf("hb/child-%d", i))
+	}
+	maintain := func() {
+		t.Helper()
+		_, err := we.engine.Maintain(ctx, we.client)
+		require.NoError(t, err)
+	}
+	// Carol holds EUR; Alice stops the batch; Bob lets EUR go on before the batch has ended.
+	require.NoError(t, workflow.CancelRun(ctx, pool, "hb/child-0", "carol: hold EUR"))
+	maintain()
+	waitRun(t, pool, "hb/child-0", 10*time.Second, workflow.RunStatusCancelled)
+	require.NoError(t, workflow.CancelRun(ctx, pool, "hb", "INC-1: the bank is down"))
+	require.NoError(t, resumeNow(ctx, pool, we.client, "hb/child-0", "bob", "EUR is fine"))
+	waitingRun(t, pool, "hb/child-0")
+	maintain()
+	waitRun(t, pool, "hb", 10*time.Second, workflow.RunStatusCancelled)
+	waitRun(t, pool, "hb/child-1", 10*time.Second, workflow.RunStatusCancelled)
+	seen, err := workflow.GetRun(ctx, pool, "hb")
+	require.NoError(t, err)
+	// After Alice read the batch, EUR is stopped again, for another reason.
+	require.NoError(t, workflow.CancelRun(ctx, pool, "hb/child-0", "acct-9 frozen by compliance"))
+	maintain()
+	waitRun(t, pool, "hb/child-0", 10*time.Second, workflow.RunStatusCancelled)
+
+	err = resumeSeen(ctx, pool, we.client, "hb", seen.Version, "alice", "INC-1: the bank is back")
+	require.ErrorIs(t, err, workflow.ErrRunChanged)
+	require.ErrorContains(t, err, `its descendant "hb/child-0" became cancelled`)
+	require.ErrorContains(t, err, "frozen by compliance")
+	require.NotContains(t, err.Error(), "hb/child-1", "the child cancelled with the batch is not news")
+	for _, k := range []string{"hb", "hb/child-0", "hb/child-1"} {
+		r, err := workflow.GetRun(ctx, pool, k)
+		require.NoError(t, err)
+		require.Equal(t, workflow.RunStatusCancelled, r.Status, "%s: nothing moved", k)
+	}
+	// Decided on its own, EUR goes on, and the batch resumes with the other child.
+	require.NoError(t, resumeNow(ctx, pool, we.client, "hb/child-0", "alice", "INC-2: compliance released acct-9"))
+	require.NoError(t, resumeSeen(ctx, pool, we.client, "hb", seen.Version, "alice", "INC-1: the bank is back"))
+	for i := range 2 {
+		child := fmt.Sprintf("hb/child-%d", i)
+		waitingRun(t, pool, child)
+		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
+	}
+	waitRun(t, pool, "hb", 20*time.Second, workflow.RunStatusSucceeded)
 }
 
 // The backstop: a satisfier that does not know waits (an UPDATE by hand, an older binary)

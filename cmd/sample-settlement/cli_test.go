@@ -119,7 +119,9 @@ func TestResolveFromStaleState(t *testing.T) {
 	id = outbox.OperationID(op.Kind, op.BusinessKey)
 	_, err = pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'MANUAL', manual_reason = 'test' WHERE operation_id = $1`, id)
 	require.NoError(t, err)
-	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: outbox.StateManual,
+	read, err := settlement.Resolvable(ctx, svc.Client, id, outbox.StateManual)
+	require.NoError(t, err)
+	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: outbox.StateManual, SeenVersion: read.Version,
 		To: outbox.StateSucceeded, Actor: "reconcile-stand-in", Reason: "found paid"})
 	require.NoError(t, err)
 	var events int

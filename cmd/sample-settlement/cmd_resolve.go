@@ -83,11 +83,13 @@ func runResolve(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		// on what the person saw: MANUAL, resolved RETRYABLE by a colleague, resent and
 		// MANUAL again for another reason looks the same by state. Say what it is now; the
 		// person confirms it by passing its version. A payout that is not resolvable at all,
-		// or does not exist, is refused below as such.
-		if cur, err := svc.Client.OperationGet(ctx, id); err == nil && (cur.State == outbox.StateManual || cur.State == outbox.StateUnknownExternal) {
-			return cmdline.UsageError("--seen-version is required: payout %s (%s, %s) is %s now (version %d); if that is the payout you decided on, run the command again with --seen-version %d",
-				id, cur.BusinessKey, settlement.FormatMoney(cur.Amount, cur.Currency), cur.State, cur.Version, cur.Version)
+		// not in the --from state, or not there, is refused as such.
+		cur, err := settlement.Resolvable(ctx, svc.Client, id, fromState)
+		if err != nil {
+			return err
 		}
+		return cmdline.UsageError("--seen-version is required: payout %s (%s, %s) is %s now (version %d); if that is the payout you decided on, run the command again with --seen-version %d",
+			id, cur.BusinessKey, settlement.FormatMoney(cur.Amount, cur.Currency), cur.State, cur.Version, cur.Version)
 	}
 	op, err := settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: fromState, SeenVersion: *seenVersion, To: toState, Actor: *actor, Reason: *reason})
 	if err != nil {

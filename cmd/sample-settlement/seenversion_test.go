@@ -44,7 +44,7 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 	seen, err := svc.Client.OperationGet(ctx, id)
 	require.NoError(t, err)
 	// Someone sends it again; the send is ambiguous; the bank holds 999 EUR: MANUAL again.
-	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: outbox.StateManual,
+	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: id, From: outbox.StateManual, SeenVersion: seen.Version,
 		To: outbox.StateRetryable, Actor: "bob", Reason: "INC-3: bank back, send again"})
 	require.NoError(t, err)
 	for _, st := range []string{"PROCESSING", "MANUAL"} {

@@ -127,8 +127,10 @@ func TestDateClosesOnlyWhenEveryPayoutIsProven(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, checkNamed(t, res, settlement.ClosedDateAtRest).OK)
 
-	// A person decides: paid. The wait wakes, the date closes and is reconciled.
-	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: manual, From: outbox.StateManual,
+	// A person decides on what she reads: paid. The wait wakes, the date closes and is reconciled.
+	read, err := settlement.Resolvable(ctx, svc.Client, manual, outbox.StateManual)
+	require.NoError(t, err)
+	_, err = settlement.Resolve(ctx, svc.Client, settlement.Resolution{OperationID: manual, From: outbox.StateManual, SeenVersion: read.Version,
 		To: outbox.StateSucceeded, Actor: "alice", Reason: "the bank's portal shows it paid"})
 	require.NoError(t, err)
 	waitProgress(t, pool, "the date closed and reconciled", func(ctx context.Context) (bool, string, error) {

@@ -21,9 +21,9 @@ type Resolution struct {
 	// colleague's). Empty means "the current state", which must then be MANUAL or
 	// UNKNOWN_EXTERNAL.
 	From outbox.State
-	// SeenVersion is the payout's Version the person saw, or 0 to check the state only.
-	// With it, a payout that left From and came back (MANUAL because never sent, then sent,
-	// then MANUAL because the bank holds another amount) is refused as stale.
+	// SeenVersion is the payout's Version the person saw. Required (1 or more): a payout that
+	// left From and came back (MANUAL because never sent, then sent, then MANUAL because the
+	// bank holds another amount) looks the same by state, and is refused as stale by version.
 	SeenVersion int64
 	// To is SUCCEEDED (the bank paid: e.g. confirmed by phone), FAILED_PERMANENT (it did not
 	// and will not) or RETRYABLE (send again, under the same operation id).
@@ -56,15 +56,14 @@ func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbo
 	if strings.TrimSpace(r.Actor) == "" {
 		return nil, errors.New("resolving needs an actor: who decides, for the audit trail")
 	}
-	cur, err := client.OperationGet(ctx, r.OperationID)
-	if errors.Is(err, outbox.ErrNotFound) {
-		return nil, fmt.Errorf("%w: operation %s does not exist; find open payouts with \"report --date D --json\"", ErrNoSuchSettlement, r.OperationID)
+	if r.SeenVersion < 1 {
+		// Guards against a decision on what the payout is when this runs rather than on what
+		// the person saw: there is no resolution by state alone.
+		return nil, fmt.Errorf("resolving payout %s: SeenVersion %d: pass the payout's Version the person decided on (1 or more)", r.OperationID, r.SeenVersion)
 	}
+	cur, err := readPayout(ctx, client, r.OperationID)
 	if err != nil {
 		return nil, err
-	}
-	if cur.Kind != PayoutKind {
-		return nil, fmt.Errorf("%w: operation %s is a %q, not a payout", ErrNoSuchSettlement, r.OperationID, cur.Kind)
 	}
 	from := r.From
 	if from == "" {
@@ -77,11 +76,6 @@ func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbo
 		}
 	}
 	seen := r.SeenVersion
-	if seen == 0 {
-		// "The state I saw" only: the version read above stands for it, so a payout that
-		// moved since that read is refused, even back into the same state.
-		seen = cur.Version
-	}
 	op, err := client.OperationResolve(ctx, r.OperationID, &stepwise.OperationResolveOpts{
 		Outcome: r.To, ExpectedState: from, ExpectedVersion: seen, Actor: r.Actor, Reason: r.Reason,
 	})
@@ -113,4 +107,40 @@ func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbo
 		return nil, err
 	}
 	return op, nil
+}
+
+// readPayout reads the payout id names: ErrNoSuchSettlement for an id that names no
+// operation, or an operation of another kind.
+func readPayout(ctx context.Context, client *stepwise.Client, id uuid.UUID) (*outbox.Operation, error) {
+	cur, err := client.OperationGet(ctx, id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return nil, fmt.Errorf("%w: operation %s does not exist; find open payouts with \"report --date D --json\"", ErrNoSuchSettlement, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cur.Kind != PayoutKind {
+		return nil, fmt.Errorf("%w: operation %s is a %q, not a payout", ErrNoSuchSettlement, id, cur.Kind)
+	}
+	return cur, nil
+}
+
+// Resolvable reads the payout id names and says whether a person may decide on it now: a
+// payout (ErrNoSuchSettlement otherwise), MANUAL or UNKNOWN_EXTERNAL (ErrNotResolvable), and
+// in from when from is set (ErrStaleState). It changes nothing; it is how a tool shows the
+// person the version to decide on (Resolution.SeenVersion).
+func Resolvable(ctx context.Context, client *stepwise.Client, id uuid.UUID, from outbox.State) (*outbox.Operation, error) {
+	cur, err := readPayout(ctx, client, id)
+	if err != nil {
+		return nil, err
+	}
+	if from != "" && cur.State != from {
+		return nil, fmt.Errorf("%w: payout %s (%s) is %s now, not %s as you saw; nothing was changed: look again before deciding",
+			ErrStaleState, id, cur.BusinessKey, cur.State, from)
+	}
+	if cur.State != outbox.StateManual && cur.State != outbox.StateUnknownExternal {
+		return nil, fmt.Errorf("%w: payout %s (%s) is %s; only MANUAL and UNKNOWN_EXTERNAL payouts are resolved by hand",
+			ErrNotResolvable, id, cur.BusinessKey, cur.State)
+	}
+	return cur, nil
 }

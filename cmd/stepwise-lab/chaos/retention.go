@@ -204,18 +204,19 @@ func (s *retentionSoak) decide(ctx context.Context) error {
 	if s.svc == nil {
 		return nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT operation_id, state FROM stepwise_operation
+	rows, err := s.pool.Query(ctx, `SELECT operation_id, state, version FROM stepwise_operation
 		WHERE kind = $1 AND state IN ('MANUAL', 'UNKNOWN_EXTERNAL') ORDER BY updated_at LIMIT 3`, settlement.PayoutKind)
 	if err != nil {
 		return err
 	}
 	type open struct {
-		id    uuid.UUID
-		state outbox.State
+		id      uuid.UUID
+		state   outbox.State
+		version int64 // what the operator read: the decision is on it
 	}
 	ops, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (open, error) {
 		var o open
-		err := row.Scan(&o.id, &o.state)
+		err := row.Scan(&o.id, &o.state, &o.version)
 		return o, err
 	})
 	if err != nil {
@@ -240,7 +241,7 @@ func (s *retentionSoak) decide(ctx context.Context) error {
 		d := decision{id: o.id, to: to, actor: "soak-operator",
 			reason: fmt.Sprintf("soak decision %d: the bank holds payment %s as %s", n, p.ID, p.Status)}
 		_, err = settlement.Resolve(ctx, s.svc.Client, settlement.Resolution{
-			OperationID: d.id, From: o.state, To: d.to, Actor: d.actor, Reason: d.reason})
+			OperationID: d.id, From: o.state, SeenVersion: o.version, To: d.to, Actor: d.actor, Reason: d.reason})
 		s.mu.Lock()
 		if err == nil {
 			s.report.Decisions++

@@ -57,6 +57,11 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 	require.Equal(t, 2, r.code, r.stderr)
 	require.Contains(t, r.stderr, "--seen-version is required: payout "+id.String())
 	require.Contains(t, r.stderr, "is MANUAL now (version "+itoa(version)+")")
+	var state string
+	var after int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state, version FROM stepwise_operation WHERE operation_id = $1`, id).Scan(&state, &after))
+	require.Equal(t, "MANUAL", state, "refused: nothing changed")
+	require.Equal(t, version, after, "refused: nothing changed")
 	r = runCLI(t, "resolve", id.String(), "--from", "MANUAL", "--seen-version", itoa(version), "--to", "SUCCEEDED", "--reason", "TICKET-7: the bank confirms the payment",
 		"--actor", "alice", "--database-url", dbURL)
 	require.Equal(t, 0, r.code, r.stderr)

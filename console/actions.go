@@ -173,13 +173,6 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		case errors.Is(err, workflow.ErrRunNotFound):
 			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
 			h.fail(w, r, http.StatusNotFound, "no run with key %q: nothing was done", key)
-		case errors.Is(err, workflow.ErrRunChanged) && h.runIsAsSeen(ctx, key, seen, version):
-			// The run is as the operator saw it: what changed is one of its descendants,
-			// resumed on its own and stopped again since the run ended. The refusal names it,
-			// who resumed it and what it is now (workflow's own words, no database detail).
-			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
-			h.fail(w, r, http.StatusConflict, "run %q was not resumed: %s",
-				key, strings.TrimPrefix(err.Error(), workflow.ErrRunChanged.Error()+": "))
 		case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, workflow.ErrRunNotResumable):
 			// Guards against a resume decided on a stale page (the run was resumed, ran and
 			// failed again since): the operator gets what it is now, from the database.
@@ -239,15 +232,6 @@ func (h *Handler) requests(ctx context.Context, id uuid.UUID) ([]request, error)
 }
 
 // runNow describes a run as it is now against what the operator saw, for a refusal.
-// runIsAsSeen reports whether the run is still in the status and at the version the operator
-// saw.
-func (h *Handler) runIsAsSeen(ctx context.Context, key, seen string, seenVersion int64) bool {
-	var status string
-	var version int64
-	err := h.db.QueryRow(ctx, `SELECT status, version FROM stepwise_run WHERE key = $1`, key).Scan(&status, &version)
-	return err == nil && status == seen && version == seenVersion
-}
-
 func (h *Handler) runNow(ctx context.Context, key, seen string, seenVersion int64) string {
 	var status string
 	var version int64

@@ -111,36 +111,3 @@ func TestConsoleWithClient(t *testing.T) {
 	require.Contains(t, f.events(t, "op:"+id.String()), "console.action alice MANUAL>SUCCEEDED")
 
 }
-
-// TestConsoleResumeNamesTheDescendantThatChanged: a parent unchanged since the operator read
-// it, whose child a colleague resumed on its own and which failed again after the parent
-// ended, is not resumed, and the refusal says which child, who resumed it and what it is now:
-// "reload the run" would show the operator nothing new.
-func TestConsoleResumeNamesTheDescendantThatChanged(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := newFixture(t, nil)
-	client, err := stepwise.NewOperatorClient(f.pool)
-	require.NoError(t, err)
-	f.cfg.Client = client
-	f.h, err = console.New(f.pool, f.cfg)
-	require.NoError(t, err)
-	f.addRun(t, "p", "wf", workflow.RunStatusFailed, "")
-	f.addRun(t, "p/eur", "wf", workflow.RunStatusFailed, "")
-	_, err = f.pool.Exec(ctx, `UPDATE stepwise_run SET finished_at = now() - interval '1 hour', last_error = 'a child failed' WHERE key = 'p';
-		UPDATE stepwise_run SET parent_key = 'p', finished_at = now() - interval '5 minutes', last_error = 'acct-9 frozen by compliance' WHERE key = 'p/eur';
-		INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, at) VALUES ('p/eur', 'run.resume', 'failed', 'pending', 'bob', now() - interval '30 minutes')`)
-	require.NoError(t, err)
-
-	resume := form(f.get(t, "/console/run?key=p"), "resume-form")
-	require.NotNil(t, resume)
-	resume.Set("reason", "bank back up")
-	res := f.post(t, "/console/run/resume", resume)
-	require.Equal(t, http.StatusConflict, res.status, res.body)
-	for _, want := range []string{`its descendant "p/eur" became failed`, "resumed on its own by bob", "acct-9 frozen by compliance", "nothing was done", `decide on "p/eur" first`} {
-		require.Contains(t, res.text, want)
-	}
-	require.NotContains(t, res.text, "reload the run")
-	require.Len(t, f.events(t, "p"), 1, "nothing was done")
-	require.Len(t, f.events(t, "p/eur"), 2, "nothing was done")
-}

@@ -237,9 +237,9 @@ type RunResumeOpts struct {
 	// ExpectedVersion is the run's Version the person saw. Required (1 or more): a run
 	// resumed by someone else meanwhile, run and failed again (perhaps for a reason that
 	// should not be retried blindly) has another version, and the resume is refused with an
-	// error matching stepwisetype.ErrChanged (a *workflow.RunChangedError). So is a resume
-	// whose run has a descendant that became failed or cancelled after the run ended (news
-	// the run's version does not show; the error names it: resume it first). A script that
+	// error matching stepwisetype.ErrChanged (a *workflow.RunChangedError). Descendants that
+	// became failed or cancelled after the run ended (news its version does not show) are
+	// left as they are, not resumed with it (see workflow.ResumeTx). A script that
 	// decides on what the run is now reads it (RunGet) and passes that Version.
 	ExpectedVersion int64
 }

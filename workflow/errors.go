@@ -32,9 +32,7 @@ var ErrRunCancelled = errors.New("workflow: run cancelled")
 var ErrRunNotResumable = errors.New("workflow: run is not resumable")
 
 // ErrRunChanged is returned (as a *RunChangedError) by ResumeTx (and stepwise.Client.RunResume)
-// when the run moved since the person read it, or while being resumed; and, wrapped in an
-// error naming it, when one of the run's descendants became failed or cancelled after the run
-// ended (see ResumeTx).
+// when the run moved since the person read it, or while being resumed.
 var ErrRunChanged = stepwisetype.Changed("workflow: run changed since it was read")
 
 // RunChangedError says what a run is now, for the person who decided on an older view of it.

@@ -590,3 +590,22 @@ func TestRetryNowOnASleepingRunSleepsOn(t *testing.T) {
 	require.NotNil(t, after.WakeAt)
 	require.Greater(t, time.Until(*after.WakeAt), 55*time.Minute)
 }
+
+// Cancelling a finished run does nothing, to it or, through it, to its descendants: a later
+// cancel of a child is the child's own news, not the parent's cancellation.
+func TestCancelOfAFinishedRunReachesNoDescendant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	_, err := pool.Exec(ctx, `INSERT INTO stepwise_checkpoint (key) VALUES ('fp'), ('fp/c');
+		INSERT INTO stepwise_run (key, workflow, input, status, finished_at) VALUES ('fp', 'wf', '{}', 'failed', now());
+		INSERT INTO stepwise_run (key, workflow, input, status, parent_key) VALUES ('fp/c', 'wf', '{}', 'running', 'fp')`)
+	require.NoError(t, err)
+	require.NoError(t, workflow.CancelRun(ctx, pool, "fp", "too late"))
+	var requested int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_run WHERE cancel_requested_at IS NOT NULL`).Scan(&requested))
+	require.Zero(t, requested, "neither the finished run nor its running child")
+	var events int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE kind = 'run.cancel_requested'`).Scan(&events))
+	require.Zero(t, events)
+}

@@ -305,11 +305,11 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 // The run goes back to pending under a new River job (same queue, priority and max attempts
 // as its last job, when River still has it) with a fresh crash-loop budget, and the
 // checkpoint is left as committed, so no committed step is redone. The run's failed or
-// cancelled descendants (Step.StartChild) are resumed with it, unless one of them became
+// cancelled descendants (Step.StartChild) are resumed with it, except those that became
 // failed or cancelled after the run ended (other than by the run's own cancellation reaching
-// it): news the person has not seen, so the whole resume is refused (ErrRunChanged, wrapped
-// with the descendant's key and what it is now) until that descendant is decided on its own. actor (who) and reason (why,
-// e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
+// them), and their own descendants: news the person has not seen, left as they are and
+// listed in the run's 'run.resume' event (left_as_they_are), for the person to resume on
+// their own if that is the decision. actor (who) and reason (why, e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
 // control or invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is
 // never redone; a pending or running one is refused (it is not stopped): ErrRunNotResumable
 // (at the version seen; a run that moved since gets the *RunChangedError below first).
@@ -411,37 +411,48 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 	if run.FinishedAt != nil {
 		ended = *run.FinishedAt
 	}
-	if err := resumeDescendants(ctx, client, tx, key, run.Version, ended, actor, reason); err != nil {
+	left, err := resumeDescendants(ctx, client, tx, key, run.Version, ended, actor, reason)
+	if err != nil {
 		return err
+	}
+	if len(left) > 0 {
+		// The run's resume event says which descendants it left as they are, for the person
+		// and the audit (the console's run page shows the event).
+		if _, err := tx.Exec(ctx, `UPDATE stepwise_event SET detail = detail || jsonb_build_object('left_as_they_are', $2::text[])
+			WHERE id = (SELECT max(id) FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume')`, key, left); err != nil {
+			return fmt.Errorf("resuming run %q: %w", key, err)
+		}
 	}
 	return nil
 }
 
-// resumeDescendants resumes, in tx, the failed or cancelled descendants of the run key, each
-// under a new job (its last job's queue, priority and max attempts), compare-and-set on the
-// version read, as part of the resume of key at its version seen, which ended at ended.
+// resumeDescendants resumes, in tx, the failed or cancelled descendants of the run key that
+// the person could have seen, each under a new job (its last job's queue, priority and max
+// attempts), compare-and-set on the version read, as part of the resume of key at its
+// version seen, which ended at ended. It returns the keys it left as they are.
 //
 // The person decided on the run as it ended, and its version does not move when a descendant
 // does. So a failed or cancelled descendant that reached that state after the run ended is
-// news the person has not seen (a child retried by a colleague that now fails for another
-// reason, or one still running when the run failed that failed later): the whole resume is
-// refused (ErrRunChanged, naming it) and nothing moves. The one exception is the cancellation
-// that ended the run reaching its descendants: a cancel requested with the run (the cascade of
-// CancelRun) at or before it ended, which ends each descendant at its own pace after the run.
-// Guards against: resuming a parent re-running, unseen, a child a colleague retried and that
-// failed again (the ABA of ResumeTx one level down). Decided on its own (ResumeTx of that
-// descendant at its version), it is no longer failed, and the parent's resume goes through.
-func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, ended time.Time, actor, reason string) error {
+// news the person has not seen: a child retried by a colleague that now fails for another
+// reason, one still running when the run failed that failed later, one the run's own step
+// cancelled. It is left as it is, and the run's run.resume event lists it (left_as_they_are):
+// the person resumes it on its own, at its version, if that is the decision. The one
+// exception is the cancellation that ended the run reaching its descendants: a descendant
+// whose last cancel request or resume is a cancel that came with an ancestor's (the cascade
+// of CancelRun) at or before the run ended, which ends each descendant at its own pace after
+// the run, is resumed with it. Guards against: a parent's resume re-running, unseen, a child a
+// colleague retried and that failed again (the ABA of ResumeTx one level down). Leaving it,
+// rather than refusing the parent's resume, keeps a parent whose child fails for good
+// resumable: refusing would send the person round resuming the child for ever.
+func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, ended time.Time, actor, reason string) ([]string, error) {
 	rows, err := tx.Query(ctx, `
 		WITH RECURSIVE tree AS (
-			SELECT c.key FROM stepwise_run c WHERE c.parent_key = $1
+			SELECT c.key, 1 AS depth FROM stepwise_run c WHERE c.parent_key = $1
 			UNION
-			SELECT c.key FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
+			SELECT c.key, t.depth + 1 FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
 		)
-		SELECT r.key, r.workflow, r.input, r.status, r.version, r.last_error, j.queue, j.priority, j.max_attempts,
-		       r.finished_at,
-		       coalesce(r.finished_at > $2, false) AND NOT (r.status = 'cancelled' AND coalesce(cx.ok, false)) AS news,
-		       last_resume.actor, last_resume.at, last_resume.with_parent
+		SELECT r.key, r.parent_key, r.workflow, r.input, r.status, r.version, j.queue, j.priority, j.max_attempts,
+		       coalesce(r.finished_at > $2, false) AND NOT (r.status = 'cancelled' AND coalesce(cx.ok, false)) AS news
 		  FROM stepwise_run r JOIN tree USING (key) LEFT JOIN river_job j ON j.id = r.river_job_id
 		  LEFT JOIN LATERAL (
 			-- The descendant's last cancel request or resume: a cancel that came with an
@@ -451,75 +462,58 @@ func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx
 			 WHERE e.subject = r.key AND e.kind IN ('run.cancel_requested', 'run.resume')
 			 ORDER BY e.id DESC LIMIT 1
 		  ) cx ON true
-		  LEFT JOIN LATERAL (
-			SELECT e.actor, e.at, e.detail->>'with_parent' AS with_parent FROM stepwise_event e
-			 WHERE e.subject = r.key AND e.kind = 'run.resume'
-			 ORDER BY e.id DESC LIMIT 1
-		  ) last_resume ON true
-		 WHERE r.status IN ('failed', 'cancelled') ORDER BY r.key`, key, ended)
+		 WHERE r.status IN ('failed', 'cancelled') ORDER BY tree.depth, r.key`, key, ended)
 	if err != nil {
-		return fmt.Errorf("resuming the children of run %q: %w", key, err)
+		return nil, fmt.Errorf("resuming the children of run %q: %w", key, err)
 	}
 	type child struct {
-		key, workflow string
-		input         json.RawMessage
-		status        RunStatus
-		version       int64
-		lastError     *string
-		queue         *string
-		priority, max *int
-		finishedAt    *time.Time
-		news          bool
-		resumedBy     *string
-		resumedAt     *time.Time
-		resumedWith   *string
+		key, parent, workflow string
+		input                 json.RawMessage
+		status                RunStatus
+		version               int64
+		queue                 *string
+		priority, max         *int
+		news                  bool
 	}
 	kids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (child, error) {
 		var c child
-		return c, row.Scan(&c.key, &c.workflow, &c.input, &c.status, &c.version, &c.lastError, &c.queue, &c.priority, &c.max,
-			&c.finishedAt, &c.news, &c.resumedBy, &c.resumedAt, &c.resumedWith)
+		return c, row.Scan(&c.key, &c.parent, &c.workflow, &c.input, &c.status, &c.version, &c.queue, &c.priority, &c.max, &c.news)
 	})
 	if err != nil {
-		return fmt.Errorf("resuming the children of run %q: %w", key, err)
+		return nil, fmt.Errorf("resuming the children of run %q: %w", key, err)
 	}
-	for _, c := range kids {
-		if !c.news {
+	var left []string
+	leftSet := map[string]bool{}
+	for _, c := range kids { // parents before their children (by depth)
+		// A descendant of one left as it is stays with it: what its parent does next is the
+		// decision nobody has made yet.
+		if c.news || leftSet[c.parent] {
+			left, leftSet[c.key] = append(left, c.key), true
 			continue
 		}
-		last := ""
-		if c.lastError != nil && *c.lastError != "" {
-			last = fmt.Sprintf(", last error %q", *c.lastError)
-		}
-		resumed := ""
-		if c.resumedAt != nil && c.resumedAt.After(ended) {
-			by := "someone"
-			if c.resumedBy != nil && *c.resumedBy != "" {
-				by = *c.resumedBy
-			}
-			how := "on its own"
-			if c.resumedWith != nil && *c.resumedWith != "" && *c.resumedWith != key {
-				how = "with " + *c.resumedWith
-			}
-			resumed = fmt.Sprintf("; it was resumed %s by %s at %s", how, by, c.resumedAt.UTC().Format(time.RFC3339))
-		}
-		return fmt.Errorf("%w: resuming run %q: its descendant %q became %s at %s (version %d%s), after %q ended at %s%s: news the version of %q you saw does not show; nothing was done: decide on %q first (resume it on its own at version %d), since %q cannot be resumed with it while it stays %s",
-			ErrRunChanged, key, c.key, c.status, c.finishedAt.UTC().Format(time.RFC3339), c.version, last, key, ended.UTC().Format(time.RFC3339), resumed, key, c.key, c.version, key, c.status)
-	}
-	for _, c := range kids {
 		opts := &river.InsertOpts{}
 		if c.queue != nil {
 			opts.Queue, opts.Priority, opts.MaxAttempts = *c.queue, *c.priority, *c.max
 		}
 		if opts.Metadata, err = runstart.WithRunKey(ctx, nil, c.key); err != nil {
-			return err
+			return nil, err
 		}
 		ins, err := client.InsertTx(ctx, tx, rawArgs{kind: c.workflow, raw: c.input}, opts)
 		if err != nil {
-			return fmt.Errorf("resuming run %q with its parent %q: inserting its River job: %w", c.key, key, err)
+			return nil, fmt.Errorf("resuming run %q with its parent %q: inserting its River job: %w", c.key, key, err)
 		}
-		if _, err := resumeRun(ctx, tx, c.key, c.status, c.version, ins.Job.ID, actor, "with its parent run "+key+": "+reason, &withParent{key: key, seenVersion: seenVersion}); err != nil {
-			return fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
+		ok, err := resumeRun(ctx, tx, c.key, c.status, c.version, ins.Job.ID, actor, "with its parent run "+key+": "+reason, &withParent{key: key, seenVersion: seenVersion})
+		if err != nil {
+			return nil, fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
+		}
+		if !ok {
+			// It moved between the read above and its update: news too. Its job, inserted
+			// above, is deleted: it must not run a run that is not pending.
+			if _, err := tx.Exec(ctx, `DELETE FROM river_job WHERE id = $1`, ins.Job.ID); err != nil {
+				return nil, fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
+			}
+			left, leftSet[c.key] = append(left, c.key), true
 		}
 	}
-	return nil
+	return left, nil
 }

@@ -236,7 +236,7 @@ func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg st
 			                         ELSE $3 END,
 			       released_at = clock_timestamp(), updated_at = now(),
 			       status      = CASE WHEN `+failureCountSQL+` >= $4 THEN 'failed' ELSE status END,
-			       finished_at = CASE WHEN `+failureCountSQL+` >= $4 THEN now() ELSE finished_at END
+			       finished_at = CASE WHEN `+failureCountSQL+` >= $4 THEN clock_timestamp() ELSE finished_at END
 			  FROM c
 			 WHERE key = $1 AND status IN ('pending', 'running') AND river_job_id = $2
 			RETURNING key, status, failures, c.steps
@@ -253,6 +253,12 @@ func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg st
 	return status, failures, err
 }
 
+// A run's finished_at is the clock when its ending statement runs (clock_timestamp), not when
+// its transaction began (now()): a step's transaction begins before the user's code, which
+// may take minutes, and a parent's resume compares its descendants' ends with its own
+// (resumeDescendants). Guards against: a child that failed after its parent ended dated
+// before it, and resumed with the parent unseen.
+//
 // finishByWorker ends a run from its worker: succeeded or failed in the step's transaction,
 // cancelled or failed terminally on their own. Guards: a run that another actor finished
 // (maintenance failed it) or took over meanwhile; errRunMoved then rolls the step back, so a
@@ -260,7 +266,7 @@ func markStepError(ctx context.Context, q dbtx, key string, by stepActor, msg st
 func finishByWorker(ctx context.Context, q pgx.Tx, key string, by stepActor, to RunStatus, lastError *string, steps int64) error {
 	ok, err := changed(ctx, q, `
 		WITH r AS (
-			UPDATE stepwise_run SET status = $3, last_error = coalesce($4, last_error), finished_at = now(), updated_at = now(),
+			UPDATE stepwise_run SET status = $3, last_error = coalesce($4, last_error), finished_at = clock_timestamp(), updated_at = now(),
 			       released_at = NULL, wake_at = NULL
 			 WHERE key = $1 AND status IN ('pending', 'running') AND river_job_id = $2 RETURNING key, last_error
 		), ev AS (
@@ -290,7 +296,9 @@ type execer interface {
 func requestCancel(ctx context.Context, q execer, key, reason string) error {
 	_, err := q.Exec(ctx, `
 		WITH RECURSIVE tree AS (
-			SELECT $1::text AS key
+			-- A finished run is not cancelled, and neither are its descendants through it:
+			-- cancelling a finished run does nothing.
+			SELECT $1::text AS key WHERE EXISTS (SELECT 1 FROM stepwise_run WHERE key = $1 AND status IN ('pending', 'running'))
 			UNION
 			SELECT c.key FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
 		), r AS (
@@ -384,7 +392,7 @@ func finishByMaintenance(ctx context.Context, tx pgx.Tx, s seenRun, to RunStatus
 		WITH before AS (
 			SELECT status FROM stepwise_run WHERE key = $1
 		), `+checkpointStepsSQL+`, r AS (
-			UPDATE stepwise_run SET status = $3, last_error = $4, finished_at = now(), updated_at = now(),
+			UPDATE stepwise_run SET status = $3, last_error = $4, finished_at = clock_timestamp(), updated_at = now(),
 			       failures        = CASE WHEN $3 = 'failed' THEN `+failureCountSQL+` ELSE failures END,
 			       failed_at_steps = CASE WHEN $3 = 'failed' THEN c.steps ELSE failed_at_steps END
 			  FROM c

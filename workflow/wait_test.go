@@ -381,10 +381,10 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 }
 
 // A child resumed on its own after its parent ended, and cancelled (or failed) again, is news
-// the person who read the parent has not seen: resuming the parent at the version they saw is
-// refused, naming the child, and nothing moves. Once the child is decided on its own, the
-// parent's resume goes through, and the children it resumes record the parent's version.
-func TestResumeOfAParentRefusesAChildThatChangedOnItsOwn(t *testing.T) {
+// the person who read the parent has not seen: resuming the parent at the version they saw
+// resumes the parent and its other child, leaves that one as it is and says so in the
+// parent's resume event. Children resumed with the parent record the parent's version.
+func TestResumeOfAParentLeavesAChildThatChangedOnItsOwn(t *testing.T) {
 	pool := testkit.DB(t)
 	we := newWaitEnv(t, pool, true)
 	ctx := context.Background()
@@ -412,24 +412,18 @@ func TestResumeOfAParentRefusesAChildThatChangedOnItsOwn(t *testing.T) {
 	require.NoError(t, resumeNow(ctx, pool, we.client, "ab/child-0", "bob", "INC-1: try EUR alone"))
 	waitingRun(t, pool, "ab/child-0")
 	cancelAll("ab/child-0", "acct-9 frozen by compliance")
-
-	err = resumeSeen(ctx, pool, we.client, "ab", seen.Version, "alice", "INC-1: the bank is back")
-	require.ErrorIs(t, err, workflow.ErrRunChanged)
-	for _, want := range []string{`its descendant "ab/child-0" became cancelled`, "resumed on its own by bob", "frozen by compliance", "nothing was done", `decide on "ab/child-0" first`} {
-		require.ErrorContains(t, err, want)
-	}
-	for _, k := range []string{"ab", "ab/child-0", "ab/child-1"} {
-		r, err := workflow.GetRun(ctx, pool, k)
-		require.NoError(t, err)
-		require.Equal(t, workflow.RunStatusCancelled, r.Status, "%s: nothing moved", k)
-	}
-	now, err := workflow.GetRun(ctx, pool, "ab")
+	frozen, err := workflow.GetRun(ctx, pool, "ab/child-0")
 	require.NoError(t, err)
-	require.Equal(t, seen.Version, now.Version, "the parent did not move")
 
-	// Alice decides on child 0 at the version she now reads, then resumes the parent.
-	require.NoError(t, resumeNow(ctx, pool, we.client, "ab/child-0", "alice", "INC-2: compliance released acct-9"))
 	require.NoError(t, resumeSeen(ctx, pool, we.client, "ab", seen.Version, "alice", "INC-1: the bank is back"))
+	left, err := workflow.GetRun(ctx, pool, "ab/child-0")
+	require.NoError(t, err)
+	require.Equal(t, workflow.RunStatusCancelled, left.Status, "the child that changed after its parent ended is left as it is")
+	require.Equal(t, frozen.Version, left.Version)
+	var leftList []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array(SELECT jsonb_array_elements_text(detail->'left_as_they_are'))
+		FROM stepwise_event WHERE subject = 'ab' AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`).Scan(&leftList))
+	require.Equal(t, []string{"ab/child-0"}, leftList, "the parent's resume says what it left")
 	var withParent string
 	var parentSeen int64
 	var ownSeen *int64
@@ -438,18 +432,18 @@ func TestResumeOfAParentRefusesAChildThatChangedOnItsOwn(t *testing.T) {
 	require.Equal(t, "ab", withParent)
 	require.Equal(t, seen.Version, parentSeen, "a child resumed with its parent records the version the person saw: the parent's")
 	require.Nil(t, ownSeen, "and no version of its own, which nobody saw")
-	for i := range 2 {
-		child := fmt.Sprintf("ab/child-%d", i)
-		waitingRun(t, pool, child)
-		require.NoError(t, workflow.SignalPool(ctx, pool, child, "go", "x", nil))
-	}
+	waitingRun(t, pool, "ab/child-1")
+	require.NoError(t, workflow.SignalPool(ctx, pool, "ab/child-1", "go", "x", nil))
 	waitRun(t, pool, "ab", 20*time.Second, workflow.RunStatusSucceeded)
+	left, err = workflow.GetRun(ctx, pool, "ab/child-0")
+	require.NoError(t, err)
+	require.Equal(t, workflow.RunStatusCancelled, left.Status, "nobody decided on it: still as it was")
 }
 
 // A child resumed on its own before its parent ended, and stopped again after: the parent's
-// end does not show it, so resuming the parent at the version seen is refused, naming the
-// child and not the one cancelled with the parent.
-func TestResumeOfAParentRefusesAChildThatStoppedAfterTheParentEnded(t *testing.T) {
+// end does not show it, so resuming the parent at the version seen leaves it as it is, and
+// resumes the child cancelled with the parent.
+func TestResumeOfAParentLeavesAChildThatStoppedAfterTheParentEnded(t *testing.T) {
 	pool := testkit.DB(t)
 	we := newWaitEnv(t, pool, true)
 	ctx := context.Background()
@@ -480,19 +474,13 @@ func TestResumeOfAParentRefusesAChildThatStoppedAfterTheParentEnded(t *testing.T
 	maintain()
 	waitRun(t, pool, "hb/child-0", 10*time.Second, workflow.RunStatusCancelled)
 
-	err = resumeSeen(ctx, pool, we.client, "hb", seen.Version, "alice", "INC-1: the bank is back")
-	require.ErrorIs(t, err, workflow.ErrRunChanged)
-	require.ErrorContains(t, err, `its descendant "hb/child-0" became cancelled`)
-	require.ErrorContains(t, err, "frozen by compliance")
-	require.NotContains(t, err.Error(), "hb/child-1", "the child cancelled with the batch is not news")
-	for _, k := range []string{"hb", "hb/child-0", "hb/child-1"} {
-		r, err := workflow.GetRun(ctx, pool, k)
-		require.NoError(t, err)
-		require.Equal(t, workflow.RunStatusCancelled, r.Status, "%s: nothing moved", k)
-	}
-	// Decided on its own, EUR goes on, and the batch resumes with the other child.
-	require.NoError(t, resumeNow(ctx, pool, we.client, "hb/child-0", "alice", "INC-2: compliance released acct-9"))
 	require.NoError(t, resumeSeen(ctx, pool, we.client, "hb", seen.Version, "alice", "INC-1: the bank is back"))
+	r0, err := workflow.GetRun(ctx, pool, "hb/child-0")
+	require.NoError(t, err)
+	require.Equal(t, workflow.RunStatusCancelled, r0.Status, "stopped after the batch ended: left as it is")
+	waitingRun(t, pool, "hb/child-1") // cancelled with the batch: resumed with it
+	// Alice then decides on EUR on its own, at the version she reads.
+	require.NoError(t, resumeNow(ctx, pool, we.client, "hb/child-0", "alice", "INC-2: compliance released acct-9"))
 	for i := range 2 {
 		child := fmt.Sprintf("hb/child-%d", i)
 		waitingRun(t, pool, child)

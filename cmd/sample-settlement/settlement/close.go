@@ -219,7 +219,7 @@ func (w *reconcileWorker) Step(ctx context.Context, s *workflow.Step[reconcileAr
 	}
 	if len(failed) > 0 {
 		slices.Sort(failed) // the same message for the same failure, whatever the map's order
-		return workflow.Fail(fmt.Errorf("reconciling %s: currency runs did not succeed (%s); resume %s once the cause is fixed (it resumes them; one retried on its own since must be resumed on its own first)",
+		return workflow.Fail(fmt.Errorf("reconciling %s: currency runs did not succeed (%s); resume %s once the cause is fixed (it resumes them, except one that failed again after it: resume that one on its own)",
 			s.Args.Date, strings.Join(failed, ", "), s.RunKey)), nil
 	}
 	return w.record(ctx, s, date)

@@ -37,7 +37,7 @@ type Resolution struct {
 // Resolve applies a person's decision to a payout through the client (OperationResolve):
 // in one transaction the ledger move, its audit event, and the settlement's status through the
 // payout's outcome callback, as for any other outcome — and only if the payout is still in
-// the state the person saw (ErrStaleState otherwise, nothing changed). An operation id that
+// the state and at the version the person saw (ErrStaleState otherwise, nothing changed). An operation id that
 // names no payout is ErrNoSuchSettlement.
 func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbox.Operation, error) {
 	switch r.To {

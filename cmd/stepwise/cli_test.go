@@ -120,8 +120,16 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.Equal(t, before, snapshot(t, pool))
 	// README: stepwise runs resume settle/2026-11-30 --seen-version 3 --actor ana --reason "date fixed, INC-12"
 	require.EqualValues(t, 3, shown.RunJSON.Version, "pending, running, cancelled")
+	// A child that failed after the run ended (news the version ana saw does not show) is left
+	// as it is, and the command says so.
+	_, err := pool.Exec(ctx, `INSERT INTO stepwise_checkpoint (key) VALUES ('settle/2026-11-30/eur');
+		INSERT INTO stepwise_run (key, workflow, input, status, parent_key, finished_at, last_error)
+		VALUES ('settle/2026-11-30/eur', 'settle', '{}', 'failed', 'settle/2026-11-30', clock_timestamp(), 'acct-9 frozen')`)
+	require.NoError(t, err)
 	r = stepwise(t, db, "runs", "resume", "settle/2026-11-30", "--seen-version", itoa(shown.RunJSON.Version), "--actor", "ana", "--reason", "date fixed, INC-12").ok(t)
 	require.Contains(t, r.stdout, "resumed from its last checkpoint")
+	require.Contains(t, r.stdout, "left as they are (failed or cancelled after the run ended; resume each on its own if that is the decision): settle/2026-11-30/eur")
+	require.Equal(t, "failed", column(t, pool, `SELECT status FROM stepwise_run WHERE key = 'settle/2026-11-30/eur'`))
 	require.Equal(t, "pending", column(t, pool, `SELECT status FROM stepwise_run WHERE key = 'settle/2026-11-30'`))
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'settle/2026-11-30' AND kind = 'run.resume' AND actor = 'ana'`))
 	r = stepwise(t, db, "runs", "cancel", "settle/2026-11-29", "--reason", "x", "--actor", "ana")
@@ -129,7 +137,7 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.Contains(t, r.stderr, "is succeeded: only a pending or running run")
 
 	// schedules: a schedule row and two decided slots, as a tick leaves them.
-	_, err := pool.Exec(ctx, `INSERT INTO stepwise_schedule (name, spec, zone, gap, misfire, overlap, shards, watermark)
+	_, err = pool.Exec(ctx, `INSERT INTO stepwise_schedule (name, spec, zone, gap, misfire, overlap, shards, watermark)
 		VALUES ('nightly', '0 1 * * *', 'UTC', 'run_after', '{}', 'buffer_all', 1, '2026-11-29T01:00:00Z')`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO stepwise_schedule_slot (schedule, slot, status, reason, detail, shards, version, materialized_at) VALUES

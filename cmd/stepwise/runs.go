@@ -366,10 +366,19 @@ func runsResume(ctx context.Context, c *cli, args []string) error {
 	case err != nil:
 		return err
 	}
+	// Descendants that stopped after the run ended are news nobody decided on: say so.
+	left := []string{}
+	if err := pool.QueryRow(ctx, `SELECT array(SELECT jsonb_array_elements_text(coalesce(detail->'left_as_they_are', '[]')))
+		FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`, key).Scan(&left); err != nil {
+		left = []string{}
+	}
 	if f.json {
-		return c.printJSON(map[string]any{"key": key, "resumed": true, "actor": a.actor, "reason": a.reason})
+		return c.printJSON(map[string]any{"key": key, "resumed": true, "actor": a.actor, "reason": a.reason, "left_as_they_are": left})
 	}
 	fmt.Fprintf(c.stdout, "run %s resumed from its last checkpoint by %s (%q); your service's workers pick it up. Follow it with: stepwise runs show %s\n", key, a.actor, a.reason, key)
+	if len(left) > 0 {
+		fmt.Fprintf(c.stdout, "left as they are (failed or cancelled after the run ended; resume each on its own if that is the decision): %s\n", strings.Join(left, ", "))
+	}
 	return nil
 }
 

@@ -307,9 +307,10 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 // checkpoint is left as committed, so no committed step is redone. The run's failed or
 // cancelled descendants (Step.StartChild) are resumed with it, except those that became
 // failed or cancelled after the run ended (other than by the run's own cancellation reaching
-// them), and their own descendants: news the person has not seen, left as they are and
+// them), and every run below them: news the person has not seen, left as they are and
 // listed in the run's 'run.resume' event (left_as_they_are), for the person to resume on
-// their own if that is the decision. actor (who) and reason (why, e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
+// their own if that is the decision. A run waiting for its children sees a left one as it
+// is (failed or cancelled) and goes on: to have it run, resume it on its own first. actor (who) and reason (why, e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
 // control or invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is
 // never redone; a pending or running one is refused (it is not stopped): ErrRunNotResumable
 // (at the version seen; a run that moved since gets the *RunChangedError below first).
@@ -371,6 +372,24 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 	if run.Status != RunStatusFailed && run.Status != RunStatusCancelled {
 		return fmt.Errorf("%w: workflow.ResumeTx(%q): the run is %s; only a failed or cancelled run can be resumed", ErrRunNotResumable, key, run.Status)
 	}
+	// A resume reaches the run's descendants (Step.StartChild) that were failed or cancelled,
+	// in the same transaction: a parent resumed into a wait for its children must not wait
+	// for children that will never run again. Those that are news to the person are read
+	// (and all of them locked) first, so that the run's resume event says which it leaves.
+	ended := run.UpdatedAt
+	if run.FinishedAt != nil {
+		ended = *run.FinishedAt
+	}
+	kids, err := readDescendants(ctx, tx, key, ended)
+	if err != nil {
+		return err
+	}
+	var left []string
+	for _, c := range kids {
+		if c.left {
+			left = append(left, c.key)
+		}
+	}
 	opts := &river.InsertOpts{}
 	if run.RiverJobID != nil {
 		var queue string
@@ -391,7 +410,7 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 		return fmt.Errorf("resuming run %q: inserting its River job: %w", key, err)
 	}
 	// Guards: two resumes at once, or a run that changed since it was read (its version).
-	ok, err := resumeRun(ctx, tx, key, run.Status, run.Version, ins.Job.ID, actor, reason, nil)
+	ok, err := resumeRun(ctx, tx, key, run.Status, run.Version, ins.Job.ID, actor, reason, nil, left)
 	if err != nil {
 		return fmt.Errorf("resuming run %q: %w", key, err)
 	}
@@ -404,116 +423,105 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 		}
 		return &RunChangedError{Key: key, SeenVersion: run.Version, Status: now.Status, Version: now.Version, LastError: now.LastError}
 	}
-	// A resume reaches the run's descendants (Step.StartChild) that were failed or cancelled,
-	// in the same transaction: a parent resumed into a wait for its children must not wait
-	// for children that will never run again.
-	ended := run.UpdatedAt
-	if run.FinishedAt != nil {
-		ended = *run.FinishedAt
-	}
-	left, err := resumeDescendants(ctx, client, tx, key, run.Version, ended, actor, reason)
-	if err != nil {
-		return err
-	}
-	if len(left) > 0 {
-		// The run's resume event says which descendants it left as they are, for the person
-		// and the audit (the console's run page shows the event).
-		if _, err := tx.Exec(ctx, `UPDATE stepwise_event SET detail = detail || jsonb_build_object('left_as_they_are', $2::text[])
-			WHERE id = (SELECT max(id) FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume')`, key, left); err != nil {
-			return fmt.Errorf("resuming run %q: %w", key, err)
-		}
-	}
-	return nil
+	return resumeDescendants(ctx, client, tx, key, run.Version, kids, actor, reason)
 }
 
-// resumeDescendants resumes, in tx, the failed or cancelled descendants of the run key that
-// the person could have seen, each under a new job (its last job's queue, priority and max
-// attempts), compare-and-set on the version read, as part of the resume of key at its
-// version seen, which ended at ended. It returns the keys it left as they are.
+// descendant is a failed or cancelled descendant of a run being resumed, as read and locked
+// by readDescendants.
+type descendant struct {
+	key, workflow string
+	input         json.RawMessage
+	status        RunStatus
+	version       int64
+	queue         *string
+	priority, max *int
+	left          bool // news to the person: left as it is
+}
+
+// readDescendants reads, and locks until tx ends, the failed or cancelled descendants of the
+// run key being resumed at the version that ended at ended, and marks those it leaves as
+// they are, parents before their children.
 //
 // The person decided on the run as it ended, and its version does not move when a descendant
 // does. So a failed or cancelled descendant that reached that state after the run ended is
 // news the person has not seen: a child retried by a colleague that now fails for another
 // reason, one still running when the run failed that failed later, one the run's own step
-// cancelled. It is left as it is, and the run's run.resume event lists it (left_as_they_are):
-// the person resumes it on its own, at its version, if that is the decision. The one
-// exception is the cancellation that ended the run reaching its descendants: a descendant
-// whose last cancel request or resume is a cancel that came with an ancestor's (the cascade
-// of CancelRun) at or before the run ended, which ends each descendant at its own pace after
-// the run, is resumed with it. Guards against: a parent's resume re-running, unseen, a child a
-// colleague retried and that failed again (the ABA of ResumeTx one level down). Leaving it,
-// rather than refusing the parent's resume, keeps a parent whose child fails for good
-// resumable: refusing would send the person round resuming the child for ever.
-func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, ended time.Time, actor, reason string) ([]string, error) {
+// cancelled. It is left as it is, with every run below it whatever their status, and the
+// run's run.resume event lists it (left_as_they_are): the person resumes it on its own, at
+// its version, if that is the decision. The one exception is the cancellation that ended
+// the run reaching its descendants: a descendant whose last cancel request or resume is a
+// cancel that came with an ancestor's (the cascade of CancelRun) at or before the run ended,
+// which ends each descendant at its own pace after the run, is resumed with it. Guards
+// against: a parent's resume re-running, unseen, a child a colleague retried and that failed
+// again (the ABA of ResumeTx one level down). Leaving it, rather than refusing the parent's
+// resume, keeps a parent whose child fails for good resumable: refusing would send the
+// person round resuming the child for ever, each failure again after the parent's end.
+func readDescendants(ctx context.Context, tx pgx.Tx, key string, ended time.Time) ([]descendant, error) {
 	rows, err := tx.Query(ctx, `
 		WITH RECURSIVE tree AS (
-			SELECT c.key, 1 AS depth FROM stepwise_run c WHERE c.parent_key = $1
-			UNION
-			SELECT c.key, t.depth + 1 FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
+			SELECT c.key, 1 AS depth, `+newsSQL+` AS left_ FROM stepwise_run c WHERE c.parent_key = $1
+			UNION ALL
+			SELECT c.key, t.depth + 1, t.left_ OR `+newsSQL+` FROM stepwise_run c JOIN tree t ON c.parent_key = t.key
 		)
-		SELECT r.key, r.parent_key, r.workflow, r.input, r.status, r.version, j.queue, j.priority, j.max_attempts,
-		       coalesce(r.finished_at > $2, false) AND NOT (r.status = 'cancelled' AND coalesce(cx.ok, false)) AS news
+		SELECT r.key, r.workflow, r.input, r.status, r.version, j.queue, j.priority, j.max_attempts, tree.left_
 		  FROM stepwise_run r JOIN tree USING (key) LEFT JOIN river_job j ON j.id = r.river_job_id
-		  LEFT JOIN LATERAL (
-			-- The descendant's last cancel request or resume: a cancel that came with an
-			-- ancestor's, at or before the run ended, is the run's own cancellation reaching it.
-			SELECT e.kind = 'run.cancel_requested' AND e.detail ? 'with_parent' AND e.at <= $2 AS ok
-			  FROM stepwise_event e
-			 WHERE e.subject = r.key AND e.kind IN ('run.cancel_requested', 'run.resume')
-			 ORDER BY e.id DESC LIMIT 1
-		  ) cx ON true
-		 WHERE r.status IN ('failed', 'cancelled') ORDER BY tree.depth, r.key`, key, ended)
+		 WHERE r.status IN ('failed', 'cancelled')
+		 ORDER BY tree.depth, r.key
+		   FOR UPDATE OF r`, key, ended)
 	if err != nil {
 		return nil, fmt.Errorf("resuming the children of run %q: %w", key, err)
 	}
-	type child struct {
-		key, parent, workflow string
-		input                 json.RawMessage
-		status                RunStatus
-		version               int64
-		queue                 *string
-		priority, max         *int
-		news                  bool
-	}
-	kids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (child, error) {
-		var c child
-		return c, row.Scan(&c.key, &c.parent, &c.workflow, &c.input, &c.status, &c.version, &c.queue, &c.priority, &c.max, &c.news)
+	kids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (descendant, error) {
+		var c descendant
+		return c, row.Scan(&c.key, &c.workflow, &c.input, &c.status, &c.version, &c.queue, &c.priority, &c.max, &c.left)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("resuming the children of run %q: %w", key, err)
 	}
-	var left []string
-	leftSet := map[string]bool{}
-	for _, c := range kids { // parents before their children (by depth)
-		// A descendant of one left as it is stays with it: what its parent does next is the
-		// decision nobody has made yet.
-		if c.news || leftSet[c.parent] {
-			left, leftSet[c.key] = append(left, c.key), true
+	return kids, nil
+}
+
+// newsSQL is true for a run c that is failed or cancelled since after $2, the end of the run
+// being resumed, other than by that run's own cancellation reaching it (readDescendants).
+const newsSQL = `(c.status IN ('failed', 'cancelled') AND coalesce(c.finished_at > $2, false)
+	AND NOT (c.status = 'cancelled' AND coalesce((
+		-- Its last cancel request or resume: a cancel that came with an ancestor's, at or
+		-- before the run ended, is the run's own cancellation reaching it.
+		SELECT e.kind = 'run.cancel_requested' AND e.detail ? 'with_parent' AND e.at <= $2
+		  FROM stepwise_event e
+		 WHERE e.subject = c.key AND e.kind IN ('run.cancel_requested', 'run.resume')
+		 ORDER BY e.id DESC LIMIT 1), false)))`
+
+// resumeDescendants resumes, in tx, the descendants read by readDescendants that are not
+// left as they are, each under a new job (its last job's queue, priority and max attempts),
+// compare-and-set on the version read, recording the run key and the version seen of it.
+func resumeDescendants(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, kids []descendant, actor, reason string) error {
+	for _, c := range kids {
+		if c.left {
 			continue
 		}
 		opts := &river.InsertOpts{}
 		if c.queue != nil {
 			opts.Queue, opts.Priority, opts.MaxAttempts = *c.queue, *c.priority, *c.max
 		}
-		if opts.Metadata, err = runstart.WithRunKey(ctx, nil, c.key); err != nil {
-			return nil, err
+		md, err := runstart.WithRunKey(ctx, nil, c.key)
+		if err != nil {
+			return err
 		}
+		opts.Metadata = md
 		ins, err := client.InsertTx(ctx, tx, rawArgs{kind: c.workflow, raw: c.input}, opts)
 		if err != nil {
-			return nil, fmt.Errorf("resuming run %q with its parent %q: inserting its River job: %w", c.key, key, err)
+			return fmt.Errorf("resuming run %q with its parent %q: inserting its River job: %w", c.key, key, err)
 		}
-		ok, err := resumeRun(ctx, tx, c.key, c.status, c.version, ins.Job.ID, actor, "with its parent run "+key+": "+reason, &withParent{key: key, seenVersion: seenVersion})
+		ok, err := resumeRun(ctx, tx, c.key, c.status, c.version, ins.Job.ID, actor, "with its parent run "+key+": "+reason, &withParent{key: key, seenVersion: seenVersion}, nil)
 		if err != nil {
-			return nil, fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
+			return fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
 		}
 		if !ok {
-			// It moved between the read above and its update: news too. Its job, inserted
-			// above, is deleted: it must not run a run that is not pending.
-			if _, err := tx.Exec(ctx, `DELETE FROM river_job WHERE id = $1`, ins.Job.ID); err != nil {
-				return nil, fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, err)
-			}
-			left, leftSet[c.key] = append(left, c.key), true
+			// Its row is locked since the read: it cannot have moved. Refuse rather than
+			// resume a tree other than the one read (the caller rolls tx back).
+			return fmt.Errorf("resuming run %q with its parent %q: %w", c.key, key, errRunMoved)
 		}
 	}
-	return left, nil
+	return nil
 }

@@ -416,7 +416,7 @@ func finishByMaintenance(ctx context.Context, tx pgx.Tx, s seenRun, to RunStatus
 // run that is not failed or cancelled (a succeeded run is never redone; a live one is not
 // doubled), two resumes at once (the status moves on the first), and a run that moved since
 // it was read and came back to the same status (its version moved).
-func resumeRun(ctx context.Context, tx pgx.Tx, key string, from RunStatus, version, newJob int64, actor, reason string, parent *withParent) (bool, error) {
+func resumeRun(ctx context.Context, tx pgx.Tx, key string, from RunStatus, version, newJob int64, actor, reason string, parent *withParent, left []string) (bool, error) {
 	// The event records the version the person saw: the run's own, or, for a descendant
 	// resumed with its parent, the parent's (the person never saw the descendant's).
 	var parentKey *string
@@ -434,9 +434,10 @@ func resumeRun(ctx context.Context, tx pgx.Tx, key string, from RunStatus, versi
 			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, detail)
 			SELECT key, 'run.resume', $2, 'pending', $4, jsonb_strip_nulls(jsonb_build_object('reason', $5::text, 'new_job', $3::bigint,
 			       'seen_version', CASE WHEN $7::text IS NULL THEN $6::bigint END,
-			       'with_parent', $7::text, 'parent_seen_version', $8::bigint)) FROM r
+			       'with_parent', $7::text, 'parent_seen_version', $8::bigint,
+			       'left_as_they_are', CASE WHEN cardinality($9::text[]) > 0 THEN to_jsonb($9::text[]) END)) FROM r
 		)
-		SELECT count(*) FROM r`, key, string(from), newJob, actor, reason, version, parentKey, parentSeen)
+		SELECT count(*) FROM r`, key, string(from), newJob, actor, reason, version, parentKey, parentSeen, left)
 }
 
 // withParent is the resume a descendant is resumed with: the run the person resumed, at the

@@ -489,6 +489,37 @@ func TestResumeOfAParentLeavesAChildThatStoppedAfterTheParentEnded(t *testing.T)
 	waitRun(t, pool, "hb", 20*time.Second, workflow.RunStatusSucceeded)
 }
 
+// A descendant left as it is keeps every run below it, whatever the status of the runs in
+// between: a failed grandchild under a succeeded child of a left child is not re-run.
+func TestResumeOfAParentLeavesTheWholeSubtreeOfANewsDescendant(t *testing.T) {
+	pool := testkit.DB(t)
+	we := newWaitEnv(t, pool, true)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO stepwise_checkpoint (key) VALUES ('p'), ('p/c'), ('p/c/e'), ('p/c/e/d'), ('p/k');
+		INSERT INTO stepwise_run (key, workflow, input, status, parent_key, finished_at) VALUES
+			('p', 'test_wait', '{"mode": "signal", "timeout_ms": 600000}', 'cancelled', NULL, now() - interval '1 hour'),
+			('p/c', 'test_wait', '{}', 'failed', 'p', now()),
+			('p/c/e', 'test_wait', '{}', 'succeeded', 'p/c', now() - interval '3 hours'),
+			('p/c/e/d', 'test_wait', '{}', 'failed', 'p/c/e', now() - interval '2 hours'),
+			('p/k', 'test_wait', '{}', 'failed', 'p', now() - interval '2 hours')`)
+	require.NoError(t, err)
+	seen, err := workflow.GetRun(ctx, pool, "p")
+	require.NoError(t, err)
+	require.NoError(t, resumeSeen(ctx, pool, we.client, "p", seen.Version, "alice", "INC-1: the bank is back"))
+	for k, want := range map[string]workflow.RunStatus{"p/c": workflow.RunStatusFailed, "p/c/e/d": workflow.RunStatusFailed} {
+		r, err := workflow.GetRun(ctx, pool, k)
+		require.NoError(t, err)
+		require.Equal(t, want, r.Status, "%s is left as it is", k)
+	}
+	var resumed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_event WHERE subject = 'p/k' AND kind = 'run.resume' AND detail->>'with_parent' = 'p'`).Scan(&resumed))
+	require.Equal(t, 1, resumed, "the child that failed before the parent ended is resumed with it")
+	var left []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array(SELECT jsonb_array_elements_text(detail->'left_as_they_are'))
+		FROM stepwise_event WHERE subject = 'p' AND kind = 'run.resume'`).Scan(&left))
+	require.Equal(t, []string{"p/c", "p/c/e/d"}, left)
+}
+
 // The backstop: a satisfier that does not know waits (an UPDATE by hand, an older binary)
 // satisfies the condition without waking the run; maintenance wakes it. And a wake whose
 // job was lost (rescheduled far out by hand) is woken again.

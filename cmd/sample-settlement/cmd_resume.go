@@ -78,8 +78,12 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// Descendants that stopped after the run ended are news nobody decided on: say so.
 	var left []string
 	if err := pool.QueryRow(ctx, `SELECT array(SELECT jsonb_array_elements_text(coalesce(detail->'left_as_they_are', '[]')))
-		FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`, key).Scan(&left); err == nil && len(left) > 0 {
-		fmt.Fprintf(stdout, "left as they are (failed or cancelled after the run ended; resume each on its own if that is the decision): %s\n", strings.Join(left, ", "))
+		FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`, key).Scan(&left); err != nil {
+		// Silence would read as "nothing left": say it is unknown.
+		return fmt.Errorf("run %s was resumed, but which of its descendants were left as they are could not be read (see its run.resume event): %w", key, err)
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(stdout, "left as they are (failed or cancelled after the run ended; a parent waiting for them goes on without them: resume each on its own if that is the decision): %s\n", strings.Join(left, ", "))
 	}
 	return nil
 }

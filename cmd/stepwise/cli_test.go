@@ -128,7 +128,7 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.NoError(t, err)
 	r = stepwise(t, db, "runs", "resume", "settle/2026-11-30", "--seen-version", itoa(shown.RunJSON.Version), "--actor", "ana", "--reason", "date fixed, INC-12").ok(t)
 	require.Contains(t, r.stdout, "resumed from its last checkpoint")
-	require.Contains(t, r.stdout, "left as they are (failed or cancelled after the run ended; resume each on its own if that is the decision): settle/2026-11-30/eur")
+	require.Contains(t, r.stdout, "left as they are (failed or cancelled after the run ended; a parent waiting for them goes on without them: resume each on its own if that is the decision): settle/2026-11-30/eur")
 	require.Equal(t, "failed", column(t, pool, `SELECT status FROM stepwise_run WHERE key = 'settle/2026-11-30/eur'`))
 	require.Equal(t, "pending", column(t, pool, `SELECT status FROM stepwise_run WHERE key = 'settle/2026-11-30'`))
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'settle/2026-11-30' AND kind = 'run.resume' AND actor = 'ana'`))

@@ -370,14 +370,15 @@ func runsResume(ctx context.Context, c *cli, args []string) error {
 	left := []string{}
 	if err := pool.QueryRow(ctx, `SELECT array(SELECT jsonb_array_elements_text(coalesce(detail->'left_as_they_are', '[]')))
 		FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`, key).Scan(&left); err != nil {
-		left = []string{}
+		// Silence would read as "nothing left": say it is unknown.
+		return fmt.Errorf("run %s was resumed, but which of its descendants were left as they are could not be read (see \"stepwise runs show %s\"): %w", key, key, err)
 	}
 	if f.json {
 		return c.printJSON(map[string]any{"key": key, "resumed": true, "actor": a.actor, "reason": a.reason, "left_as_they_are": left})
 	}
 	fmt.Fprintf(c.stdout, "run %s resumed from its last checkpoint by %s (%q); your service's workers pick it up. Follow it with: stepwise runs show %s\n", key, a.actor, a.reason, key)
 	if len(left) > 0 {
-		fmt.Fprintf(c.stdout, "left as they are (failed or cancelled after the run ended; resume each on its own if that is the decision): %s\n", strings.Join(left, ", "))
+		fmt.Fprintf(c.stdout, "left as they are (failed or cancelled after the run ended; a parent waiting for them goes on without them: resume each on its own if that is the decision): %s\n", strings.Join(left, ", "))
 	}
 	return nil
 }

@@ -58,6 +58,12 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "is MANUAL at version "+itoa(seen.Version+3)+" now, not MANUAL at version "+itoa(seen.Version))
 	require.Contains(t, r.stderr, "999 EUR")
+	// Without --from, the refusal names only what the person gave: the version, not a state
+	// read just now as if it were theirs.
+	r = runCLI(t, "resolve", id.String(), "--seen-version", itoa(seen.Version), "--to", "FAILED_PERMANENT",
+		"--reason", "never sent", "--actor", "alice", "--database-url", dbURL)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "is MANUAL at version "+itoa(seen.Version+3)+" now, not version "+itoa(seen.Version)+" as you saw")
 	now, err := svc.Client.OperationGet(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateManual, now.State)

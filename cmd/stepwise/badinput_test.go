@@ -65,7 +65,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{[]string{"ops", "resolve", op, "--to", "SUCCEEDED", "--reason", "x", "--actor", "ana", "--no-callback", "--from", "UNKNOWN_EXTERNAL", "--seen-version", "1"}, 1, "not UNKNOWN_EXTERNAL at version 1 as you saw: nothing was changed"},
 		// A decision names the version seen: without it, the refusal says what the operation is now.
 		{[]string{"ops", "resolve", op, "--to", "SUCCEEDED", "--reason", "x", "--actor", "ana", "--no-callback"}, 2, "--seen-version is required: operation " + op},
-		{[]string{"ops", "resolve", op, "--to", "SUCCEEDED", "--reason", "x", "--actor", "ana", "--no-callback", "--seen-version", "9"}, 1, "at version 1 now, not MANUAL at version 9"},
+		{[]string{"ops", "resolve", op, "--to", "SUCCEEDED", "--reason", "x", "--actor", "ana", "--no-callback", "--seen-version", "9"}, 1, "is MANUAL at version 1 now, not version 9 as you saw"},
 		{[]string{"ops", "resolve", op, "--to", "SUCCEEDED", "--reason", "x", "--actor", "a\u200bna", "--no-callback"}, 2, "U+200B"},
 		{[]string{"schedules", "pause", "nightly"}, 2, "--reason is required"},
 		{[]string{"schedules", "pause", "daily", "--reason", "x", "--actor", "ana"}, 3, `no schedule "daily"`},

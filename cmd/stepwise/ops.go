@@ -331,12 +331,14 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 	switch {
 	case errors.As(err, &changed):
 		now := string(changed.Actual)
-		if changed.ActualVersion != 0 && *seen != 0 {
+		if changed.ActualVersion != 0 {
 			now += fmt.Sprintf(" at version %d", changed.ActualVersion)
 		}
-		saw := string(fromState)
-		if *seen != 0 {
-			saw += fmt.Sprintf(" at version %d", *seen)
+		// What the person saw: the version always, the state when they said it (without
+		// --from, the state compared was the one read just now, not theirs).
+		saw := fmt.Sprintf("version %d", *seen)
+		if *from != "" {
+			saw = fmt.Sprintf("%s at version %d", fromState, *seen)
 		}
 		return fmt.Errorf("operation %s (%s %s) is %s now, not %s as you saw: nothing was changed; look again (stepwise ops show %s) before deciding",
 			id, cur.Kind, cur.BusinessKey, now, saw, id)

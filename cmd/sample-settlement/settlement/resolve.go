@@ -87,22 +87,18 @@ func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbo
 		if now != nil {
 			when = fmt.Sprintf(" (last change %s)", now.UpdatedAt.UTC().Format("2006-01-02 15:04:05Z"))
 		}
-		if r.SeenVersion != 0 {
-			why := ""
-			if now != nil && now.ManualReason != "" {
-				why = fmt.Sprintf("; why MANUAL now: %q", now.ManualReason)
-			}
-			return nil, fmt.Errorf("%w: payout %s (%s) is %s at version %d now, not %s at version %d as you saw%s%s; nothing was changed: look again before deciding",
-				ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, changed.ActualVersion, from, changed.ExpectedVersion, when, why)
+		why := ""
+		if now != nil && now.ManualReason != "" {
+			why = fmt.Sprintf("; why MANUAL now: %q", now.ManualReason)
 		}
-		if changed.Actual == from {
-			// Left the state and came back between the read above and the move: another
-			// question than the one the person answered.
-			return nil, fmt.Errorf("%w: payout %s (%s) is %s again, but it moved since it was read (version %d, now %d)%s; nothing was changed: look again before deciding",
-				ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, changed.ExpectedVersion, changed.ActualVersion, when)
+		// What the person saw: the version always, the state when they said it (with From
+		// empty, the state compared was the one read just now, not theirs).
+		saw := fmt.Sprintf("version %d", changed.ExpectedVersion)
+		if r.From != "" {
+			saw = fmt.Sprintf("%s at version %d", r.From, changed.ExpectedVersion)
 		}
-		return nil, fmt.Errorf("%w: payout %s (%s) is %s now, not %s as you saw%s; nothing was changed: look again before deciding",
-			ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, from, when)
+		return nil, fmt.Errorf("%w: payout %s (%s) is %s at version %d now, not %s as you saw%s%s; nothing was changed: look again before deciding",
+			ErrStaleState, r.OperationID, cur.BusinessKey, changed.Actual, changed.ActualVersion, saw, when, why)
 	case err != nil:
 		return nil, err
 	}

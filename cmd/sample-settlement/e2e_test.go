@@ -39,7 +39,11 @@ func TestServeThreeProcessesSettleADate(t *testing.T) {
 	for _, id := range []string{"serve-1", "serve-2", "serve-3"} {
 		// README: sample-settlement serve
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--id", id, "--batch-size", "50", "--lease", "5s",
-			"--reconcile-interval", "1s", "--reconcile-grace", "3s", "--payout-timeout", "2s", "--shutdown-timeout", "10s", "--metrics-interval", "200ms"}, common...)
+			"--reconcile-interval", "1s", "--reconcile-grace", "3s", "--payout-timeout", "2s", "--shutdown-timeout", "10s", "--metrics-interval", "200ms",
+			// Three processes on one server beside the other packages' tests: with the default
+			// pool (40 each) they could pass max_connections (100), as a CI run saw ("too many
+			// clients already"); 24 each is above what NewClient requires here (14).
+			"--db-max-conns", "24"}, common...)
 		procs = append(procs, workflowtest.Start(t, "cli", "SS_ARGS="+strings.Join(args, argsSep)))
 	}
 	var addrs []string

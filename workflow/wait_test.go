@@ -167,6 +167,17 @@ func (we *waitEnv) start(t testing.TB, key string, args waitArgs) {
 }
 
 // waitingRun waits until the run's wait is committed (its timeout job scheduled) and returns it.
+// startFamily starts the run key that starts n children (key/child-0…) and waits for them,
+// and returns once the run and every child wait.
+func (we *waitEnv) startFamily(t testing.TB, key string, n int) {
+	t.Helper()
+	we.start(t, key, waitArgs{Mode: "children", TimeoutMS: 600_000, N: n})
+	waitingRun(t, we.pool, key)
+	for i := range n {
+		waitingRun(t, we.pool, fmt.Sprintf("%s/child-%d", key, i))
+	}
+}
+
 func waitingRun(t testing.TB, pool *pgxpool.Pool, key string) *workflow.Run {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -339,11 +350,7 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 	pool := testkit.DB(t)
 	we := newWaitEnv(t, pool, true)
 	ctx := context.Background()
-	we.start(t, "cp", waitArgs{Mode: "children", TimeoutMS: 600_000, N: 2})
-	waitingRun(t, pool, "cp")
-	for i := range 2 {
-		waitingRun(t, pool, fmt.Sprintf("cp/child-%d", i))
-	}
+	we.startFamily(t, "cp", 2)
 	require.NoError(t, workflow.CancelRun(ctx, pool, "cp", "test: stop the batch"))
 	// Nobody works a waiting run: maintenance ends it (and its children) as cancelled.
 	_, err := we.engine.Maintain(ctx, we.client)
@@ -388,11 +395,7 @@ func TestResumeOfAParentLeavesAChildThatChangedOnItsOwn(t *testing.T) {
 	pool := testkit.DB(t)
 	we := newWaitEnv(t, pool, true)
 	ctx := context.Background()
-	we.start(t, "ab", waitArgs{Mode: "children", TimeoutMS: 600_000, N: 2})
-	waitingRun(t, pool, "ab")
-	for i := range 2 {
-		waitingRun(t, pool, fmt.Sprintf("ab/child-%d", i))
-	}
+	we.startFamily(t, "ab", 2)
 	cancelAll := func(key, reason string) {
 		t.Helper()
 		require.NoError(t, workflow.CancelRun(ctx, pool, key, reason))
@@ -447,11 +450,7 @@ func TestResumeOfAParentLeavesAChildThatStoppedAfterTheParentEnded(t *testing.T)
 	pool := testkit.DB(t)
 	we := newWaitEnv(t, pool, true)
 	ctx := context.Background()
-	we.start(t, "hb", waitArgs{Mode: "children", TimeoutMS: 600_000, N: 2})
-	waitingRun(t, pool, "hb")
-	for i := range 2 {
-		waitingRun(t, pool, fmt.Sprintf("hb/child-%d", i))
-	}
+	we.startFamily(t, "hb", 2)
 	maintain := func() {
 		t.Helper()
 		_, err := we.engine.Maintain(ctx, we.client)

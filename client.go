@@ -16,8 +16,8 @@ import (
 	"github.com/stepwise-go/stepwise/internal/jitter"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
-	"github.com/stepwise-go/stepwise/schedule"
-	"github.com/stepwise-go/stepwise/workflow"
+	schedengine "github.com/stepwise-go/stepwise/internal/schedule"
+	wfengine "github.com/stepwise-go/stepwise/internal/workflow"
 )
 
 // Client is Stepwise's one handle, as river.Client is River's: it owns the River client it
@@ -28,14 +28,14 @@ type Client struct {
 	pool       *pgxpool.Pool
 	config     *Config
 	river      *river.Client[pgx.Tx]
-	engine     *workflow.Engine
+	engine     *wfengine.Engine
 	outbox     *outbox.Outbox        // nil when the config has no kinds
 	reconciler *reconcile.Reconciler // nil when no kind has a Checker
 	// resolver records a person's decisions (OperationResolve) through the client's outbox,
 	// with the kinds' callbacks: the reconciler, or, when no kind has a Checker, one that is
 	// never installed and never looks anything up. nil when the config has no kinds.
 	resolver  *reconcile.Reconciler
-	scheduler *schedule.Scheduler // nil when the config has no schedules
+	scheduler *schedengine.Scheduler // nil when the config has no schedules
 	metrics   *clientMetrics
 	logger    *slog.Logger
 
@@ -66,7 +66,7 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 	}
 	c := &Client{pool: pool, config: cfg, logger: cfg.Logger, metrics: newClientMetrics()}
 	var err error
-	if c.engine, err = workflow.New(pool, cfg.Workflow); err != nil {
+	if c.engine, err = wfengine.New(pool, cfg.Workflow); err != nil {
 		return nil, err
 	}
 	if len(cfg.Kinds) > 0 {
@@ -85,7 +85,7 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 		}
 	}
 	if len(cfg.Schedules) > 0 {
-		if c.scheduler, err = schedule.New(c.engine, cfg.Scheduler); err != nil {
+		if c.scheduler, err = schedengine.New(c.engine, cfg.Scheduler); err != nil {
 			return nil, err
 		}
 		for _, s := range cfg.Schedules {
@@ -131,7 +131,7 @@ func (c *Client) installs() []func(*river.Config) error {
 }
 
 // River returns the River client, for your own inserts (river.Client.Insert, InsertTx) and
-// for workflow.Start.
+// for schedule.StartSlot.
 func (c *Client) River() *river.Client[pgx.Tx] { return c.river }
 
 // Start starts the Client, in this order:

@@ -11,6 +11,7 @@ import (
 
 	ioutbox "github.com/stepwise-go/stepwise/internal/outbox"
 	ireconcile "github.com/stepwise-go/stepwise/internal/reconcile"
+	schedengine "github.com/stepwise-go/stepwise/internal/schedule"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
@@ -28,7 +29,8 @@ type Config struct {
 	// PeriodicJobs and Plugins are copied before Stepwise adds its own), except for
 	// Workers: the bundle is River's, opaque, and receives Stepwise's workers — give each
 	// Client its own river.NewWorkers() bundle. Nil means a config with no queue of your
-	// own. Schema must be empty (see workflow.Engine.Install).
+	// own. Schema must be empty: Stepwise reads River's tables
+	// through the connection's search_path; put River's schema there instead.
 	River *river.Config
 
 	// Kinds configures each kind of external operation (outbox.Enqueue's Kind) this process
@@ -75,7 +77,7 @@ type Config struct {
 
 // Schedule is a schedule the Client registers with its scheduler: a schedule.Schedule[A].
 type Schedule interface {
-	AddTo(s *schedule.Scheduler) error
+	AddTo(s *schedengine.Scheduler) error
 }
 
 // KindConfig configures one kind of external operation: how it is sent (the outbox), how an

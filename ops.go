@@ -10,6 +10,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
+	wfengine "github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
@@ -108,7 +109,7 @@ func (c *Client) inTx(ctx context.Context, what string, fn func(tx pgx.Tx) error
 
 // --- runs ---
 
-// RunGet reads a run with its derived retry state. Replaces workflow.GetRun.
+// RunGet reads a run with its derived retry state. Replaces wfengine.GetRun.
 func (c *Client) RunGet(ctx context.Context, key string) (*workflow.Run, error) {
 	if err := c.checkPool("RunGet"); err != nil {
 		return nil, err
@@ -122,7 +123,7 @@ func (c *Client) RunGetTx(ctx context.Context, tx pgx.Tx, key string) (*workflow
 }
 
 func (c *Client) runGet(ctx context.Context, q stepwisetype.DBTX, key string) (*workflow.Run, error) {
-	run, err := workflow.GetRun(ctx, q, key)
+	run, err := wfengine.GetRun(ctx, q, key)
 	return run, wrapErr(err)
 }
 
@@ -158,7 +159,7 @@ func runList(ctx context.Context, q stepwisetype.DBTX, params *RunListParams) ([
 	if params != nil {
 		p = *params
 	}
-	return workflow.ListRuns(ctx, q, &workflow.ListRunsParams{Status: p.Status, Workflow: p.Workflow, Schedule: p.Schedule, KeyPrefix: p.KeyPrefix, Limit: p.Limit})
+	return wfengine.ListRuns(ctx, q, &wfengine.ListRunsParams{Status: p.Status, Workflow: p.Workflow, Schedule: p.Schedule, KeyPrefix: p.KeyPrefix, Limit: p.Limit})
 }
 
 // RunCancelOpts are a person's cancellation of a run.
@@ -174,8 +175,8 @@ type RunCancelOpts struct {
 	ExpectedVersion int64
 }
 
-// RunCancel asks a pending or running run to stop (see workflow.CancelRun for how it ends) and
-// returns the run as it is after the request. Replaces workflow.CancelRun for a person's
+// RunCancel asks a pending or running run to stop (see wfengine.CancelRun for how it ends) and
+// returns the run as it is after the request. Replaces wfengine.CancelRun for a person's
 // cancellation (with the check of what the person saw and the audit the console and the
 // command did by hand).
 func (c *Client) RunCancel(ctx context.Context, key string, opts *RunCancelOpts) (*workflow.Run, error) {
@@ -223,7 +224,7 @@ func (c *Client) RunCancelTx(ctx context.Context, tx pgx.Tx, key string, opts *R
 	if status.Finished() {
 		return nil, fmt.Errorf("%w: run %q is %s (version %d): only a pending or running run can be cancelled; nothing was done", ErrRunNotCancellable, key, status, version)
 	}
-	if err := workflow.CancelRun(ctx, tx, key, "cancelled by "+opts.Actor+": "+opts.Reason); err != nil {
+	if err := wfengine.CancelRun(ctx, tx, key, "cancelled by "+opts.Actor+": "+opts.Reason); err != nil {
 		return nil, err
 	}
 	return c.runGet(ctx, tx, key)
@@ -239,13 +240,13 @@ type RunResumeOpts struct {
 	// should not be retried blindly) has another version, and the resume is refused with an
 	// error matching stepwisetype.ErrChanged (a *workflow.RunChangedError). Descendants that
 	// became failed or cancelled after the run ended (news its version does not show) are
-	// left as they are, not resumed with it (see workflow.ResumeTx). A script that
+	// left as they are, not resumed with it (see wfengine.ResumeTx). A script that
 	// decides on what the run is now reads it (RunGet) and passes that Version.
 	ExpectedVersion int64
 }
 
 // RunResume continues a failed or cancelled run from its last committed cursor under a new
-// River job (see workflow.ResumeTx), only if the run is still at opts.ExpectedVersion, and
+// River job (see wfengine.ResumeTx), only if the run is still at opts.ExpectedVersion, and
 // returns it as it is after. A pending, running or succeeded run is refused
 // (workflow.ErrRunNotResumable).
 func (c *Client) RunResume(ctx context.Context, key string, opts *RunResumeOpts) (*workflow.Run, error) {
@@ -273,7 +274,7 @@ func (c *Client) RunResumeTx(ctx context.Context, tx pgx.Tx, key string, opts *R
 	if err := checkActor(what, opts.Actor, opts.Reason); err != nil {
 		return nil, err
 	}
-	if err := workflow.ResumeTx(ctx, c.river, tx, key, opts.ExpectedVersion, opts.Actor, opts.Reason); err != nil {
+	if err := wfengine.ResumeTx(ctx, c.river, tx, key, opts.ExpectedVersion, opts.Actor, opts.Reason); err != nil {
 		return nil, wrapErr(err)
 	}
 	return c.runGet(ctx, tx, key)

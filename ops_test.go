@@ -18,9 +18,9 @@ import (
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/stepwisetype"
-	"github.com/stepwise-go/stepwise/workflow"
 )
 
 // opsEnv is a Client built from its components (as NewClient wires them) on a fresh

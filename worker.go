@@ -3,6 +3,7 @@ package stepwise
 import (
 	"github.com/riverqueue/river"
 
+	wfengine "github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -13,10 +14,10 @@ import (
 // workflow.ErrNoEngine, which names the fix. It panics on bad wiring (a kind registered
 // twice), like river.AddWorker.
 func AddWorker[A river.JobArgs, C any](workers *river.Workers, w workflow.Stepper[A, C]) {
-	workflow.AddWorker(nil, workers, w)
+	wfengine.AddWorker(nil, workers, w)
 }
 
 // AddWorkerSafely is AddWorker returning an error instead of panicking.
 func AddWorkerSafely[A river.JobArgs, C any](workers *river.Workers, w workflow.Stepper[A, C]) error {
-	return workflow.AddWorkerSafely(nil, workers, w)
+	return wfengine.AddWorkerSafely(nil, workers, w)
 }

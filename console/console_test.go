@@ -15,7 +15,7 @@ import (
 	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 )
 
 // TestEveryPageAndFilter: every page answers 200 and shows what its filter selects, and

@@ -19,6 +19,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
+	wfengine "github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -211,9 +212,9 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 
-	// Runs waiting for a retry, the crash-loop signal (workflow.Retrying: unfinished runs
+	// Runs waiting for a retry, the crash-loop signal (wfengine.Retrying: unfinished runs
 	// with failures and the runs of River's retryable jobs, by their indexes).
-	if d.Retrying, d.RetryingTotal, err = workflow.Retrying(ctx, h.db, 10); err != nil {
+	if d.Retrying, d.RetryingTotal, err = wfengine.Retrying(ctx, h.db, 10); err != nil {
 		h.internal(w, r, "listing retrying runs", err)
 		return
 	}
@@ -412,7 +413,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	// Its derived retry state (failures in a row, next try): workflow's own reader.
-	state, err := workflow.GetRun(ctx, h.db, key)
+	state, err := wfengine.GetRun(ctx, h.db, key)
 	if err != nil {
 		h.internal(w, r, "reading the run's retry state", err)
 		return

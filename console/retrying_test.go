@@ -16,7 +16,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 )
 
 type loopArgs struct{}

@@ -14,7 +14,7 @@ import (
 )
 
 // Waits and families (docs/design.md, "Waits"): a run page says what the run waits for, since
-// when, until when and what is still missing (workflow.GetRun's Run.Wait, the text the
+// when, until when and what is still missing (Run.Wait, the text the
 // command prints too), and shows its parent and children; the overview and the runs list
 // count and select the waiting runs.
 

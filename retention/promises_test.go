@@ -19,10 +19,10 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/internal/schedule"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/retention"
-	"github.com/stepwise-go/stepwise/schedule"
-	"github.com/stepwise-go/stepwise/workflow"
 )
 
 // itemsArgs is a run over Items items, one committed step each; every step writes one row

@@ -2,14 +2,14 @@
 // and of settled operations, older than a configured age, in small batches that never block
 // a step. Every row that carries a promise stays, forever.
 //
-// It is a package function on a pool, not part of workflow.Engine: it needs no River client
+// It is a package function on a pool, not part of stepwise.Client: it needs no River client
 // and no engine, so an operator can run it from a cron job, a maintenance command or a
 // goroutine of any worker process, and it touches no code on the step path.
 //
 // # What is kept forever, and why
 //
 // Runs: every stepwise_run row and its stepwise_checkpoint. A key names one run forever:
-// workflow.Start and schedule.StartSlot find a used key by its row and return that run, so a
+// stepwise.Client.RunStart and schedule.StartSlot find a used key by its row and return that run, so a
 // pruned key cannot be started again from cursor zero (its committed steps redone), and a
 // slot's runs stay the evidence of its batch status. A failed or cancelled run can still be
 // resumed from its checkpoint, so its events (why it failed) stay too, unless the operator

@@ -26,8 +26,8 @@
 //
 // When a slot is due while runs of an earlier slot are unfinished, the OverlapPolicy
 // decides: OverlapAllowAll, OverlapSkip, OverlapBufferOne, OverlapBufferAll (strictly serial,
-// in slot order) or OverlapCancelOther (cooperative cancellation of the older runs through
-// workflow.CancelRun; the new slot starts once they have ended).
+// in slot order) or OverlapCancelOther (cooperative cancellation of the older runs, as
+// stepwise.Client.RunCancel does; the new slot starts once they have ended).
 //
 // # Batch status
 //
@@ -36,41 +36,32 @@
 //
 // # Example
 //
-//	sched, err := schedule.New(engine, &schedule.Config{TickInterval: schedule.TickIntervalDefault})
-//	if err != nil {
-//		return err
-//	}
-//	err = schedule.Add(sched, schedule.Schedule[SettleArgs]{
-//		Name:    "settle",
-//		Spec:    "30 2 * * *",
-//		Zone:    "America/New_York",
-//		Misfire: schedule.CatchUpAll{Max: 30, PerTick: 5},
-//		Overlap: schedule.OverlapBufferAll,
-//		Shards:  8,
-//		Args: func(slot time.Time, shard int) SettleArgs {
-//			return SettleArgs{Date: slot.In(ny).Format(time.DateOnly), Shard: shard}
+// A service lists its schedules in stepwise.Config.Schedules; stepwise.Client registers
+// them, installs the tick job and ticks in every process's maintenance loop (never only on
+// River's leader):
+//
+//	client, err := stepwise.NewClient(pool, &stepwise.Config{
+//		River: riverConfig, // with a worker for SettleArgs (stepwise.AddWorker)
+//		Schedules: []stepwise.Schedule{
+//			schedule.Schedule[SettleArgs]{
+//				Name:    "settle",
+//				Spec:    "30 2 * * *",
+//				Zone:    "America/New_York",
+//				Misfire: schedule.CatchUpAll{Max: 30, PerTick: 5},
+//				Overlap: schedule.OverlapBufferAll,
+//				Shards:  8,
+//				Args: func(slot time.Time, shard int) SettleArgs {
+//					return SettleArgs{Date: slot.In(ny).Format(time.DateOnly), Shard: shard}
+//				},
+//			},
 //		},
 //	})
-//	if err != nil {
-//		return err
-//	}
-//	if err := sched.Install(riverConfig); err != nil { // tick worker and periodic tick job
-//		return err
-//	}
-//	// ... river.NewClient(riverpgxv5.New(pool), riverConfig), client.Start(ctx)
-//	go sched.RunMaintenance(ctx, client) // ticks in every process, not only River's leader
-//	prometheus.MustRegister(sched.Metrics())
 //
-// # Wiring
-//
-// A Scheduler is wired as every Stepwise component is (see package workflow): New, then
-// Install on the river.Config before river.NewClient, RunMaintenance in every process, and
-// Metrics registered. Create one Scheduler per Engine and register the same schedules on
-// every node: the tick job runs on whichever node fetches it, and ticks only the schedules
-// that node knows. Tick can also be called by hand, and StartSlot starts a slot's runs by
-// hand and records the slot's decision with them, naming who started it (the tick that
-// reaches the slot then passes over it, and the overlap policy counts it while its runs are
-// unfinished).
+// Register the same schedules on every node: the tick job runs on whichever node fetches it,
+// and ticks only the schedules that node knows. StartSlot starts a slot's runs by hand and
+// records the slot's decision with them, naming who started it (the tick that reaches the
+// slot then passes over it, and the overlap policy counts it while its runs are unfinished).
+// The client's ScheduleGet, SchedulePause, SlotList and SlotGet are the operator's side.
 //
 // # Cron specs
 //

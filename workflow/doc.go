@@ -59,31 +59,18 @@
 //
 // # Wiring
 //
-// Most programs wire everything with one stepwise.Client (the module's root package), as the
-// README's quick start does: stepwise.AddWorker(workers, &SettleWorker{}) beside your own
-// River workers, stepwise.NewClient(pool, config), client.Start, and client.Stop on SIGTERM.
-//
-// By hand, this Engine and schedule.Scheduler are wired into your own River client the same
-// way: New, Install on the river.Config before river.NewClient, RunMaintenance in every
-// process, Metrics registered (Install touches no database). The outbox and the reconciler
-// run only under a stepwise.Client. Register step workers beside your own River workers and start runs by key:
-//
-//	engine, err := workflow.New(pool, &workflow.Config{})
-//	err = workflow.AddWorkerSafely(engine, riverConfig.Workers, &SettleWorker{})
-//	err = engine.Install(riverConfig) // maintenance worker, periodic job and queue; Slice checked
-//	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig)
-//	err = client.Start(ctx)
-//	go engine.RunMaintenance(ctx, client) // in every process, not only River's leader
-//	prometheus.MustRegister(engine.Metrics())
-//	run, err := workflow.Start(ctx, client, "settle/2026-11-29", SettleArgs{Date: "2026-11-29"}, nil)
-//
-// Install refuses a Config.Slice (or a step worker's StepOptions.Slice) that is not shorter
-// than the river.Config's RescueStuckJobsAfter (RiverRescueStuckJobsAfterDefault when zero),
-// with the fix: River would rescue healthy runs as stuck.
+// One stepwise.Client (the module's root package) runs step functions, as the README's quick
+// start does: stepwise.AddWorker(workers, &SettleWorker{}) beside your own River workers,
+// stepwise.NewClient(pool, config), client.Start, client.RunStart to start a run by key, and
+// client.Stop on SIGTERM. The engine behind it is internal: the client installs its worker,
+// queue and periodic job into your river.Config, runs its maintenance in every process and
+// drains it on Stop. NewClient refuses a Config.Workflow.Slice (or a step worker's
+// StepOptions.Slice) that is not shorter than the river.Config's RescueStuckJobsAfter, with
+// the fix: River would rescue healthy runs as stuck.
 //
 // # The step protocol
 //
-// Work (worker.go) follows the step protocol of docs/design.md:
+// The engine (internal/workflow, worker.go) follows the step protocol of docs/design.md:
 //
 //  1. Claim the run's lease (checkpoint.Store.Claim); if held, snooze until it lapses.
 //  2. Per step: begin with the stall timeout armed, run Step in the tx, then the fenced
@@ -92,10 +79,10 @@
 //  3. A heartbeat renews the lease and cancels the step's context if it cannot.
 //  4. After Config.Slice, release the lease in the last commit, recorded as a release on
 //     purpose (runstate.go), and JobSnooze(0).
-//  5. Maintenance (Engine.Maintain: a leader-run periodic job added by Engine.Install, and
-//     Engine.RunMaintenance in every process) re-enqueues runs whose worker vanished:
+//  5. Maintenance (a leader-run periodic job, and the client's maintenance loop in every
+//     process) re-enqueues runs whose worker vanished:
 //     takeover after about Lease + MaintenanceInterval, not River's hour, and not River's
-//     leader failover either when every process runs RunMaintenance. A run nobody holds
+//     leader failover either, since every process runs the loop. A run nobody holds
 //     (its job fetched and not yet claimed, or released on purpose and not yet recorded by
 //     River) is left alone for two Leases.
 //  6. Outcomes: Continue, Done, Sleep/Until, Fail, and the waits WaitForOperations,
@@ -111,13 +98,13 @@
 //     that crash now and then does not. A resume (stepwise.Client.RunResume) continues a failed
 //     run later.
 //
-// Every change of a run's state is one transition of runstate.go, conditional on the
+// Every change of a run's state is one transition of internal/workflow/runstate.go, conditional on the
 // state its caller saw.
 //
 // # Guarantees
 //
 // A step runs at least once; its Postgres writes take effect once. A run key names one
-// run forever (Start twice is one run). Nothing here calls external systems: a step
+// run forever (RunStart twice is one run). Nothing here calls external systems: a step
 // enqueues operations with outbox.Enqueue in s.Tx, and the outbox delivers them.
 //
 // # Schedules

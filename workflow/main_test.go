@@ -5,10 +5,6 @@ import (
 	"testing"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/workflowtest"
 )
 
-func TestMain(m *testing.M) {
-	workflowtest.RegisterRole("wf-worker", runWorkerRole)
-	os.Exit(testkit.Main(m))
-}
+func TestMain(m *testing.M) { os.Exit(testkit.Main(m)) }

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/workflow"
 )
 
 // TestSeenVersionOfResolveAndResume: with --seen-version, resolve and resume refuse a payout

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 )
 
 // holdArgs is a one-step run that enqueues a payout; with Hold set its step waits, with its

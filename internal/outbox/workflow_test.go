@@ -16,7 +16,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/testkit"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 )
 
 // payArgs is a workflow run that settles merchants 1..Merchants, 10 per step, and pays each.

@@ -119,11 +119,9 @@ func closeShard(ctx context.Context, s *workflow.Step[SettleArgs, SettleCursor],
 	if _, err := s.Tx.Exec(ctx, closeDaySQL, date); err != nil {
 		return workflow.Next{}, fmt.Errorf("closing %s: %w", date.Format(time.DateOnly), err)
 	}
-	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
-	if err != nil {
-		return workflow.Next{}, err
-	}
-	if _, err := workflow.StartTx(ctx, client, s.Tx, ReconcileRunKey(date), reconcileArgs{Date: date.Format(time.DateOnly)}, nil); err != nil {
+	// A run of its own, not a child: cancelling or resuming a settle shard must not reach the
+	// day's reconciliation. It exists exactly when this step commits.
+	if _, err := s.StartRun(ctx, ReconcileRunKey(date), reconcileArgs{Date: date.Format(time.DateOnly)}, nil); err != nil {
 		return workflow.Next{}, fmt.Errorf("starting the reconciliation of %s: %w", date.Format(time.DateOnly), err)
 	}
 	return workflow.Done(), nil
@@ -305,8 +303,10 @@ func StatementArrived(ctx context.Context, pool *pgxpool.Pool, date time.Time, i
 	if id == "" {
 		id = "bank-statement/" + date.Format(time.DateOnly)
 	}
-	return workflow.SignalPool(ctx, pool, ReconcileRunKey(date), statementSignal, id,
-		map[string]string{"date": date.Format(time.DateOnly), "statement_id": id})
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return workflow.Signal(ctx, tx, ReconcileRunKey(date), statementSignal, id,
+			map[string]string{"date": date.Format(time.DateOnly), "statement_id": id})
+	})
 }
 
 // Day is a business date's close and reconciliation, as settlement_day records them.

@@ -28,7 +28,7 @@ func (SettleArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{Queue:
 // the date, fanned out to Shards runs with keys "settle/<slot>/<shard>". The schedule (serve)
 // and a settlement started by hand (settle --date, demo) both go through Plan, so they use
 // the same run keys and the same input: whichever starts a date first, the other finds the
-// runs there (workflow.Start is one run per key, forever) and no date is ever settled by two
+// runs there (a key is one run, forever) and no date is ever settled by two
 // sets of runs.
 type Plan struct {
 	// Spec is the schedule's cron spec: one fixed local time per day, at which the previous
@@ -133,7 +133,7 @@ func (p Plan) RunKeys(date time.Time) ([]string, error) {
 	return schedule.RunKeys(ScheduleName, slot, p.Shards), nil
 }
 
-// Schedule returns the daily schedule for a schedule.Scheduler. A date's slots are caught up
+// Schedule returns the daily schedule, for stepwise.Config.Schedules. A date's slots are caught up
 // after an outage (CatchUpAll): each date is its own batch of money, and skipping one would
 // leave merchants unpaid. Dates are independent, so slots may overlap (OverlapAllowAll).
 func (p Plan) Schedule() (schedule.Schedule[SettleArgs], error) {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/outbox"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 )
 
 // Queues of the settle section's River clients: one client per variant, so that each

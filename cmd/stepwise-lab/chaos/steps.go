@@ -14,7 +14,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest"
 )
 

@@ -10,8 +10,8 @@ import (
 	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
+	schedengine "github.com/stepwise-go/stepwise/internal/schedule"
 	wfengine "github.com/stepwise-go/stepwise/internal/workflow"
-	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
@@ -53,10 +53,10 @@ func wrapErr(err error) error {
 		return nil
 	case errors.Is(err, stepwisetype.ErrNotFound), errors.Is(err, stepwisetype.ErrChanged):
 		return err
-	case errors.Is(err, workflow.ErrRunNotFound), errors.Is(err, outbox.ErrNotFound),
-		errors.Is(err, schedule.ErrNotFound), errors.Is(err, schedule.ErrSlotNotFound):
+	case errors.Is(err, wfengine.ErrRunNotFound), errors.Is(err, outbox.ErrNotFound),
+		errors.Is(err, schedengine.ErrNotFound), errors.Is(err, schedengine.ErrSlotNotFound):
 		return &tagged{err: err, tag: stepwisetype.ErrNotFound}
-	case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, outbox.ErrStateChanged):
+	case errors.Is(err, wfengine.ErrRunChanged), errors.Is(err, outbox.ErrStateChanged):
 		return &tagged{err: err, tag: stepwisetype.ErrChanged}
 	}
 	return err
@@ -211,7 +211,7 @@ func (c *Client) RunCancelTx(ctx context.Context, tx pgx.Tx, key string, opts *R
 	)
 	err := tx.QueryRow(ctx, `SELECT status, version, last_error FROM stepwise_run WHERE key = $1 FOR UPDATE`, key).Scan(&status, &version, &lastError)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, wrapErr(fmt.Errorf("%w: %q", workflow.ErrRunNotFound, key))
+		return nil, wrapErr(fmt.Errorf("%w: %q", wfengine.ErrRunNotFound, key))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cancelling run %q: reading it: %w", key, err)
@@ -240,28 +240,42 @@ type RunResumeOpts struct {
 	// should not be retried blindly) has another version, and the resume is refused with an
 	// error matching stepwisetype.ErrChanged (a *workflow.RunChangedError). Descendants that
 	// became failed or cancelled after the run ended (news its version does not show) are
-	// left as they are, not resumed with it (see wfengine.ResumeTx). A script that
+	// left as they are, not resumed with it (RunResumeResult.LeftAsTheyAre). A script that
 	// decides on what the run is now reads it (RunGet) and passes that Version.
 	ExpectedVersion int64
 }
 
+// RunResumeResult is what a resume did.
+type RunResumeResult struct {
+	// Run is the run as it is after the resume: pending, under a new River job.
+	Run *workflow.Run
+	// LeftAsTheyAre are the keys of the failed or cancelled descendants the resume did not
+	// resume: those that stopped after the run ended (other than by the run's own cancel
+	// reaching them), news the person's version did not show, and every run below them. A
+	// parent waiting for them sees them as they are and goes on; resume each on its own, at
+	// the version you read, if that is the decision. The run's 'run.resume' event lists them
+	// too.
+	LeftAsTheyAre []string
+}
+
 // RunResume continues a failed or cancelled run from its last committed cursor under a new
-// River job (see wfengine.ResumeTx), only if the run is still at opts.ExpectedVersion, and
-// returns it as it is after. A pending, running or succeeded run is refused
-// (workflow.ErrRunNotResumable).
-func (c *Client) RunResume(ctx context.Context, key string, opts *RunResumeOpts) (*workflow.Run, error) {
-	var run *workflow.Run
+// River job, only if the run is still at opts.ExpectedVersion, with its failed or cancelled
+// descendants except those it leaves as they are (see RunResumeResult). The run's checkpoint
+// is left as committed, so no committed step is redone, and the run gets a fresh crash-loop
+// budget. A pending, running or succeeded run is refused (workflow.ErrRunNotResumable).
+func (c *Client) RunResume(ctx context.Context, key string, opts *RunResumeOpts) (*RunResumeResult, error) {
+	var res *RunResumeResult
 	err := c.inTx(ctx, "RunResume", func(tx pgx.Tx) error {
 		var err error
-		run, err = c.RunResumeTx(ctx, tx, key, opts)
+		res, err = c.RunResumeTx(ctx, tx, key, opts)
 		return err
 	})
-	return run, err
+	return res, err
 }
 
 // RunResumeTx is RunResume in the caller's transaction: the run's new job and its event
 // commit with tx, and nothing of a refused resume remains in it.
-func (c *Client) RunResumeTx(ctx context.Context, tx pgx.Tx, key string, opts *RunResumeOpts) (*workflow.Run, error) {
+func (c *Client) RunResumeTx(ctx context.Context, tx pgx.Tx, key string, opts *RunResumeOpts) (*RunResumeResult, error) {
 	what := fmt.Sprintf("stepwise.Client.RunResume(%q)", key)
 	switch {
 	case opts == nil:
@@ -274,8 +288,13 @@ func (c *Client) RunResumeTx(ctx context.Context, tx pgx.Tx, key string, opts *R
 	if err := checkActor(what, opts.Actor, opts.Reason); err != nil {
 		return nil, err
 	}
-	if err := wfengine.ResumeTx(ctx, c.river, tx, key, opts.ExpectedVersion, opts.Actor, opts.Reason); err != nil {
+	left, err := wfengine.ResumeTx(ctx, c.river, tx, key, opts.ExpectedVersion, opts.Actor, opts.Reason)
+	if err != nil {
 		return nil, wrapErr(err)
 	}
-	return c.runGet(ctx, tx, key)
+	run, err := c.runGet(ctx, tx, key)
+	if err != nil {
+		return nil, err
+	}
+	return &RunResumeResult{Run: run, LeftAsTheyAre: left}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
+	schedengine "github.com/stepwise-go/stepwise/internal/schedule"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
@@ -30,7 +31,7 @@ func (c *Client) ScheduleGetTx(ctx context.Context, tx pgx.Tx, name string) (*sc
 func scheduleGet(ctx context.Context, q stepwisetype.DBTX, name string) (*schedule.Info, error) {
 	s, err := scanScheduleInfo(q.QueryRow(ctx, `SELECT `+scheduleInfoColumns+` FROM stepwise_schedule WHERE name = $1`, name))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, wrapErr(fmt.Errorf("%w: %q (a schedule gets its row at its first tick)", schedule.ErrNotFound, name))
+		return nil, wrapErr(fmt.Errorf("%w: %q (a schedule gets its row at its first tick)", schedengine.ErrNotFound, name))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading schedule %q: %w", name, err)
@@ -146,7 +147,7 @@ func setPaused(ctx context.Context, tx pgx.Tx, name string, pause bool, opts *Sc
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	if !found {
-		return wrapErr(fmt.Errorf("%s: %w: %q (a schedule gets its row at its first tick)", what, schedule.ErrNotFound, name))
+		return wrapErr(fmt.Errorf("%s: %w: %q (a schedule gets its row at its first tick)", what, schedengine.ErrNotFound, name))
 	}
 	return nil
 }
@@ -198,7 +199,7 @@ func slotList(ctx context.Context, q stepwisetype.DBTX, name string, params *Slo
 }
 
 // SlotGet reports one slot of a schedule as SlotList does; a slot no tick nor StartSlot has
-// decided is an error matching stepwisetype.ErrNotFound (and schedule.ErrSlotNotFound).
+// decided is an error matching stepwisetype.ErrNotFound (its message names the schedule and the slot).
 func (c *Client) SlotGet(ctx context.Context, scheduleName string, slot time.Time) (*schedule.SlotReport, error) {
 	if err := c.checkPool("SlotGet"); err != nil {
 		return nil, err
@@ -217,7 +218,7 @@ func slotGet(ctx context.Context, q stepwisetype.DBTX, name string, slot time.Ti
 		return nil, err
 	}
 	if len(reports) == 0 {
-		return nil, wrapErr(fmt.Errorf("%w: schedule %q, slot %s", schedule.ErrSlotNotFound, name, slot.UTC().Format(time.RFC3339)))
+		return nil, wrapErr(fmt.Errorf("%w: schedule %q, slot %s", schedengine.ErrSlotNotFound, name, slot.UTC().Format(time.RFC3339)))
 	}
 	return reports[0], nil
 }

@@ -135,7 +135,7 @@ func TestRunGetAndList(t *testing.T) {
 	}))
 	_, err = e.c.RunGet(ctx, "nope")
 	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
-	require.ErrorIs(t, err, workflow.ErrRunNotFound, "the package's own sentinel still matches")
+	require.ErrorIs(t, err, stepwisetype.ErrNotFound, "the package's own sentinel still matches")
 
 	runs, err := e.c.RunList(ctx, &RunListParams{Status: workflow.RunStatusFailed})
 	require.NoError(t, err)
@@ -172,7 +172,7 @@ func TestRunCancel(t *testing.T) {
 	before := e.snapshot(t)
 	_, err = e.c.RunCancel(ctx, "settle/live", &RunCancelOpts{Actor: "ana", Reason: "wrong date", ExpectedVersion: seen.Version})
 	require.ErrorIs(t, err, stepwisetype.ErrChanged)
-	require.ErrorIs(t, err, workflow.ErrRunChanged)
+	require.ErrorIs(t, err, stepwisetype.ErrChanged)
 	require.ErrorContains(t, err, "it is running now")
 	require.Equal(t, before, e.snapshot(t), "a refused cancel changes nothing")
 
@@ -224,7 +224,7 @@ func TestRunResume(t *testing.T) {
 	require.ErrorContains(t, err, "never unconditional")
 	_, err = e.c.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: seen.Version})
 	require.ErrorIs(t, err, stepwisetype.ErrChanged)
-	require.ErrorIs(t, err, workflow.ErrRunChanged)
+	require.ErrorIs(t, err, stepwisetype.ErrChanged)
 	require.ErrorContains(t, err, "account frozen", "the refusal says what the run is now")
 	require.Equal(t, before, e.snapshot(t), "a refused resume changes nothing")
 
@@ -237,21 +237,23 @@ func TestRunResume(t *testing.T) {
 	require.Equal(t, before, e.snapshot(t))
 	_, err = e.c.RunResume(ctx, "nope", &RunResumeOpts{Actor: "ana", Reason: "x", ExpectedVersion: 1})
 	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
-	require.ErrorIs(t, err, workflow.ErrRunNotFound)
+	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
 
 	now, err := e.c.RunGet(ctx, "settle/x")
 	require.NoError(t, err)
 	// The Tx variant rolled back: nothing.
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
-	run, err := e.c.RunResumeTx(ctx, tx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: now.Version})
+	res, err := e.c.RunResumeTx(ctx, tx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: now.Version})
 	require.NoError(t, err)
-	require.Equal(t, workflow.RunStatusPending, run.Status)
+	require.Equal(t, workflow.RunStatusPending, res.Run.Status)
+	require.Empty(t, res.LeftAsTheyAre, "no descendants")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, before, e.snapshot(t))
 
-	run, err = e.c.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "INC-7: bank back", ExpectedVersion: now.Version})
+	res, err = e.c.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "INC-7: bank back", ExpectedVersion: now.Version})
 	require.NoError(t, err)
+	run := res.Run
 	require.Equal(t, workflow.RunStatusPending, run.Status)
 	require.NotNil(t, run.RiverJobID)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM stepwise_event WHERE subject = 'settle/x' AND kind = 'run.resume' AND actor = 'ana'
@@ -278,7 +280,7 @@ func TestOperationResolve(t *testing.T) {
 	require.Equal(t, "p-1", op.BusinessKey)
 	_, err = e.c.OperationGet(ctx, uuid.New())
 	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
-	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
 	ops, err := e.c.OperationList(ctx, &OperationListParams{State: outbox.StateManual})
 	require.NoError(t, err)
 	require.Len(t, ops, 2)
@@ -320,7 +322,7 @@ func TestOperationResolve(t *testing.T) {
 	resolve := &OperationResolveOpts{Outcome: outbox.StateFailedPermanent, ExpectedVersion: version, Actor: "ana", Reason: "TICKET-1: never sent"}
 	_, err = e.c.OperationResolve(ctx, id, resolve)
 	require.ErrorIs(t, err, stepwisetype.ErrChanged)
-	require.ErrorIs(t, err, outbox.ErrStateChanged)
+	require.ErrorIs(t, err, stepwisetype.ErrChanged)
 	require.Equal(t, before, e.snapshot(t), "a refused resolution changes nothing and runs no callback")
 	_, err = e.c.OperationResolve(ctx, id, &OperationResolveOpts{Outcome: outbox.StateSucceeded, Actor: "ana", Reason: "x"})
 	require.ErrorIs(t, err, reconcile.ErrInvalidResolution)
@@ -389,7 +391,7 @@ func TestSchedulePauseAndSlots(t *testing.T) {
 	require.ErrorContains(t, e.c.SchedulePause(ctx, "nightly", &SchedulePauseOpts{Actor: "ana"}), "Reason is empty")
 	err = e.c.SchedulePause(ctx, "nope", &SchedulePauseOpts{Actor: "ana", Reason: "x"})
 	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
-	require.ErrorIs(t, err, schedule.ErrNotFound)
+	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
 
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -429,7 +431,7 @@ func TestSchedulePauseAndSlots(t *testing.T) {
 	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
 	_, err = e.c.SlotGet(ctx, "nightly", slots[0].Slot.Add(time.Hour))
 	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
-	require.ErrorIs(t, err, schedule.ErrSlotNotFound)
+	require.ErrorIs(t, err, stepwisetype.ErrNotFound)
 }
 
 func (e *opsEnv) strings(t *testing.T, sql string) []string {
@@ -453,9 +455,9 @@ func TestNewOperatorClient(t *testing.T) {
 	_, err = oc.OperationResolve(ctx, id, &OperationResolveOpts{Outcome: outbox.StateSucceeded, ExpectedVersion: v, Actor: "ana", Reason: "x"})
 	require.ErrorIs(t, err, ErrKindWithoutConfig)
 	e.addRun(t, "settle/x", workflow.RunStatusFailed)
-	run, err := oc.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: 1})
+	res, err := oc.RunResume(ctx, "settle/x", &RunResumeOpts{Actor: "ana", Reason: "bank back", ExpectedVersion: 1})
 	require.NoError(t, err)
-	require.Equal(t, workflow.RunStatusPending, run.Status)
+	require.Equal(t, workflow.RunStatusPending, res.Run.Status)
 	require.Empty(t, oc.OperationKinds())
 
 	// With the kinds the operator says have no callback, it resolves them as they are.

@@ -18,6 +18,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/audittext"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -130,7 +131,7 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	case errors.Is(err, errMoved):
 		h.fail(w, r, http.StatusConflict, "run %q is %s now, not %s as you saw it: nothing was done; reload the run and decide again", key, status, seen)
 		return
-	case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, stepwise.ErrRunNotCancellable):
+	case errors.Is(err, stepwisetype.ErrChanged), errors.Is(err, stepwise.ErrRunNotCancellable):
 		h.fail(w, r, http.StatusConflict, "run %q was not cancelled: %s; nothing was done: reload the run and decide again", key, h.runNow(ctx, key, seen, version))
 		return
 	case err != nil:
@@ -168,12 +169,13 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 	ctx := r.Context()
-	if err := h.resume(ctx, key, seen, version, v.Actor, reason, r); err != nil {
+	left, err := h.resume(ctx, key, seen, version, v.Actor, reason, r)
+	if err != nil {
 		switch {
-		case errors.Is(err, workflow.ErrRunNotFound):
+		case errors.Is(err, stepwisetype.ErrNotFound):
 			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
 			h.fail(w, r, http.StatusNotFound, "no run with key %q: nothing was done", key)
-		case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, workflow.ErrRunNotResumable):
+		case errors.Is(err, stepwisetype.ErrChanged), errors.Is(err, workflow.ErrRunNotResumable):
 			// Guards against a resume decided on a stale page (the run was resumed, ran and
 			// failed again since): the operator gets what it is now, from the database.
 			h.logger.Warn("console: resume refused", "run", key, "actor", v.Actor, "error", err)
@@ -186,18 +188,22 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 		}
 		return
 	}
-	h.logger.Info("console: run resumed", "run", key, "actor", v.Actor, "reason", reason, "seen_version", version)
+	h.logger.Info("console: run resumed", "run", key, "actor", v.Actor, "reason", reason, "seen_version", version, "left_as_they_are", left)
 	h.redirect(w, r, "/run", url.Values{"key": {key}})
 }
 
-// resume resumes the run and writes the console's audit row, in one transaction.
-func (h *Handler) resume(ctx context.Context, key, seen string, version int64, actor, reason string, r *http.Request) error {
-	return pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
-		if _, err := h.cfg.Client.RunResumeTx(ctx, tx, key, &stepwise.RunResumeOpts{Actor: actor, Reason: reason, ExpectedVersion: version}); err != nil {
+// resume resumes the run and writes the console's audit row, in one transaction, and
+// returns the descendants it left as they are (the run page's events list them too).
+func (h *Handler) resume(ctx context.Context, key, seen string, version int64, actor, reason string, r *http.Request) (left []string, err error) {
+	err = pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
+		res, err := h.cfg.Client.RunResumeTx(ctx, tx, key, &stepwise.RunResumeOpts{Actor: actor, Reason: reason, ExpectedVersion: version})
+		if err != nil {
 			return err
 		}
+		left = res.LeftAsTheyAre
 		return audit(ctx, tx, key, "run.resume", seen, "resumed", actor, reason, r)
 	})
+	return left, err
 }
 
 func (h *Handler) canResume() bool { return h.cfg.Client != nil }
@@ -300,10 +306,10 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		return audit(ctx, tx, "op:"+id.String(), "operation.resolve", string(seen), string(outcome), v.Actor, reason, r)
 	})
 	switch {
-	case errors.Is(err, outbox.ErrNotFound):
+	case errors.Is(err, stepwisetype.ErrNotFound):
 		h.fail(w, r, http.StatusNotFound, "no operation %s", id)
 		return
-	case errors.Is(err, outbox.ErrStateChanged):
+	case errors.Is(err, stepwisetype.ErrChanged):
 		h.fail(w, r, http.StatusConflict, "operation %s is no longer the %s you saw: nothing was done; %s; reload it, read what changed and decide again",
 			id, seen, h.operationNow(ctx, id, seen, version))
 		return

@@ -21,6 +21,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/reconcile"
 	wfengine "github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/schedule"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -581,7 +582,7 @@ func (h *Handler) operation(w http.ResponseWriter, r *http.Request, v *viewer) {
 	}
 	ctx := r.Context()
 	op, err := outbox.Get(ctx, h.db, id)
-	if errors.Is(err, outbox.ErrNotFound) {
+	if errors.Is(err, stepwisetype.ErrNotFound) {
 		h.fail(w, r, http.StatusNotFound, "no operation %s: see %s/operations", id, h.cfg.Prefix)
 		return
 	}

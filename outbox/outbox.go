@@ -211,17 +211,17 @@ type NotSentError = outbox.NotSentError
 // id is already in the ledger with another payload, amount or currency.
 type ConflictError = outbox.ConflictError
 
-// StateChangedError is returned (matching ErrStateChanged) by a move that expected a state
+// StateChangedError is returned (matching stepwisetype.ErrChanged) by a move that expected a state
 // or version the operation is no longer in.
 type StateChangedError = outbox.StateChangedError
 
-// Errors of the ledger.
+// Errors of the ledger. An operation id that is not in the ledger is an error matching
+// stepwisetype.ErrNotFound; a move refused because the operation changed, one matching
+// stepwisetype.ErrChanged (a *StateChangedError says how).
 var (
 	ErrOperationConflict = outbox.ErrOperationConflict
 	ErrPayloadTooLarge   = outbox.ErrPayloadTooLarge
 	ErrInvalidOperation  = outbox.ErrInvalidOperation
-	ErrNotFound          = outbox.ErrNotFound
-	ErrStateChanged      = outbox.ErrStateChanged
 	ErrInvalidTransition = outbox.ErrInvalidTransition
 	ErrUnknownKind       = outbox.ErrUnknownKind
 )

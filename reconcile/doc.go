@@ -56,7 +56,7 @@ decision is dropped and no outcome callback runs twice.
 A person's decision on a MANUAL or UNKNOWN_EXTERNAL operation — SUCCEEDED, FAILED_PERMANENT,
 or RETRYABLE to send it again under the same id — is recorded by stepwise.Client's
 OperationResolve, with the person's name and reason in the audit trail and the outcome
-callback in the same transaction. It is refused with outbox.ErrStateChanged if the operation
+callback in the same transaction. It is refused with stepwisetype.ErrChanged if the operation
 moved since the version the person saw, even back into the same state:
 
 	op, err := client.OperationGet(ctx, id) // what the person looks at

@@ -207,7 +207,8 @@ func TestPruneKeepsRunKeysAndResumability(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return workflow.ResumeTx(ctx, w.client, tx, key, run.Version, "alice", "TICKET-9: the bank's file arrived")
+		_, err = workflow.ResumeTx(ctx, w.client, tx, key, run.Version, "alice", "TICKET-9: the bank's file arrived")
+		return err
 	}))
 	w.waitRun(t, key, workflow.RunStatusSucceeded)
 	w.waitRun(t, done, workflow.RunStatusSucceeded)

@@ -191,7 +191,8 @@ type SpecError = schedule.SpecError
 // ZoneError is the error LoadZone returns for a name that is not a usable IANA zone.
 type ZoneError = schedule.ZoneError
 
-// Errors of schedules, slots and specs.
+// Errors of schedules, slots and specs. A schedule or slot that does not exist is an error
+// matching stepwisetype.ErrNotFound, whose message names it.
 var (
 	// ErrInvalid: a schedule's definition is wrong; the message names the field and the fix.
 	ErrInvalid = schedule.ErrInvalid
@@ -202,10 +203,6 @@ var (
 	// ErrNoSlotOnDate, ErrSeveralSlotsOnDate: SlotOn's date has no slot, or several.
 	ErrNoSlotOnDate       = schedule.ErrNoSlotOnDate
 	ErrSeveralSlotsOnDate = schedule.ErrSeveralSlotsOnDate
-	// ErrNotFound, ErrSlotNotFound: no such schedule or slot; errors.Is(err,
-	// stepwisetype.ErrNotFound) too.
-	ErrNotFound     = schedule.ErrNotFound
-	ErrSlotNotFound = schedule.ErrSlotNotFound
 	// ErrSlotRunsMissing: StartSlot of a slot that was materialized and whose runs are gone:
 	// starting them again would redo the slot's work, settling the date a second time.
 	ErrSlotRunsMissing = schedule.ErrSlotRunsMissing

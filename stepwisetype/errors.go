@@ -2,21 +2,19 @@ package stepwisetype
 
 import "errors"
 
-// ErrNotFound matches every "not found" of the stepwise.Client's operator actions: a run key,
-// an operation id, a schedule or a slot that does not exist. The Client wraps the packages'
-// own sentinels (workflow.ErrRunNotFound, outbox.ErrNotFound, schedule.ErrNotFound,
-// schedule.ErrSlotNotFound) so that errors.Is matches both this and the package's one.
+// ErrNotFound matches every "not found" of Stepwise: a run key, an operation id, a schedule or
+// a slot that does not exist. The error's message names what was not found; there is no
+// other sentinel to match (checkpoint.ErrNotFound, the layer below, matches it too).
 var ErrNotFound = errors.New("stepwise: not found")
 
 // ErrChanged matches every refusal of a person's decision taken on an older view: the run or
 // operation moved since the version the person saw (ExpectedVersion). Nothing was done; read
-// it again and decide again. The Client wraps the packages' own sentinels
-// (workflow.ErrRunChanged, outbox.ErrStateChanged) so that errors.Is matches both.
+// it again and decide again. errors.As to a *workflow.RunChangedError or an
+// *outbox.StateChangedError says what it is now.
 var ErrChanged = errors.New("stepwise: changed since it was read")
 
-// NotFound returns a package's own "not found" sentinel, with its own message, that also
-// matches ErrNotFound: errors.Is(err, workflow.ErrRunNotFound) names what was missing, and
-// errors.Is(err, stepwisetype.ErrNotFound) catches every kind at once.
+// NotFound returns a "not found" sentinel with its own message that matches ErrNotFound: the
+// internal packages make theirs with it, so each names what was missing.
 func NotFound(msg string) error { return &kindError{msg: msg, kind: ErrNotFound} }
 
 // Changed returns a package's own "changed since it was read" sentinel that also matches

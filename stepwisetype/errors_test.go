@@ -7,13 +7,14 @@ import (
 
 	"github.com/stepwise-go/stepwise/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/outbox"
-	"github.com/stepwise-go/stepwise/schedule"
+	"github.com/stepwise-go/stepwise/internal/schedule"
+	"github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/stepwisetype"
-	"github.com/stepwise-go/stepwise/workflow"
 )
 
-// One "not found" and one "changed" for a caller who does not care which package said it,
-// while each package's sentinel still names what was missing and matches only itself.
+// One "not found" and one "changed" for every caller (the public packages export no sentinel
+// of their own for these), while each internal sentinel still names what was missing in its
+// message and matches only itself.
 func TestOneNotFoundOneChanged(t *testing.T) {
 	notFound := []error{workflow.ErrRunNotFound, outbox.ErrNotFound, schedule.ErrNotFound, schedule.ErrSlotNotFound, checkpoint.ErrNotFound}
 	for _, sentinel := range notFound {
@@ -28,7 +29,9 @@ func TestOneNotFoundOneChanged(t *testing.T) {
 	if errors.Is(workflow.ErrRunNotFound, outbox.ErrNotFound) {
 		t.Error("a run not found matches an operation not found")
 	}
-	for _, sentinel := range []error{workflow.ErrRunChanged, outbox.ErrStateChanged} {
+	// The typed errors that say what the thing is now match ErrChanged by themselves, not only
+	// when the client wraps them.
+	for _, sentinel := range []error{workflow.ErrRunChanged, outbox.ErrStateChanged, &workflow.RunChangedError{Key: "k"}, &outbox.StateChangedError{}} {
 		err := fmt.Errorf("resolving: %w", sentinel)
 		if !errors.Is(err, stepwisetype.ErrChanged) || errors.Is(err, stepwisetype.ErrNotFound) {
 			t.Errorf("%v: does not match ErrChanged alone", sentinel)

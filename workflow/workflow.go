@@ -158,21 +158,19 @@ const (
 	MaintenanceIntervalDefault = workflow.MaintenanceIntervalDefault
 )
 
-// Errors of runs and steps.
+// Errors of runs and steps. A run key that does not exist is an error matching
+// stepwisetype.ErrNotFound (its message names the key); a decision on a run that moved since
+// the person read it, one matching stepwisetype.ErrChanged (a *RunChangedError says how).
 var (
 	// ErrFenced: a step's commit was refused because another worker claimed the run after
 	// this worker's lease lapsed. Nothing the step wrote was committed.
 	ErrFenced = workflow.ErrFenced
 	// ErrRunConflict: a run with the key already exists with another workflow or input.
 	ErrRunConflict = workflow.ErrRunConflict
-	// ErrRunNotFound: no run has the key; errors.Is(err, stepwisetype.ErrNotFound) too.
-	ErrRunNotFound = workflow.ErrRunNotFound
 	// ErrRunCancelled is the cause of a step context cancelled by a cancel of its run.
 	ErrRunCancelled = workflow.ErrRunCancelled
 	// ErrRunNotResumable: the run is not failed or cancelled.
 	ErrRunNotResumable = workflow.ErrRunNotResumable
-	// ErrRunChanged: the run moved since the person read it (a *RunChangedError says how).
-	ErrRunChanged = workflow.ErrRunChanged
 )
 
 // RunChangedError says what a run is now, for the person who decided on an older view of it.

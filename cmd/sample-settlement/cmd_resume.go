@@ -71,18 +71,13 @@ func runResume(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return cmdline.UsageError("--seen-version is required: run %s is %s now (version %d%s); if that is the run you decided to resume, run the command again with --seen-version %d",
 			key, run.Status, run.Version, lastErrorText(run.LastError), run.Version)
 	}
-	if _, err := client.RunResume(ctx, key, &stepwise.RunResumeOpts{ExpectedVersion: *seenVersion, Actor: *actor, Reason: *reason}); err != nil {
+	res, err := client.RunResume(ctx, key, &stepwise.RunResumeOpts{ExpectedVersion: *seenVersion, Actor: *actor, Reason: *reason})
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "run %s resumed from its last checkpoint by %s (%q); serve picks it up\n", key, *actor, *reason)
 	// Descendants that stopped after the run ended are news nobody decided on: say so.
-	var left []string
-	if err := pool.QueryRow(ctx, `SELECT array(SELECT jsonb_array_elements_text(coalesce(detail->'left_as_they_are', '[]')))
-		FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`, key).Scan(&left); err != nil {
-		// Silence would read as "nothing left": say it is unknown.
-		return fmt.Errorf("run %s was resumed, but which of its descendants were left as they are could not be read (see its run.resume event): %w", key, err)
-	}
-	if len(left) > 0 {
+	if left := res.LeftAsTheyAre; len(left) > 0 {
 		fmt.Fprintf(stdout, "left as they are (failed or cancelled after the run ended; a parent waiting for them goes on without them: resume each on its own if that is the decision): %s\n", strings.Join(left, ", "))
 	}
 	return nil

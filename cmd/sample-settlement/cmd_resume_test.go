@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The resume command refuses bad input clearly; stepwise.Client.RunResume (workflow.ResumeTx)
+// The resume command refuses bad input clearly; stepwise.Client.RunResume
 // itself is tested in the root and workflow packages.
 func TestResumeCommand(t *testing.T) {
 	t.Parallel()

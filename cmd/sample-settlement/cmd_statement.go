@@ -17,7 +17,7 @@ import (
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 func init() {
@@ -56,7 +56,7 @@ func runStatementArrived(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	run, err := client.RunGet(ctx, key)
 	switch {
-	case errors.Is(err, workflow.ErrRunNotFound):
+	case errors.Is(err, stepwisetype.ErrNotFound):
 		fmt.Fprintf(stdout, "the run does not exist yet (the date is not closed): the statement is kept for it\n")
 	case err != nil:
 		return err

@@ -32,9 +32,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
-	"github.com/stepwise-go/stepwise/internal/outbox"
-	"github.com/stepwise-go/stepwise/schedule"
-	"github.com/stepwise-go/stepwise/workflow"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // Exit codes. See the package doc.
@@ -162,12 +160,7 @@ func (c *cli) exit(err error) int {
 }
 
 func isNotFound(err error) bool {
-	for _, target := range []error{errNotFound, workflow.ErrRunNotFound, outbox.ErrNotFound, schedule.ErrNotFound, schedule.ErrSlotNotFound} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
+	return errors.Is(err, errNotFound) || errors.Is(err, stepwisetype.ErrNotFound)
 }
 
 // flags is a leaf command's flag set with the flags every command has.

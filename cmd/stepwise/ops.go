@@ -13,6 +13,7 @@ import (
 	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 func runOps(ctx context.Context, c *cli, args []string) error {
@@ -184,7 +185,7 @@ func opsShow(ctx context.Context, c *cli, args []string) error {
 	var out opShow
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		op, err := client.OperationGetTx(ctx, tx, id)
-		if errors.Is(err, outbox.ErrNotFound) {
+		if errors.Is(err, stepwisetype.ErrNotFound) {
 			return fmt.Errorf("%w: no operation %s; list them with \"stepwise ops\"", errNotFound, id)
 		}
 		if err != nil {
@@ -301,7 +302,7 @@ func opsResolve(ctx context.Context, c *cli, args []string) error {
 	}
 	defer pool.Close()
 	cur, err := client.OperationGet(ctx, id)
-	if errors.Is(err, outbox.ErrNotFound) {
+	if errors.Is(err, stepwisetype.ErrNotFound) {
 		return fmt.Errorf("%w: no operation %s; list the ones waiting for a person with \"stepwise ops --state MANUAL\"", errNotFound, id)
 	}
 	if err != nil {

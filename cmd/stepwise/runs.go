@@ -14,6 +14,7 @@ import (
 
 	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -140,7 +141,7 @@ func runsShow(ctx context.Context, c *cli, args []string) error {
 	// One snapshot: the run, its checkpoint and its events agree.
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		run, err := client.RunGetTx(ctx, tx, pos[0])
-		if errors.Is(err, workflow.ErrRunNotFound) {
+		if errors.Is(err, stepwisetype.ErrNotFound) {
 			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs --key-prefix ...\"", errNotFound, pos[0])
 		}
 		if err != nil {
@@ -270,7 +271,7 @@ func runsCancel(ctx context.Context, c *cli, args []string) error {
 		run, err := client.RunCancelTx(ctx, tx, key, &sw.RunCancelOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: seen})
 		var changed *workflow.RunChangedError
 		switch {
-		case errors.Is(err, workflow.ErrRunNotFound):
+		case errors.Is(err, stepwisetype.ErrNotFound):
 			return fmt.Errorf("%w: no run with key %q; list them with \"stepwise runs\"", errNotFound, key)
 		case errors.As(err, &changed):
 			return fmt.Errorf("run %q is %s at version %d now, not version %d as you saw: nothing was changed; look again (stepwise runs show %s) before deciding", key, changed.Status, changed.Version, seen, key)
@@ -355,24 +356,20 @@ func runsResume(ctx context.Context, c *cli, args []string) error {
 				f.c.path, key, run.Status, run.Version, last, run.Version)
 		}
 	}
+	var res *sw.RunResumeResult
 	if err == nil {
-		_, err = client.RunResume(ctx, key, &sw.RunResumeOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: seen})
+		res, err = client.RunResume(ctx, key, &sw.RunResumeOpts{Actor: a.actor, Reason: a.reason, ExpectedVersion: seen})
 	}
 	switch {
-	case errors.Is(err, workflow.ErrRunNotFound):
+	case errors.Is(err, stepwisetype.ErrNotFound):
 		return fmt.Errorf("%w; list runs with \"stepwise runs --status failed\"", err)
-	case errors.Is(err, workflow.ErrRunChanged), errors.Is(err, workflow.ErrRunNotResumable):
+	case errors.Is(err, stepwisetype.ErrChanged), errors.Is(err, workflow.ErrRunNotResumable):
 		return fmt.Errorf("%w (see \"stepwise runs show %s\")", err, key)
 	case err != nil:
 		return err
 	}
 	// Descendants that stopped after the run ended are news nobody decided on: say so.
-	left := []string{}
-	if err := pool.QueryRow(ctx, `SELECT array(SELECT jsonb_array_elements_text(coalesce(detail->'left_as_they_are', '[]')))
-		FROM stepwise_event WHERE subject = $1 AND kind = 'run.resume' ORDER BY id DESC LIMIT 1`, key).Scan(&left); err != nil {
-		// Silence would read as "nothing left": say it is unknown.
-		return fmt.Errorf("run %s was resumed, but which of its descendants were left as they are could not be read (see \"stepwise runs show %s\"): %w", key, key, err)
-	}
+	left := append([]string{}, res.LeftAsTheyAre...) // [] rather than null in JSON
 	if f.json {
 		return c.printJSON(map[string]any{"key": key, "resumed": true, "actor": a.actor, "reason": a.reason, "left_as_they_are": left})
 	}

@@ -10,6 +10,7 @@ import (
 
 	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/schedule"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 func runSchedules(ctx context.Context, c *cli, args []string) error {
@@ -116,7 +117,7 @@ func schedulesPause(ctx context.Context, c *cli, args []string, pause bool) erro
 }
 
 func notFoundSchedule(err error, name string) error {
-	if errors.Is(err, schedule.ErrNotFound) {
+	if errors.Is(err, stepwisetype.ErrNotFound) {
 		return fmt.Errorf("%w: no schedule %q (a schedule gets its row at its first tick); list them with \"stepwise schedules\"", errNotFound, name)
 	}
 	return err

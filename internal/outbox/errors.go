@@ -95,8 +95,8 @@ func (e *StateChangedError) Error() string {
 		ErrStateChanged.Error(), e.OperationID, e.Actual, e.Expected)
 }
 
-// Is makes errors.Is(err, ErrStateChanged) true.
-func (e *StateChangedError) Is(target error) bool { return target == ErrStateChanged }
+// Is makes errors.Is(err, ErrStateChanged) and errors.Is(err, stepwisetype.ErrChanged) true.
+func (e *StateChangedError) Is(target error) bool { return errors.Is(ErrStateChanged, target) }
 
 // PermanentError marks a Sender's error as a definite refusal by the external system. Build
 // it with Permanent.

@@ -59,5 +59,5 @@ func (e *RunChangedError) Error() string {
 		ErrRunChanged.Error(), e.Key, e.Version-e.SeenVersion, e.SeenVersion, e.Status, e.Version, last)
 }
 
-// Is makes errors.Is(err, ErrRunChanged) true.
-func (e *RunChangedError) Is(target error) bool { return target == ErrRunChanged }
+// Is makes errors.Is(err, ErrRunChanged) and errors.Is(err, stepwisetype.ErrChanged) true.
+func (e *RunChangedError) Is(target error) bool { return errors.Is(ErrRunChanged, target) }

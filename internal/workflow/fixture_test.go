@@ -413,7 +413,8 @@ func queryInt(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 // transaction of its own, which is what stepwise.Client.RunResume does.
 func resumeSeen(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx.Tx], key string, seen int64, actor, reason string) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return workflow.ResumeTx(ctx, client, tx, key, seen, actor, reason)
+		_, err := workflow.ResumeTx(ctx, client, tx, key, seen, actor, reason)
+		return err
 	})
 }
 
@@ -425,6 +426,7 @@ func resumeNow(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx
 		if err != nil {
 			return err
 		}
-		return workflow.ResumeTx(ctx, client, tx, key, run.Version, actor, reason)
+		_, err = workflow.ResumeTx(ctx, client, tx, key, run.Version, actor, reason)
+		return err
 	})
 }

@@ -299,8 +299,8 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 
 // ResumeTx continues a failed or cancelled run from its last committed cursor, in the
 // caller's transaction, only if the run's Version is still seenVersion: the run the person
-// read. It is what stepwise.Client.RunResume/RunResumeTx call; use it directly only when
-// wiring the engine by hand.
+// read. It is what stepwise.Client.RunResume/RunResumeTx call, and it returns the keys of the
+// descendants it left as they are (below).
 //
 // The run goes back to pending under a new River job (same queue, priority and max attempts
 // as its last job, when River still has it) with a fresh crash-loop budget, and the
@@ -308,7 +308,7 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 // cancelled descendants (Step.StartChild) are resumed with it, except those that became
 // failed or cancelled after the run ended (other than by the run's own cancellation reaching
 // them), and every run below them: news the person has not seen, left as they are and
-// listed in the run's 'run.resume' event (left_as_they_are), for the person to resume on
+// listed in the run's 'run.resume' event (left_as_they_are) and returned, for the person to resume on
 // their own if that is the decision. A run waiting for its children sees a left one as it
 // is (failed or cancelled) and goes on: to have it run, resume it on its own first. actor (who) and reason (why, e.g. a ticket) are required and recorded in the run's 'run.resume' event; neither may hold
 // control or invisible formatting characters (Unicode Cc, Cf, Zl, Zp). A succeeded run is
@@ -324,53 +324,54 @@ func CancelRun(ctx context.Context, q stepwisetype.DBTX, key, reason string) err
 // The run's new job and its 'run.resume' event commit or roll back with tx. On any error
 // nothing of this call remains in tx (it works under a savepoint), so a caller that commits
 // anyway commits no orphan job.
-func ResumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) error {
+func ResumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) (left []string, err error) {
 	switch {
 	case client == nil:
-		return errors.New("workflow.ResumeTx: client is nil")
+		return nil, errors.New("resuming a run: the River client is nil")
 	case seenVersion < 1:
-		return fmt.Errorf("workflow.ResumeTx(%q): seenVersion %d: pass the run's Version as read (1 or more)", key, seenVersion)
+		return nil, fmt.Errorf("resuming run %q: seen version %d: pass the run's Version as read (1 or more)", key, seenVersion)
 	case actor == "":
-		return fmt.Errorf("workflow.ResumeTx(%q): actor is empty; say who resumes the run, for the audit trail", key)
+		return nil, fmt.Errorf("resuming run %q: actor is empty; say who resumes the run, for the audit trail", key)
 	case reason == "":
-		return fmt.Errorf("workflow.ResumeTx(%q): reason is empty; say why the run can go on now (e.g. the incident fixed)", key)
+		return nil, fmt.Errorf("resuming run %q: reason is empty; say why the run can go on now (e.g. the incident fixed)", key)
 	}
 	if err := audittext.Check("actor", actor); err != nil {
-		return fmt.Errorf("workflow.ResumeTx(%q): %w", key, err)
+		return nil, fmt.Errorf("resuming run %q: %w", key, err)
 	}
 	if err := audittext.Check("reason", reason); err != nil {
-		return fmt.Errorf("workflow.ResumeTx(%q): %w", key, err)
+		return nil, fmt.Errorf("resuming run %q: %w", key, err)
 	}
 	// Guards against a refused resume leaving its River job in the caller's transaction: the
 	// job is inserted before the guarded transition, and a caller may commit after an error.
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("resuming run %q: %w", key, err)
+		return nil, fmt.Errorf("resuming run %q: %w", key, err)
 	}
 	defer pgtx.Rollback(ctx, sp)
-	if err := resumeTx(ctx, client, sp, key, seenVersion, actor, reason); err != nil {
-		return err
+	if left, err = resumeTx(ctx, client, sp, key, seenVersion, actor, reason); err != nil {
+		return nil, err
 	}
 	if err := sp.Commit(ctx); err != nil {
-		return fmt.Errorf("resuming run %q: releasing its savepoint: %w", key, err)
+		return nil, fmt.Errorf("resuming run %q: releasing its savepoint: %w", key, err)
 	}
-	return nil
+	return left, nil
 }
 
-// resumeTx resumes the run in tx; a non-nil error leaves tx to be rolled back.
-func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) error {
+// resumeTx resumes the run in tx and returns the descendants it left as they are; a non-nil
+// error leaves tx to be rolled back.
+func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string, seenVersion int64, actor, reason string) ([]string, error) {
 	run, err := GetRun(ctx, tx, key)
 	if err != nil {
-		return fmt.Errorf("workflow.ResumeTx: %w", err)
+		return nil, fmt.Errorf("resuming run %q: %w", key, err)
 	}
 	// Guards against a decision on a stale screen: the run the person read may have been
 	// resumed, run and failed again since, failed or cancelled as before but for another
 	// reason (ABA on the status).
 	if run.Version != seenVersion {
-		return &RunChangedError{Key: key, SeenVersion: seenVersion, Status: run.Status, Version: run.Version, LastError: run.LastError}
+		return nil, &RunChangedError{Key: key, SeenVersion: seenVersion, Status: run.Status, Version: run.Version, LastError: run.LastError}
 	}
 	if run.Status != RunStatusFailed && run.Status != RunStatusCancelled {
-		return fmt.Errorf("%w: workflow.ResumeTx(%q): the run is %s; only a failed or cancelled run can be resumed", ErrRunNotResumable, key, run.Status)
+		return nil, fmt.Errorf("%w: run %q is %s; only a failed or cancelled run can be resumed", ErrRunNotResumable, key, run.Status)
 	}
 	// A resume reaches the run's descendants (Step.StartChild) that were failed or cancelled,
 	// in the same transaction: a parent resumed into a wait for its children must not wait
@@ -382,7 +383,7 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 	}
 	kids, err := readDescendants(ctx, tx, key, ended)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var left []string
 	for _, c := range kids {
@@ -399,31 +400,31 @@ func resumeTx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key 
 		case err == nil:
 			opts.Queue, opts.Priority, opts.MaxAttempts = queue, priority, maxAttempts
 		case !errors.Is(err, pgx.ErrNoRows):
-			return fmt.Errorf("resuming run %q: reading its last job: %w", key, err)
+			return nil, fmt.Errorf("resuming run %q: reading its last job: %w", key, err)
 		}
 	}
 	if opts.Metadata, err = runstart.WithRunKey(ctx, nil, key); err != nil {
-		return err
+		return nil, err
 	}
 	ins, err := client.InsertTx(ctx, tx, rawArgs{kind: run.Workflow, raw: run.Input}, opts)
 	if err != nil {
-		return fmt.Errorf("resuming run %q: inserting its River job: %w", key, err)
+		return nil, fmt.Errorf("resuming run %q: inserting its River job: %w", key, err)
 	}
 	// Guards: two resumes at once, or a run that changed since it was read (its version).
 	ok, err := resumeRun(ctx, tx, key, run.Status, run.Version, ins.Job.ID, actor, reason, nil, left)
 	if err != nil {
-		return fmt.Errorf("resuming run %q: %w", key, err)
+		return nil, fmt.Errorf("resuming run %q: %w", key, err)
 	}
 	if !ok {
 		// Read committed: this statement sees what moved it (the job inserted above is
 		// rolled back with the transaction).
 		now, err := GetRun(ctx, tx, key)
 		if err != nil {
-			return fmt.Errorf("resuming run %q: %w", key, errRunMoved)
+			return nil, fmt.Errorf("resuming run %q: %w", key, errRunMoved)
 		}
-		return &RunChangedError{Key: key, SeenVersion: run.Version, Status: now.Status, Version: now.Version, LastError: now.LastError}
+		return nil, &RunChangedError{Key: key, SeenVersion: run.Version, Status: now.Status, Version: now.Version, LastError: now.LastError}
 	}
-	return resumeDescendants(ctx, client, tx, key, run.Version, kids, actor, reason)
+	return left, resumeDescendants(ctx, client, tx, key, run.Version, kids, actor, reason)
 }
 
 // descendant is a failed or cancelled descendant of a run being resumed, as read and locked

@@ -418,7 +418,12 @@ func TestResumeOfAParentLeavesAChildThatChangedOnItsOwn(t *testing.T) {
 	frozen, err := workflow.GetRun(ctx, pool, "ab/child-0")
 	require.NoError(t, err)
 
-	require.NoError(t, resumeSeen(ctx, pool, we.client, "ab", seen.Version, "alice", "INC-1: the bank is back"))
+	var returned []string
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		returned, err = workflow.ResumeTx(ctx, we.client, tx, "ab", seen.Version, "alice", "INC-1: the bank is back")
+		return err
+	}))
+	require.Equal(t, []string{"ab/child-0"}, returned, "the resume returns what it left, for the person to see at once")
 	left, err := workflow.GetRun(ctx, pool, "ab/child-0")
 	require.NoError(t, err)
 	require.Equal(t, workflow.RunStatusCancelled, left.Status, "the child that changed after its parent ended is left as it is")

@@ -19,6 +19,7 @@ import (
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/bankfake"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -122,7 +123,7 @@ func TestDateClosesOnlyWhenEveryPayoutIsProven(t *testing.T) {
 	require.NotNil(t, run.Wait, "the MANUAL payout's run waits")
 	require.Contains(t, run.Wait.Missing, "1 MANUAL")
 	_, err = svc.Client.RunGet(ctx, settlement.ReconcileRunKey(testDate))
-	require.ErrorIs(t, err, workflow.ErrRunNotFound, "no reconciliation before the date closes")
+	require.ErrorIs(t, err, stepwisetype.ErrNotFound, "no reconciliation before the date closes")
 	res, err := settlement.CheckInvariants(ctx, pool, nil, svc.Plan, testDate)
 	require.NoError(t, err)
 	require.True(t, checkNamed(t, res, settlement.ClosedDateAtRest).OK)
@@ -246,7 +247,7 @@ func TestFailedCurrencyRunIsResumedWithItsDate(t *testing.T) {
 	}
 	waitProgress(t, pool, "the date's run waiting for its currency runs", func(ctx context.Context) (bool, string, error) {
 		run, err := svc.Client.RunGet(ctx, parent)
-		if errors.Is(err, workflow.ErrRunNotFound) {
+		if errors.Is(err, stepwisetype.ErrNotFound) {
 			p, err := settlement.ReadProgress(ctx, pool, svc.Plan, testDate)
 			if err != nil {
 				return false, "", err

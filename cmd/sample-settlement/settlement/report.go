@@ -224,7 +224,7 @@ func BuildReport(ctx context.Context, pool *pgxpool.Pool, bank Bank, plan Plan, 
 		}
 		if s, err := operator.SlotGet(ctx, ScheduleName, slot); err == nil {
 			decision = s.Decision
-		} else if !errors.Is(err, schedule.ErrSlotNotFound) {
+		} else if !errors.Is(err, stepwisetype.ErrNotFound) {
 			return nil, err
 		}
 		r.Batch = schedule.DeriveBatchStatus(decision, plan.Shards, r.Runs, runOps)

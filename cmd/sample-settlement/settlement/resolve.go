@@ -10,6 +10,7 @@ import (
 
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // Resolution is a person's decision about a payout the machines could not settle.
@@ -109,7 +110,7 @@ func Resolve(ctx context.Context, client *stepwise.Client, r Resolution) (*outbo
 // operation, or an operation of another kind.
 func readPayout(ctx context.Context, client *stepwise.Client, id uuid.UUID) (*outbox.Operation, error) {
 	cur, err := client.OperationGet(ctx, id)
-	if errors.Is(err, outbox.ErrNotFound) {
+	if errors.Is(err, stepwisetype.ErrNotFound) {
 		return nil, fmt.Errorf("%w: operation %s does not exist; find open payouts with \"report --date D --json\"", ErrNoSuchSettlement, id)
 	}
 	if err != nil {

@@ -68,7 +68,7 @@ func TestResumeTxRefusesARunThatFailedAgain(t *testing.T) {
 		require.Error(t, err)
 		require.ErrorContains(t, err, "U+")
 	}
-	require.ErrorContains(t, resumeSeen(ctx, pool, e.client, "aba", 0, "alice", "x"), "seenVersion 0")
+	require.ErrorContains(t, resumeSeen(ctx, pool, e.client, "aba", 0, "alice", "x"), "seen version 0")
 	require.ErrorIs(t, resumeSeen(ctx, pool, e.client, "aba-none", 1, "alice", "x"), workflow.ErrRunNotFound)
 
 	// With the version alice reads now, she decides again, and the resume goes through.

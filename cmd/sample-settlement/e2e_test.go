@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflowtest"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
@@ -28,6 +29,7 @@ var servingRE = regexp.MustCompile(`serving: http://(127\.0\.0\.1:\d+)/metrics`)
 // is stopped with SIGTERM and shuts down gracefully.
 func TestServeThreeProcessesSettleADate(t *testing.T) {
 	t.Parallel()
+	testkit.Heavy(t) // three serve processes of 24 connections each
 	ctx := context.Background()
 	dbURL := seededDBURL(t)
 	bank := fakebank.New(&fakebank.Config{Seed: 5, Faults: fakebank.Mix{RefuseBeforeApply: 0.02, Error5xxAfterApply: 0.03, DropAfterApply: 0.02}})

@@ -128,6 +128,7 @@ func TestReadmeChaosCommand(t *testing.T) {
 		t.Skip("a chaos soak")
 	}
 	t.Parallel()
+	testkit.Heavy(t) // a fleet of worker processes
 	duration := "5s"
 	if full() {
 		duration = "10m"
@@ -147,6 +148,7 @@ func TestReadmeBenchCommand(t *testing.T) {
 		t.Skip("a benchmark")
 	}
 	t.Parallel()
+	testkit.Heavy(t) // every bench section, each with its River clients and pools
 	// README: go run ./cmd/stepwise-lab bench --quick
 	args := []string{"bench", "--quick"}
 	if full() {

@@ -598,3 +598,45 @@ func withDatabase(adminURL, name string) string {
 	}
 	return adminURL + " dbname=" + name
 }
+
+// heavyLock is the advisory lock key Heavy holds: one for the whole server, so that it
+// spans every test binary of a go test ./... run.
+var heavyLock = func() int64 {
+	sum := sha256.Sum256([]byte("stepwise testkit heavy test"))
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}()
+
+// Heavy makes t wait until no other heavy test runs, in any test binary on this server, and
+// keeps the others waiting until t ends. A heavy test starts fleets of processes or the
+// bench's sections, each taking tens of connections (River clients, dispatchers, worker
+// pools). go test ./... runs two test binaries at once, and a binary's parallel tests
+// together: two heavy tests at once passed the server's max_connections (100, the default)
+// in a CI run, and a test then failed on "too many clients already", not on what it tests.
+// The lock is a session advisory lock on a connection of its own, so a killed test binary
+// releases it with its connection.
+func Heavy(t testing.TB) {
+	t.Helper()
+	requireServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	conn, err := admin.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("testkit.Heavy: connecting to the server: %v", err)
+	}
+	start := time.Now()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", heavyLock); err != nil {
+		conn.Release()
+		t.Fatalf("testkit.Heavy: waiting for the other heavy tests: %v", err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Logf("testkit.Heavy: waited %s for another heavy test to end", waited.Round(100*time.Millisecond))
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", heavyLock); err != nil {
+			conn.Conn().Close(ctx) //nolint:errcheck // closing the session drops the lock
+		}
+		conn.Release()
+	})
+}

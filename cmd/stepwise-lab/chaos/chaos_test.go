@@ -28,6 +28,7 @@ func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos takes a minute")
 	}
+	testkit.Heavy(t) // a fleet of worker processes
 	cfg := &chaos.Config{Duration: 30 * time.Second, Logf: t.Logf, Progress: testWriter{t}}
 	if s := os.Getenv("STEPWISE_CHAOS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)

@@ -28,6 +28,7 @@ func runProfile(t *testing.T, name string) {
 	if testing.Short() {
 		t.Skip("a chaos profile takes half a minute")
 	}
+	testkit.Heavy(t) // a fleet of worker processes
 	cfg, err := chaos.ProfileConfig(name, true)
 	require.NoError(t, err)
 	cfg.Logf, cfg.Progress = t.Logf, testWriter{t}

@@ -94,6 +94,6 @@
 // fewer crashes and errors than MaxAttempts; CountTakeovers counts them. Workers must use
 // a River client ID the harness can name (ChaosConfig.WorkerID), as lease owners begin with it.
 //
-// workflow/chaos_test.go uses both on Stepwise itself, and shows the suite failing on a build
+// internal/workflow/chaos_test.go uses both on Stepwise itself, and shows the suite failing on a build
 // whose fence is switched off; cmd/stepwise-lab/chaos runs them on the sample service.
 package workflowtest

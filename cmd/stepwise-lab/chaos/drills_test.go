@@ -100,6 +100,7 @@ func TestDrillConnectionCutOnSample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("drill takes half a minute")
 	}
+	testkit.Heavy(t) // worker processes beside the sample's pools
 	b := setupDrill(t)
 	ctx := context.Background()
 	proxy, proxied := testkit.NewProxy(t, b.url)
@@ -137,6 +138,7 @@ func TestDrillHotFailingRunOnSample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("drill takes half a minute")
 	}
+	testkit.Heavy(t) // worker processes beside the sample's pools
 	b := setupDrill(t)
 	ctx := context.Background()
 	_, err := workflow.Start(ctx, b.client, "settle/hot", settlement.SettleArgs{Date: "2026-11-26", Shard: 9, Shards: 8},

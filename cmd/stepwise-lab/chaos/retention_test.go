@@ -29,6 +29,7 @@ func TestRetentionSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a chaos profile takes half a minute")
 	}
+	testkit.Heavy(t) // a fleet of worker processes
 	profile := "slow-bank"
 	if p := os.Getenv("STEPWISE_RETENTION_PROFILE"); p != "" {
 		profile = p

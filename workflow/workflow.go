@@ -28,8 +28,13 @@ func StepFunc[A river.JobArgs, C any](f func(ctx context.Context, s *Step[A, C])
 	return workflow.StepFunc(f)
 }
 
-// Step is what one step works with: the run's key and args, the cursor to advance, and the
-// transaction (Tx) its writes, cursor and outbox rows commit in, fenced.
+// Step is what a step function receives: the step's transaction (Tx: every business write
+// and outbox.Enqueue of the step goes through it; do not commit or roll it back), the run's
+// input (Args), the cursor as last committed (Cursor: set it to where the next step must
+// start), the run's key (RunKey), the step's number (Number), the fencing token (Token) and
+// the River job (Job). Stepwise commits Tx together with the new cursor, fenced by the run's
+// token. Its methods: StartChild and StartRun start runs in Tx, Woken says what ended the
+// wait before this step, ReportItems counts the step's items on its trace span.
 type Step[A river.JobArgs, C any] = workflow.Step[A, C]
 
 // StepOpts are a step function's own settings (StepOptions), overriding the client's.

@@ -305,11 +305,14 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 		}
 		return audit(ctx, tx, "op:"+id.String(), "operation.resolve", string(seen), string(outcome), v.Actor, reason, r)
 	})
+	// The ledger's own sentinels, not the shared ErrNotFound/ErrChanged: the kind's outcome
+	// callback runs in tx, and a run or row it does not find, or a run that changed, is its
+	// failure (a 500), not "no such operation".
 	switch {
-	case errors.Is(err, stepwisetype.ErrNotFound):
+	case errors.Is(err, outbox.ErrNotFound):
 		h.fail(w, r, http.StatusNotFound, "no operation %s", id)
 		return
-	case errors.Is(err, stepwisetype.ErrChanged):
+	case errors.Is(err, outbox.ErrStateChanged):
 		h.fail(w, r, http.StatusConflict, "operation %s is no longer the %s you saw: nothing was done; %s; reload it, read what changed and decide again",
 			id, seen, h.operationNow(ctx, id, seen, version))
 		return

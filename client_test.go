@@ -349,7 +349,8 @@ func TestStepperOutsideClientFails(t *testing.T) {
 		return err == nil && len(errs) > 0
 	}, time.Minute, 20*time.Millisecond)
 	require.Contains(t, string(errs), "stepwise.NewClient")
-	require.Contains(t, string(errs), "engine.Install")
+	require.Contains(t, string(errs), "client.River()")
+	require.NotContains(t, string(errs), "engine.Install", "the fix names no API a user cannot reach")
 	var steps int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT steps FROM stepwise_checkpoint WHERE key = 'client/outside'`).Scan(&steps))
 	require.Zero(t, steps)

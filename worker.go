@@ -10,8 +10,8 @@ import (
 // AddWorker registers the stepper w in workers as the worker of A's kind, as river.AddWorker
 // registers a River worker: add it to Config.River.Workers before NewClient. The step engine
 // is found at work time, through the worker middleware the Client installs in its River
-// client; a job worked by a River client built without Stepwise fails with
-// workflow.ErrNoEngine, which names the fix. It panics on bad wiring (a kind registered
+// client; a job worked by a River client built without Stepwise fails its attempt with an
+// error that names the fix (build the client with NewClient), and River retries it. It panics on bad wiring (a kind registered
 // twice), like river.AddWorker.
 func AddWorker[A river.JobArgs, C any](workers *river.Workers, w workflow.Stepper[A, C]) {
 	wfengine.AddWorker(nil, workers, w)

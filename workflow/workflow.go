@@ -149,7 +149,8 @@ type Retry = workflow.Retry
 // cursor version no live worker reads).
 type Awaiting = workflow.Awaiting
 
-// StartOpts are a run's options at stepwise.Client.RunStart (and Step.StartChild).
+// StartOpts are a run's options at stepwise.Client.RunStart and Step.StartRun (Step.StartChild
+// takes only its InsertOpts).
 type StartOpts = workflow.StartOpts
 
 // Config is the step engine's part of stepwise.Config.

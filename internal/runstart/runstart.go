@@ -54,11 +54,11 @@ func Tx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string
 	ctx, span := tracing.Tracer(p.TracerProvider).Start(ctx, "stepwise.start")
 	defer func() { endSpan(span, key, args, created, err) }()
 	if err := checkpoint.ValidateKey(key); err != nil {
-		return false, fmt.Errorf("workflow.Start: run %w", err)
+		return false, fmt.Errorf("starting run: %w", err)
 	}
 	input, err := json.Marshal(args)
 	if err != nil {
-		return false, fmt.Errorf("workflow.Start: encoding input of run %q: %w", key, err)
+		return false, fmt.Errorf("starting run: encoding input of run %q: %w", key, err)
 	}
 	kind := args.Kind()
 	var (
@@ -78,7 +78,7 @@ func Tx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string
 		VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (key) DO NOTHING`,
 		key, kind, input, schedule, slot, shard, p.Parent)
 	if err != nil {
-		return false, fmt.Errorf("workflow.Start: recording run %q: %w", key, err)
+		return false, fmt.Errorf("starting run: recording run %q: %w", key, err)
 	}
 	if tag.RowsAffected() != 1 {
 		return false, sameRun(ctx, tx, key, kind, input, p.Parent)
@@ -89,11 +89,11 @@ func Tx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string
 		insertOpts = *p.Opts
 	}
 	if insertOpts.Metadata, err = WithRunKey(ctx, insertOpts.Metadata, key); err != nil {
-		return false, fmt.Errorf("workflow.Start: run %q: InsertOpts.Metadata: %w", key, err)
+		return false, fmt.Errorf("starting run: run %q: InsertOpts.Metadata: %w", key, err)
 	}
 	res, err := client.InsertTx(ctx, tx, args, &insertOpts)
 	if err != nil {
-		return false, fmt.Errorf("workflow.Start: inserting River job for run %q: %w", key, err)
+		return false, fmt.Errorf("starting run: inserting River job for run %q: %w", key, err)
 	}
 	// Links the run to the job that delivers it. Guards: a second link of the same run (the
 	// run must still be pending with no job).
@@ -110,7 +110,7 @@ func Tx(ctx context.Context, client *river.Client[pgx.Tx], tx pgx.Tx, key string
 		if err == nil {
 			err = errors.New("workflow: the run changed state meanwhile (finished, or taken over by another job)")
 		}
-		return false, fmt.Errorf("workflow.Start: linking run %q to its job: %w", key, err)
+		return false, fmt.Errorf("starting run: linking run %q to its job: %w", key, err)
 	}
 	return true, nil
 }
@@ -125,7 +125,7 @@ func sameRun(ctx context.Context, tx pgx.Tx, key, kind string, input []byte, par
 	)
 	if err := tx.QueryRow(ctx, `SELECT workflow, input::text, input = $2::jsonb, parent_key FROM stepwise_run WHERE key = $1`,
 		key, input).Scan(&workflow, &had, &same, &hadParent); err != nil {
-		return fmt.Errorf("workflow.Start: comparing run %q: %w", key, err)
+		return fmt.Errorf("starting run: comparing run %q: %w", key, err)
 	}
 	if workflow != kind || !same {
 		return fmt.Errorf("%w: key %q is run of %s with input %s; this start is %s with input %s",

@@ -76,12 +76,12 @@ func cursorVersionOf(w any) int {
 func checkCursorVersioning[A river.JobArgs, C any](w Stepper[A, C]) error {
 	var a A
 	if v := cursorVersionOf(w); v < 1 {
-		return fmt.Errorf("workflow.AddWorker(%s): CursorVersion() of %T is %d; versions start at 1 (StepperDefaults gives 1)", a.Kind(), w, v)
+		return fmt.Errorf("stepwise.AddWorker(%s): CursorVersion() of %T is %d; versions start at 1 (StepperDefaults gives 1)", a.Kind(), w, v)
 	}
 	if _, ok := w.(CursorUpgrader[C]); !ok {
 		if _, has := reflect.TypeOf(w).MethodByName("UpgradeCursor"); has {
 			var c C
-			return fmt.Errorf("workflow.AddWorker(%s): %T has an UpgradeCursor method, but not UpgradeCursor(from int, raw json.RawMessage) (%T, error) for its cursor type, so it would never be called",
+			return fmt.Errorf("stepwise.AddWorker(%s): %T has an UpgradeCursor method, but not UpgradeCursor(from int, raw json.RawMessage) (%T, error) for its cursor type, so it would never be called",
 				a.Kind(), w, c)
 		}
 	}

@@ -265,12 +265,12 @@ func (e *Engine) maintenanceInsertOpts() *river.InsertOpts {
 // while healthy. Step workers added after Install are checked by AddWorker.
 func (e *Engine) Install(rc *river.Config) error {
 	if rc == nil {
-		return errors.New("workflow.Engine.Install: river config is nil; pass the *river.Config you give river.NewClient")
+		return errors.New("stepwise.NewClient: Config.River is nil")
 	}
 	if rc.Schema != "" {
 		// Maintenance and resumes read river_job unqualified, through the pool's search_path;
 		// with River's tables in another schema they would silently read the wrong table.
-		return fmt.Errorf("workflow.Engine.Install: river.Config.Schema is %q, but Stepwise reads River's tables through the connection's search_path; leave Schema empty and put %q first in the pool's search_path (e.g. the connection string's search_path=%s) instead", rc.Schema, rc.Schema, rc.Schema)
+		return fmt.Errorf("stepwise.NewClient: Config.River.Schema is %q, but Stepwise reads River's tables through the connection's search_path; leave Schema empty and put %q first in the pool's search_path (e.g. the connection string's search_path=%s) instead", rc.Schema, rc.Schema, rc.Schema)
 	}
 	rescue := riverRescueAfter(rc)
 	e.mu.Lock()
@@ -370,10 +370,10 @@ func AddWorker[A river.JobArgs, C any](e *Engine, workers *river.Workers, w Step
 // AddWorkerSafely is AddWorker returning an error instead of panicking.
 func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, w Stepper[A, C]) error {
 	if workers == nil {
-		return errors.New("workflow.AddWorker: workers is nil; pass the river.NewWorkers() bundle your client uses")
+		return errors.New("stepwise.AddWorker: workers is nil; pass the river.NewWorkers() bundle your client uses")
 	}
 	if w == nil {
-		return errors.New("workflow.AddWorker: worker is nil")
+		return errors.New("stepwise.AddWorker: worker is nil")
 	}
 	if e == nil {
 		return addUnbound(workers, w)
@@ -385,7 +385,7 @@ func AddWorkerSafely[A river.JobArgs, C any](e *Engine, workers *river.Workers, 
 	slice := e.cfg.Slice
 	if o := w.StepOptions(); o != nil && o.Slice != 0 {
 		if o.Slice < 0 {
-			return fmt.Errorf("workflow.AddWorker(%s): StepOptions.Slice is %s; it must be positive (0 means Config.Slice)", a.Kind(), o.Slice)
+			return fmt.Errorf("stepwise.AddWorker(%s): StepOptions.Slice is %s; it must be positive (0 means Config.Slice)", a.Kind(), o.Slice)
 		}
 		slice = o.Slice
 	}

@@ -124,7 +124,7 @@ type StartOpts struct {
 // Start starts the run key of args's workflow in its own transaction. See StartTx.
 func Start[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx], key string, args A, opts *StartOpts) (*Run, error) {
 	if client == nil {
-		return nil, errors.New("workflow.Start: client is nil")
+		return nil, errors.New("starting a run: the River client is nil")
 	}
 	execTx, err := client.Driver().GetExecutor().Begin(ctx)
 	if err != nil {
@@ -195,7 +195,7 @@ func runKeyOf(metadata []byte, args any) (key, traceParent string, err error) {
 		}
 		return key, traceParent, nil
 	}
-	return "", "", fmt.Errorf("job args %T carry no run key: start runs with workflow.Start, or give the args a RunKey() string method", args)
+	return "", "", fmt.Errorf("job args %T carry no run key: start runs with stepwise.Client.RunStart, or give the args a RunKey() string method", args)
 }
 
 // runColumnsSQL are a run's columns with its derived retry state, read from stepwise_run r

@@ -66,8 +66,8 @@ func (u *unboundWorker[A, C]) Timeout(*river.Job[A]) time.Duration { return -1 }
 
 // ErrNoEngine is the error of a step worker added with stepwise.AddWorker (no Engine) when the
 // River client running it has no Engine installed.
-var ErrNoEngine = errors.New("workflow: this step worker was added without an Engine, and the River client working it has none; " +
-	"build the client with stepwise.NewClient (which installs the Engine), or call engine.Install on the river.Config before river.NewClient")
+var ErrNoEngine = errors.New("stepwise: this step worker (stepwise.AddWorker) is being worked by a River client that stepwise.NewClient did not build; " +
+	"build the client with stepwise.NewClient (its River config is the one you give it) and use client.River() for your own inserts")
 
 func (u *unboundWorker[A, C]) Work(ctx context.Context, job *river.Job[A]) error {
 	e := engineFromContext(ctx)
@@ -123,7 +123,7 @@ func addUnbound[A river.JobArgs, C any](workers *river.Workers, w Stepper[A, C])
 	var slice time.Duration
 	if o := w.StepOptions(); o != nil && o.Slice != 0 {
 		if o.Slice < 0 {
-			return fmt.Errorf("workflow.AddWorker(%s): StepOptions.Slice is %s; it must be positive (0 means Config.Slice)", a.Kind(), o.Slice)
+			return fmt.Errorf("stepwise.AddWorker(%s): StepOptions.Slice is %s; it must be positive (0 means Config.Slice)", a.Kind(), o.Slice)
 		}
 		slice = o.Slice
 	}

@@ -303,7 +303,7 @@ func TestInstallRefusesRiverSchema(t *testing.T) {
 	engine, err := workflow.New(testkit.DB(t), nil)
 	require.NoError(t, err)
 	err = engine.Install(&river.Config{Schema: "jobs"})
-	require.ErrorContains(t, err, `river.Config.Schema is "jobs"`)
+	require.ErrorContains(t, err, `Config.River.Schema is "jobs"`)
 	require.NoError(t, engine.Install(&river.Config{}))
 }
 

@@ -75,7 +75,9 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// Schedule is a schedule the Client registers with its scheduler: a schedule.Schedule[A].
+// Schedule is a schedule the Client registers with its scheduler: a schedule.Schedule[A],
+// whatever its A, so that one list holds schedules of different argument types. AddTo takes
+// the internal scheduler, so no other type can implement it.
 type Schedule interface {
 	AddTo(s *schedengine.Scheduler) error
 }

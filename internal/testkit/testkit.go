@@ -369,23 +369,11 @@ func template(name string, setup func(context.Context, *pgxpool.Pool) error, reb
 // temporary name and renamed when complete, so no process can ever clone a half-migrated
 // template, even one that does not honour the lock.
 func buildTemplate(ctx context.Context, tpl string, setup func(context.Context, *pgxpool.Pool) error) error {
-	conn, err := admin.Acquire(ctx)
+	conn, unlock, err := serverLock(ctx, "template "+tpl)
 	if err != nil {
-		return fmt.Errorf("connecting to the server: %w", err)
-	}
-	defer conn.Release()
-	sum := sha256.Sum256([]byte("stepwise testkit template " + tpl))
-	key := int64(binary.BigEndian.Uint64(sum[:8]))
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
 		return fmt.Errorf("taking the template lock: %w", err)
 	}
-	defer func() {
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", key); err != nil {
-			conn.Conn().Close(unlockCtx) //nolint:errcheck // closing the session drops the lock
-		}
-	}()
+	defer unlock()
 
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", tpl).Scan(&exists); err != nil {
@@ -599,12 +587,31 @@ func withDatabase(adminURL, name string) string {
 	return adminURL + " dbname=" + name
 }
 
-// heavyLock is the advisory lock key Heavy holds: one for the whole server, so that it
-// spans every test binary of a go test ./... run.
-var heavyLock = func() int64 {
-	sum := sha256.Sum256([]byte("stepwise testkit heavy test"))
-	return int64(binary.BigEndian.Uint64(sum[:8]))
-}()
+// serverLock takes the session advisory lock named name on a connection of the admin pool,
+// waiting for it, and returns the connection and what releases both. The lock is the
+// server's, so it spans every test binary of a go test ./... run; a killed binary releases
+// it with its connection.
+func serverLock(ctx context.Context, name string) (*pgxpool.Conn, func(), error) {
+	sum := sha256.Sum256([]byte("stepwise testkit " + name))
+	key := int64(binary.BigEndian.Uint64(sum[:8]))
+	conn, err := admin.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to the server: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		conn.Release()
+		return nil, nil, err
+	}
+	unlock := func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+			conn.Conn().Close(ctx) //nolint:errcheck // closing the session drops the lock
+		}
+		conn.Release()
+	}
+	return conn, unlock, nil
+}
 
 // Heavy makes t wait until no other heavy test runs, in any test binary on this server, and
 // keeps the others waiting until t ends. A heavy test starts fleets of processes or the
@@ -612,31 +619,18 @@ var heavyLock = func() int64 {
 // pools). go test ./... runs two test binaries at once, and a binary's parallel tests
 // together: two heavy tests at once passed the server's max_connections (100, the default)
 // in a CI run, and a test then failed on "too many clients already", not on what it tests.
-// The lock is a session advisory lock on a connection of its own, so a killed test binary
-// releases it with its connection.
 func Heavy(t testing.TB) {
 	t.Helper()
 	requireServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	conn, err := admin.Acquire(ctx)
-	if err != nil {
-		t.Fatalf("testkit.Heavy: connecting to the server: %v", err)
-	}
 	start := time.Now()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", heavyLock); err != nil {
-		conn.Release()
+	_, unlock, err := serverLock(ctx, "heavy test")
+	if err != nil {
 		t.Fatalf("testkit.Heavy: waiting for the other heavy tests: %v", err)
 	}
 	if waited := time.Since(start); waited > time.Second {
 		t.Logf("testkit.Heavy: waited %s for another heavy test to end", waited.Round(100*time.Millisecond))
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", heavyLock); err != nil {
-			conn.Conn().Close(ctx) //nolint:errcheck // closing the session drops the lock
-		}
-		conn.Release()
-	})
+	t.Cleanup(unlock)
 }

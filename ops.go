@@ -109,7 +109,7 @@ func (c *Client) inTx(ctx context.Context, what string, fn func(tx pgx.Tx) error
 
 // --- runs ---
 
-// RunGet reads a run with its derived retry state. Replaces wfengine.GetRun.
+// RunGet reads a run with its derived retry state (Run.Retry).
 func (c *Client) RunGet(ctx context.Context, key string) (*workflow.Run, error) {
 	if err := c.checkPool("RunGet"); err != nil {
 		return nil, err
@@ -175,10 +175,12 @@ type RunCancelOpts struct {
 	ExpectedVersion int64
 }
 
-// RunCancel asks a pending or running run to stop (see wfengine.CancelRun for how it ends) and
-// returns the run as it is after the request. Replaces wfengine.CancelRun for a person's
-// cancellation (with the check of what the person saw and the audit the console and the
-// command did by hand).
+// RunCancel asks a pending or running run to stop cooperatively and returns the run as it is
+// after the request, with the check of what the person saw and the audit. A run that has not
+// started ends 'cancelled' at its next claim; a running one has its step's context cancelled
+// within about a heartbeat, its open step rolled back; one that sleeps or waits for a retry is
+// ended by the next maintenance pass. Committed steps stay committed, and the run's
+// unfinished descendants are cancelled with it.
 func (c *Client) RunCancel(ctx context.Context, key string, opts *RunCancelOpts) (*workflow.Run, error) {
 	var run *workflow.Run
 	err := c.inTx(ctx, "RunCancel", func(tx pgx.Tx) error {

@@ -213,7 +213,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 		return
 	}
 
-	// Runs waiting for a retry, the crash-loop signal (wfengine.Retrying: unfinished runs
+	// Runs waiting for a retry, the crash-loop signal (the engine's Retrying: unfinished runs
 	// with failures and the runs of River's retryable jobs, by their indexes).
 	if d.Retrying, d.RetryingTotal, err = wfengine.Retrying(ctx, h.db, 10); err != nil {
 		h.internal(w, r, "listing retrying runs", err)

@@ -17,8 +17,8 @@ import (
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
-// MaxKeyLen is the longest key the stepwise_checkpoint table accepts.
-const MaxKeyLen = 255
+// maxKeyLen is the longest key the stepwise_checkpoint table accepts.
+const maxKeyLen = 255
 
 // Config configures a Store.
 type Config struct {
@@ -138,8 +138,8 @@ func ValidateKey(key string) error {
 	if key == "" {
 		return errors.New("key is empty; give every run a stable, non-empty key")
 	}
-	if n := utf8.RuneCountInString(key); n > MaxKeyLen {
-		return fmt.Errorf("key %.40q… is %d characters; keys are limited to %d", key, n, MaxKeyLen)
+	if n := utf8.RuneCountInString(key); n > maxKeyLen {
+		return fmt.Errorf("key %.40q… is %d characters; keys are limited to %d", key, n, maxKeyLen)
 	}
 	return nil
 }
@@ -199,7 +199,7 @@ func (s *Store) Claim(ctx context.Context, key, owner string, attempt int) (*Lea
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
 			return nil, &HeldError{Key: key, Owner: "(a transaction holding the row)", RetryIn: s.cfg.LockTimeout}
 		}
-		if IsHeld(err) || errors.Is(err, ErrNotFound) {
+		if isHeld(err) || errors.Is(err, ErrNotFound) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("claiming checkpoint %q: %w", key, err)

@@ -28,8 +28,8 @@ func (e *HeldError) Error() string {
 	return fmt.Sprintf("checkpoint %q: held by %s for another %s", e.Key, e.Owner, e.RetryIn.Round(time.Millisecond))
 }
 
-// IsHeld reports whether err says the key is held by a live owner.
-func IsHeld(err error) bool {
+// isHeld reports whether err says the key is held by a live owner.
+func isHeld(err error) bool {
 	var h *HeldError
 	return errors.As(err, &h)
 }

@@ -43,8 +43,8 @@ type Users struct {
 }
 
 const (
-	// MinBcryptCost is the cheapest hash Users accepts: below it a stolen file is cracked fast.
-	MinBcryptCost = 10
+	// minBcryptCost is the cheapest hash Users accepts: below it a stolen file is cracked fast.
+	minBcryptCost = 10
 	// usersCacheTTL is how long a passed name and password skip bcrypt.
 	usersCacheTTL = 5 * time.Minute
 	// usersCacheMax bounds the remembered passes (one per operator and password in use).
@@ -86,8 +86,8 @@ func ParseUsers(r io.Reader, source string) (*Users, error) {
 		if err != nil {
 			return nil, fmt.Errorf("console: %s line %d (%s): not a bcrypt hash (%v); make one with: htpasswd -nBC 12 %s", source, n, name, err, name)
 		}
-		if cost < MinBcryptCost {
-			return nil, fmt.Errorf("console: %s line %d (%s): bcrypt cost %d is too cheap to stand a stolen file; want %d or more: htpasswd -nBC 12 %s", source, n, name, cost, MinBcryptCost, name)
+		if cost < minBcryptCost {
+			return nil, fmt.Errorf("console: %s line %d (%s): bcrypt cost %d is too cheap to stand a stolen file; want %d or more: htpasswd -nBC 12 %s", source, n, name, cost, minBcryptCost, name)
 		}
 		u.hashes[name] = []byte(hash)
 	}
@@ -101,7 +101,7 @@ func ParseUsers(r io.Reader, source string) (*Users, error) {
 	if _, err := rand.Read(u.key); err != nil {
 		return nil, fmt.Errorf("console: generating the users cache key: %w", err)
 	}
-	dummy, err := bcrypt.GenerateFromPassword(u.key[:16], MinBcryptCost)
+	dummy, err := bcrypt.GenerateFromPassword(u.key[:16], minBcryptCost)
 	if err != nil {
 		return nil, fmt.Errorf("console: generating the unknown-name hash: %w", err)
 	}
@@ -163,12 +163,12 @@ func (u *Users) Authenticate(r *http.Request) (string, bool) {
 // client, none logged).
 //
 //   - Per peer (an IP address; an IPv6 peer by its /64, which one host owns whole): the
-//     first GuardFreeFailures failures cost nothing more; each one after locks the peer out
-//     for twice as long as the last, from 1 s up to GuardMaxLockout. A peer's failures are
-//     forgotten after GuardForget without one, or on a sign-in that passes. Past its free
+//     first 5 failures cost nothing more; each one after locks the peer out for twice as
+//     long as the last, from 1 s up to a minute. A peer's failures are forgotten after 15
+//     minutes without one, or on a sign-in that passes. Past its free
 //     failures a peer gets one check at a time (concurrent guesses do not all slip through
 //     before the first fails).
-//   - In all: at most GuardGlobalPerMinute failures a minute from every peer together (a
+//   - In all: at most 60 failures a minute from every peer together (a
 //     burst of as many); beyond, every sign-in is refused until the budget refills. Guards
 //     against guessing spread over many addresses. A check takes its unit before it runs
 //     and gives it back when it passes, so concurrent checks cannot overdraw the budget.
@@ -200,12 +200,12 @@ type peerFailures struct {
 	refusals    int // refused while locked, since the lockout began
 }
 
-// The Guard's limits.
+// The Guard's limits, as its doc gives them.
 const (
-	GuardFreeFailures    = 5
-	GuardMaxLockout      = time.Minute
-	GuardForget          = 15 * time.Minute
-	GuardGlobalPerMinute = 60
+	guardFreeFailures    = 5
+	guardMaxLockout      = time.Minute
+	guardForget          = 15 * time.Minute
+	guardGlobalPerMinute = 60
 	guardMaxPeers        = 10_000
 )
 
@@ -214,7 +214,7 @@ func NewGuard(logger *slog.Logger) *Guard {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Guard{logger: logger, now: time.Now, peers: map[string]*peerFailures{}, tokens: GuardGlobalPerMinute}
+	return &Guard{logger: logger, now: time.Now, peers: map[string]*peerFailures{}, tokens: guardGlobalPerMinute}
 }
 
 // TrustProxies makes the Guard count a request relayed by one of proxies (addresses or CIDR
@@ -299,7 +299,7 @@ func inPrefixes(a netip.Addr, nets []netip.Prefix) bool {
 // refill adds the budget earned since the last call. Called with mu held.
 func (g *Guard) refill(now time.Time) {
 	if !g.refilled.IsZero() {
-		g.tokens = math.Min(GuardGlobalPerMinute, g.tokens+now.Sub(g.refilled).Minutes()*GuardGlobalPerMinute)
+		g.tokens = math.Min(guardGlobalPerMinute, g.tokens+now.Sub(g.refilled).Minutes()*guardGlobalPerMinute)
 	}
 	g.refilled = now
 }
@@ -328,11 +328,11 @@ func (g *Guard) Wait(r *http.Request) time.Duration {
 		return p.lockedUntil.Sub(now)
 	}
 	if g.tokens < 1 {
-		wait := time.Duration((1 - g.tokens) / GuardGlobalPerMinute * float64(time.Minute))
+		wait := time.Duration((1 - g.tokens) / guardGlobalPerMinute * float64(time.Minute))
 		if !g.globalLock {
 			g.globalLock = true
 			g.logger.Warn("console: every sign-in refused for now: more than the failed sign-ins allowed a minute, from all peers together",
-				"allowed_per_minute", GuardGlobalPerMinute, "peer", key, "retry_after", wait.Round(time.Millisecond))
+				"allowed_per_minute", guardGlobalPerMinute, "peer", key, "retry_after", wait.Round(time.Millisecond))
 		}
 		return max(wait, time.Second)
 	}
@@ -343,7 +343,7 @@ func (g *Guard) Wait(r *http.Request) time.Duration {
 	if p == nil {
 		p = g.peer(key, now)
 	}
-	if p.inflight > 0 && p.n+p.inflight >= GuardFreeFailures {
+	if p.inflight > 0 && p.n+p.inflight >= guardFreeFailures {
 		return time.Second // past the free failures: one check at a time
 	}
 	p.inflight++
@@ -357,7 +357,7 @@ func carriesCredentials(r *http.Request) bool { return r.Header.Get("Authorizati
 // peer returns key's record, made if need be. Called with mu held.
 func (g *Guard) peer(key string, now time.Time) *peerFailures {
 	if p := g.peers[key]; p != nil {
-		if p.n > 0 && now.Sub(p.last) > GuardForget {
+		if p.n > 0 && now.Sub(p.last) > guardForget {
 			p.n, p.lockedUntil = 0, time.Time{}
 		}
 		return p
@@ -389,8 +389,8 @@ func (g *Guard) Failed(r *http.Request, name string) {
 	p.n++
 	p.last = now
 	var lock time.Duration
-	if p.n > GuardFreeFailures {
-		lock = min(time.Second<<min(p.n-GuardFreeFailures-1, 30), GuardMaxLockout)
+	if p.n > guardFreeFailures {
+		lock = min(time.Second<<min(p.n-guardFreeFailures-1, 30), guardMaxLockout)
 		p.lockedUntil = now.Add(lock)
 		p.refusals = 0
 	}
@@ -407,7 +407,7 @@ func (g *Guard) Succeeded(r *http.Request) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if carriesCredentials(r) {
-		g.tokens = min(g.tokens+1, GuardGlobalPerMinute)
+		g.tokens = min(g.tokens+1, guardGlobalPerMinute)
 	}
 	p := g.peers[key]
 	if p == nil {
@@ -423,7 +423,7 @@ func (g *Guard) Succeeded(r *http.Request) {
 // sweep drops peers whose failures are forgotten. Called with mu held.
 func (g *Guard) sweep(now time.Time) {
 	for k, p := range g.peers {
-		if p.inflight == 0 && now.Sub(p.last) > GuardForget && !now.Before(p.lockedUntil) {
+		if p.inflight == 0 && now.Sub(p.last) > guardForget && !now.Before(p.lockedUntil) {
 			delete(g.peers, k)
 		}
 	}

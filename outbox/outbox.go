@@ -201,12 +201,6 @@ func IsNotSent(err error) bool { return outbox.IsNotSent(err) }
 // Permanent, RETRYABLE for NotSent, UNKNOWN_EXTERNAL for anything else.
 func Classify(err error) State { return outbox.Classify(err) }
 
-// PermanentError is the error Permanent returns.
-type PermanentError = outbox.PermanentError
-
-// NotSentError is the error NotSent returns.
-type NotSentError = outbox.NotSentError
-
 // ConflictError is returned (matching ErrOperationConflict) by Enqueue for an operation whose
 // id is already in the ledger with another payload, amount or currency.
 type ConflictError = outbox.ConflictError

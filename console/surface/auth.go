@@ -9,9 +9,9 @@ import (
 	"github.com/stepwise-go/stepwise/console"
 )
 
-// MinPasswordLen is the shortest CONSOLE_PASSWORD / RIVERUI_PASSWORD serve accepts. Guards
+// minPasswordLen is the shortest CONSOLE_PASSWORD / RIVERUI_PASSWORD serve accepts. Guards
 // against a one-character shared password guarded by nothing but the failure limit.
-const MinPasswordLen = 12
+const minPasswordLen = 12
 
 // Auth is who may sign in to the operator surface (console and River UI), as the
 // environment configures it, and the limits every surface of the process shares.
@@ -47,7 +47,7 @@ func (a *Auth) Configured() bool { return a.Console != nil || a.RiverUser != "" 
 //   - RIVERUI_USER and RIVERUI_PASSWORD: River UI's account.
 //
 // A pair set by half is refused (it used to leave that surface anonymous without a word),
-// as are both console forms at once and a password shorter than MinPasswordLen.
+// as are both console forms at once and a password shorter than 12 characters.
 func LoadAuth() (*Auth, error) {
 	a := &Auth{}
 	usersFile := os.Getenv("CONSOLE_USERS")
@@ -92,7 +92,7 @@ func LoadAuth() (*Auth, error) {
 		a.Console = users.Authenticate
 		a.ConsoleFrom = "CONSOLE_USERS (" + strings.Join(users.Names(), ", ") + ")"
 	case user != "" || password != "":
-		if err := CheckPair("CONSOLE_USER", user, "CONSOLE_PASSWORD", password, "the console"); err != nil {
+		if err := checkPair("CONSOLE_USER", user, "CONSOLE_PASSWORD", password, "the console"); err != nil {
 			return nil, err
 		}
 		a.Console = console.BasicAuth(user, password)
@@ -100,22 +100,22 @@ func LoadAuth() (*Auth, error) {
 	}
 	a.RiverUser, a.RiverPassword = os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")
 	if a.RiverUser != "" || a.RiverPassword != "" {
-		if err := CheckPair("RIVERUI_USER", a.RiverUser, "RIVERUI_PASSWORD", a.RiverPassword, "River UI"); err != nil {
+		if err := checkPair("RIVERUI_USER", a.RiverUser, "RIVERUI_PASSWORD", a.RiverPassword, "River UI"); err != nil {
 			return nil, err
 		}
 	}
 	return a, nil
 }
 
-// CheckPair refuses a user and password set by half, or a short password.
-func CheckPair(userVar, user, passwordVar, password, surface string) error {
+// checkPair refuses a user and password set by half, or a short password.
+func checkPair(userVar, user, passwordVar, password, surface string) error {
 	switch {
 	case user == "":
 		return fmt.Errorf("%s is set but %s is empty: %s would be anonymous (read-only) without a word; set both or neither", passwordVar, userVar, surface)
 	case password == "":
 		return fmt.Errorf("%s is set but %s is empty: %s would be anonymous (read-only) without a word; set both or neither", userVar, passwordVar, surface)
-	case len(password) < MinPasswordLen:
-		return fmt.Errorf("%s has %d characters: want at least %d (a random one: openssl rand -base64 18)", passwordVar, len(password), MinPasswordLen)
+	case len(password) < minPasswordLen:
+		return fmt.Errorf("%s has %d characters: want at least %d (a random one: openssl rand -base64 18)", passwordVar, len(password), minPasswordLen)
 	}
 	return nil
 }

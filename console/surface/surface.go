@@ -108,19 +108,19 @@ func crossSiteWrite(r *http.Request) string {
 	return ""
 }
 
-// MaxRequestBody bounds every request body: River UI's largest write is a list of job ids.
-const MaxRequestBody = 1 << 20
+// maxRequestBody bounds every request body: River UI's largest write is a list of job ids.
+const maxRequestBody = 1 << 20
 
 // LimitBodies caps request bodies (a larger one fails to read, and River UI answers 4xx),
 // so that a client cannot make the process buffer without bound.
 func LimitBodies(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > MaxRequestBody {
+		if r.ContentLength > maxRequestBody {
 			CloseUnreadBody(w, r)
 			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestBody)
+		r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
 		next.ServeHTTP(w, r)
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -110,4 +111,53 @@ func TestConsoleWithClient(t *testing.T) {
 	require.Equal(t, outbox.StateSucceeded, op.State)
 	require.Contains(t, f.events(t, "op:"+id.String()), "console.action alice MANUAL>SUCCEEDED")
 
+}
+
+// TestResumeShowsWhatItLeft: resuming a parent through the console resumes the child that
+// ended with it and leaves the one that failed after the parent ended (news the operator had
+// not seen); the run page the operator lands on names the left one, with its status, at once,
+// and not the one resumed. Guards against an operator believing the whole tree runs again.
+func TestResumeShowsWhatItLeft(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	f.addRun(t, "p", "wf", workflow.RunStatusFailed, "")
+	f.addRun(t, "p/with", "wf", workflow.RunStatusFailed, "")
+	f.addRun(t, "p/after", "wf", workflow.RunStatusFailed, "")
+	_, err := f.pool.Exec(ctx, `UPDATE stepwise_run SET
+		parent_key = CASE WHEN key = 'p' THEN NULL ELSE 'p' END,
+		finished_at = now() - CASE key WHEN 'p' THEN interval '1 hour' WHEN 'p/with' THEN interval '2 hours' ELSE interval '1 minute' END
+		WHERE key LIKE 'p%'`)
+	require.NoError(t, err)
+	page := f.get(t, "/console/run?key=p")
+	require.NotContains(t, page, `id="run-left"`, "no resume yet, nothing left")
+	resume := form(page, "resume-form")
+	require.NotNil(t, resume)
+	resume.Set("reason", "INC-7: bank back")
+	res := f.post(t, "/console/run/resume", resume)
+	require.Equal(t, http.StatusSeeOther, res.status, res.body)
+	require.Equal(t, "/console/run?key=p", res.header.Get("Location"))
+
+	page = f.get(t, "/console/run?key=p")
+	left := between(page, `id="run-left"`, "</p>")
+	require.Contains(t, left, `href="/console/run?key=p%2fafter"`)
+	require.Contains(t, left, `<span class="st st-failed">failed</span>`, "with its status now")
+	require.NotContains(t, left, "p/with", "the child that ended with its parent was resumed with it")
+	var with, after string
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT (SELECT status FROM stepwise_run WHERE key = 'p/with'), (SELECT status FROM stepwise_run WHERE key = 'p/after')`).Scan(&with, &after))
+	require.Equal(t, []string{"pending", "failed"}, []string{with, after})
+	require.NotContains(t, f.get(t, "/console/run?key=p/with"), `id="run-left"`, "a run's page names only what its own resume left")
+}
+
+// between is the part of s from the first from to the next to after it ("" if none).
+func between(s, from, to string) string {
+	i := strings.Index(s, from)
+	if i < 0 {
+		return ""
+	}
+	j := strings.Index(s[i:], to)
+	if j < 0 {
+		return s[i:]
+	}
+	return s[i : i+j]
 }

@@ -369,6 +369,67 @@ type runData struct {
 	CanCancel  bool
 	CanResume  bool
 	Operations template.URL // query of the run's operations list
+	// Left is what the run's latest resume left as it was, when that resume is on the
+	// events' first page (right after a resume, always).
+	Left *leftView
+}
+
+// leftView is the descendants a resume left as they were (they failed or were cancelled
+// after the run ended: news the person who resumed had not seen), with their status now.
+type leftView struct {
+	Actor string
+	At    time.Time
+	Runs  []leftRun
+	More  int
+}
+
+type leftRun struct {
+	Key    string
+	Status string
+}
+
+// maxLeftShown bounds the left descendants the run page names; the event lists them all.
+const maxLeftShown = 20
+
+// leftByResume reads what the newest run.resume event among events (newest first) left as
+// it was, with each such run's status now; nil when that event left nothing. Guards against
+// a person resuming a parent and believing the whole tree runs again: the descendants that
+// changed on their own stay failed or cancelled until someone resumes each.
+func (h *Handler) leftByResume(ctx context.Context, events []eventRow) (*leftView, error) {
+	for _, e := range events {
+		if e.Kind != "run.resume" {
+			continue
+		}
+		var d struct {
+			Left []string `json:"left_as_they_are"`
+		}
+		if err := json.Unmarshal([]byte(e.Detail), &d); err != nil || len(d.Left) == 0 {
+			return nil, nil //nolint:nilerr // an event without the list left nothing
+		}
+		lv := &leftView{Actor: e.Actor, At: e.At}
+		keys := d.Left
+		if len(keys) > maxLeftShown {
+			lv.More, keys = len(keys)-maxLeftShown, keys[:maxLeftShown]
+		}
+		status := make(map[string]string, len(keys))
+		rows, err := h.db.Query(ctx, `SELECT key, status FROM stepwise_run WHERE key = ANY($1)`, keys)
+		if err != nil {
+			return nil, err
+		}
+		var k, st string
+		if _, err := pgx.ForEachRow(rows, []any{&k, &st}, func() error { status[k] = st; return nil }); err != nil {
+			return nil, err
+		}
+		for _, k := range keys {
+			st, ok := status[k]
+			if !ok {
+				st = "pruned"
+			}
+			lv.Runs = append(lv.Runs, leftRun{Key: k, Status: st})
+		}
+		return lv, nil
+	}
+	return nil, nil
 }
 
 func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
@@ -434,6 +495,12 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 	d.CanCancel = v.CanAct() && h.cfg.Client != nil && unfinished && run.CancelRequestedAt == nil
 	d.CanResume = v.CanAct() && h.canResume() && (run.Status == workflow.RunStatusFailed || run.Status == workflow.RunStatusCancelled)
 	d.Operations = template.URL(url.Values{"run": {key}}.Encode())
+	if q.Get("before") == "" {
+		if d.Left, err = h.leftByResume(ctx, d.Events); err != nil {
+			h.internal(w, r, "reading what the run's resume left", err)
+			return
+		}
+	}
 	h.render(w, r, v, "run", "Run "+key, d)
 }
 

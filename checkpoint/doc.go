@@ -1,38 +1,29 @@
-// Package checkpoint keeps, per key, a lease, a fencing token and a durable cursor in
-// Postgres (table stepwise_checkpoint). It is the liveness half of Stepwise's step protocol
-// and knows nothing of workflows or River.
+// Package checkpoint is the fenced cursor every run commits with each step: per run key, a
+// lease, a fencing token and the cursor, in the table stepwise_checkpoint. The engine keeps it
+// for you (stepwise.Client); this package documents the protocol and holds the one error a
+// caller can meet, ErrFenced. The store itself is internal (internal/checkpoint), so that the
+// lease protocol can change without breaking your code: nothing outside the engine called it.
 //
-// # The protocol
+// # The protocol (docs/design.md, "The step protocol", gives each step in full)
 //
-//  1. Claim takes the key only when its lease is free or expired, adds one to its fencing
-//     token and sets lease_until from the database's clock. It runs under a short
-//     lock_timeout, so a claim never queues behind a frozen holder.
-//  2. Begin opens the step transaction, arming idle_in_transaction_session_timeout in the
-//     same round trip, and checks (without locking) that the token is still current.
-//  3. The caller writes its business rows in that transaction; Advance then stores the new
-//     cursor WHERE fencing_token = ours. Zero rows means ErrFenced: roll back, stop.
-//  4. Heartbeat renews the lease from the claim until the attempt ends, on a connection of
-//     the store's own outside the pool, so a busy pool never makes a live owner look dead
-//     (one more connection per process while leases are held); Release gives it up.
+//  1. Claim: a worker takes the run's key only when its lease is free or lapsed, adds one to
+//     its fencing token and sets lease_until from the database's clock, under a short
+//     lock_timeout so that a claim never queues behind a frozen holder.
+//  2. Begin: the step's transaction opens with idle_in_transaction_session_timeout armed in
+//     the same round trip.
+//  3. The step writes its business rows in that transaction; the fenced write then stores the
+//     new cursor WHERE fencing_token = the worker's. Zero rows is ErrFenced: the transaction
+//     rolls back and the worker stops, so none of its rows land.
+//  4. Heartbeat: the lease is renewed from the claim until the attempt ends, on a connection
+//     of its own outside the pool, so a busy pool never makes a live owner look dead.
 //
 // # Failures it guards against
 //
-//   - A worker paused past its lease (GC, SIGSTOP, VM freeze) that wakes and commits:
-//     the fenced write refuses it, so its rows never land.
+//   - A worker paused past its lease (GC, SIGSTOP, VM freeze) that wakes and commits: the
+//     fenced write refuses it.
 //   - A worker frozen inside its transaction, holding locks on uncommitted rows: the server
-//     kills that transaction after StallTimeout, so the next owner is not blocked.
+//     kills that transaction after the stall timeout, so the next owner is not blocked.
 //   - Clock skew between workers: every lease time is the database's now().
 //   - A live, connected owner taken over because its pool was busy: renewals do not queue
 //     behind the pool's step transactions.
-//
-// The row is deliberately not locked at the start of a step: measured here, a SIGSTOPped
-// worker holding that lock blocks every claim until it wakes, and then finishes as if
-// nothing happened.
-//
-//	store, _ := checkpoint.New(pool, &checkpoint.Config{Lease: 30 * time.Second})
-//	lease, err := store.Claim(ctx, "settle/2026-11-29/3", owner, attempt)
-//	tx, err := store.Begin(ctx, lease)
-//	// ... business writes in tx ...
-//	err = store.Advance(ctx, tx, lease, cursorJSON, nil) // ErrFenced: roll back
-//	err = tx.Commit(ctx)
 package checkpoint

@@ -72,9 +72,9 @@
 //
 // The engine (internal/workflow, worker.go) follows the step protocol of docs/design.md:
 //
-//  1. Claim the run's lease (checkpoint.Store.Claim); if held, snooze until it lapses.
+//  1. Claim the run's lease (internal/checkpoint: Store.Claim); if held, snooze until it lapses.
 //  2. Per step: begin with the stall timeout armed, run Step in the tx, then the fenced
-//     write of cursor and lease (checkpoint.Store.Advance); on Done also the run's status and
+//     write of cursor and lease (Store.Advance); on Done also the run's status and
 //     river.JobCompleteTx, whose returned state is checked; commit.
 //  3. A heartbeat renews the lease and cancels the step's context if it cannot.
 //  4. After Config.Slice, release the lease in the last commit, recorded as a release on

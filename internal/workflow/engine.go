@@ -17,7 +17,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 

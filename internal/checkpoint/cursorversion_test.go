@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepwise-go/stepwise/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/checkpoint"
 )
 
 // The cursor's version travels with it: committed by the same fenced write, handed to the

@@ -11,8 +11,8 @@ import (
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/stepwise-go/stepwise/internal/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/audittext"
+	"github.com/stepwise-go/stepwise/internal/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/runstart"
 	"github.com/stepwise-go/stepwise/internal/runwait"

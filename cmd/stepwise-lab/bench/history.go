@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/stepwise-go/stepwise/internal/checkpoint"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/checkpoint"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/retention"
 )

@@ -53,9 +53,9 @@ const (
 	maxNameLen = 200
 )
 
-// LoadUsers reads a users file: one operator per line, "name:bcrypt-hash" (the format
+// loadUsers reads a users file: one operator per line, "name:bcrypt-hash" (the format
 // "htpasswd -nBC 12 name" prints); blank lines and lines starting with # are ignored.
-func LoadUsers(path string) (*Users, error) {
+func loadUsers(path string) (*Users, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("console: reading the users file: %w", err)
@@ -64,7 +64,7 @@ func LoadUsers(path string) (*Users, error) {
 	return ParseUsers(f, path)
 }
 
-// ParseUsers reads a users list (see LoadUsers) from r; source names it in errors.
+// ParseUsers reads a users list (see loadUsers) from r; source names it in errors.
 func ParseUsers(r io.Reader, source string) (*Users, error) {
 	u := &Users{hashes: map[string][]byte{}, passed: map[[sha256.Size]byte]time.Time{}, now: time.Now}
 	sc := bufio.NewScanner(r)
@@ -109,8 +109,8 @@ func ParseUsers(r io.Reader, source string) (*Users, error) {
 	return u, nil
 }
 
-// Names lists the operators, sorted.
-func (u *Users) Names() []string {
+// names lists the operators, sorted.
+func (u *Users) names() []string {
 	out := make([]string, 0, len(u.hashes))
 	for n := range u.hashes {
 		out = append(out, n)
@@ -185,7 +185,7 @@ type Guard struct {
 	now    func() time.Time
 
 	mu         sync.Mutex
-	proxies    []netip.Prefix // see TrustProxies
+	proxies    []netip.Prefix // see trustProxies
 	peers      map[string]*peerFailures
 	tokens     float64 // global failure budget left
 	refilled   time.Time
@@ -194,7 +194,7 @@ type Guard struct {
 
 type peerFailures struct {
 	n           int // failures
-	inflight    int // checks let through by Wait, not yet Failed or Succeeded
+	inflight    int // checks let through by wait, not yet failed or succeeded
 	last        time.Time
 	lockedUntil time.Time
 	refusals    int // refused while locked, since the lockout began
@@ -217,15 +217,15 @@ func NewGuard(logger *slog.Logger) *Guard {
 	return &Guard{logger: logger, now: time.Now, peers: map[string]*peerFailures{}, tokens: guardGlobalPerMinute}
 }
 
-// TrustProxies makes the Guard count a request relayed by one of proxies (addresses or CIDR
+// trustProxies makes the Guard count a request relayed by one of proxies (addresses or CIDR
 // prefixes: a reverse proxy or load balancer in front) against the client the proxy names in
 // X-Forwarded-For (the rightmost address that is not itself a listed proxy), not against the
 // proxy. Guards against: behind a proxy every visitor shares the proxy's address, and five
 // wrong passwords from anyone would lock every operator out. Call it before use.
-func (g *Guard) TrustProxies(proxies []string) error {
+func (g *Guard) trustProxies(proxies []string) error {
 	nets, err := parsePrefixes(proxies)
 	if err != nil {
-		return fmt.Errorf("console.Guard.TrustProxies: %w", err)
+		return fmt.Errorf("trusted proxies: %w", err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -304,15 +304,15 @@ func (g *Guard) refill(now time.Time) {
 	g.refilled = now
 }
 
-// Wait reports how long r's peer (or everyone) must wait before its credentials are
+// wait reports how long r's peer (or everyone) must wait before its credentials are
 // checked again; 0: check them now. A refusal is logged once per lockout.
 //
 // A request that carries credentials (an Authorization header) and is let through holds a
-// reservation until Failed or Succeeded: one unit of the global budget, and its peer's
+// reservation until failed or succeeded: one unit of the global budget, and its peer's
 // place in line. Guards against a burst of concurrent guesses all passing the check before
 // the first of them fails: the global budget is spent up front, and a peer past its free
 // failures gets one check at a time.
-func (g *Guard) Wait(r *http.Request) time.Duration {
+func (g *Guard) wait(r *http.Request) time.Duration {
 	now := g.now()
 	key := g.peerKey(r)
 	g.mu.Lock()
@@ -351,7 +351,7 @@ func (g *Guard) Wait(r *http.Request) time.Duration {
 	return 0
 }
 
-// carriesCredentials: the request holds a Guard reservation from Wait (see Wait).
+// carriesCredentials: the request holds a Guard reservation from wait (see wait).
 func carriesCredentials(r *http.Request) bool { return r.Header.Get("Authorization") != "" }
 
 // peer returns key's record, made if need be. Called with mu held.
@@ -373,8 +373,8 @@ func (g *Guard) peer(key string, now time.Time) *peerFailures {
 	return p
 }
 
-// Failed records and logs a failed sign-in of name (as sent) from r's peer.
-func (g *Guard) Failed(r *http.Request, name string) {
+// failed records and logs a failed sign-in of name (as sent) from r's peer.
+func (g *Guard) failed(r *http.Request, name string) {
 	now := g.now()
 	key := g.peerKey(r)
 	g.mu.Lock()
@@ -382,7 +382,7 @@ func (g *Guard) Failed(r *http.Request, name string) {
 	g.refill(now)
 	p := g.peer(key, now)
 	if carriesCredentials(r) {
-		p.inflight = max(p.inflight-1, 0) // its budget unit was spent in Wait
+		p.inflight = max(p.inflight-1, 0) // its budget unit was spent in wait
 	} else {
 		g.tokens = max(g.tokens-1, 0)
 	}
@@ -401,8 +401,8 @@ func (g *Guard) Failed(r *http.Request, name string) {
 		"failures", p.n, "locked_for", lock)
 }
 
-// Succeeded forgets r's peer's failures and gives back the reservation of Wait.
-func (g *Guard) Succeeded(r *http.Request) {
+// succeeded forgets r's peer's failures and gives back the reservation of wait.
+func (g *Guard) succeeded(r *http.Request) {
 	key := g.peerKey(r)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -429,7 +429,7 @@ func (g *Guard) sweep(now time.Time) {
 	}
 }
 
-// AllowedHost reports whether host (a request's Host: name or address, with or without a
+// allowedHost reports whether host (a request's Host: name or address, with or without a
 // port) names this machine's loopback — localhost, 127.0.0.0/8, ::1 — or is listed. A listed
 // entry with a port matches that port only; one without, any port.
 //
@@ -437,7 +437,7 @@ func (g *Guard) sweep(now time.Time) {
 // its name re-pointed at 127.0.0.1, and the browser then lets that page read whatever answers
 // there — the console, River UI's API, /metrics — as "its own origin". The browser still
 // sends Host: evil.example:8080, which is never one of ours.
-func AllowedHost(host string, listed []string) bool {
+func allowedHost(host string, listed []string) bool {
 	name, _, err := net.SplitHostPort(host)
 	if err != nil {
 		name = host // no port

@@ -6,12 +6,19 @@
 //
 // # Mounting
 //
+//	auth, err := console.LoadAuth(logger) // CONSOLE_USERS, RIVERUI_USER, …: who may sign in
 //	h, err := console.New(pool, &console.Config{
 //		Prefix:       "/console",
-//		Client:       client,             // the service's *stepwise.Client: Resume, Resolve, requests, Totals
-//		Authenticate: users.Authenticate, // console.LoadUsers; enables every action
+//		Client:       client,       // the service's *stepwise.Client: Resume, Resolve, requests, Totals
+//		Authenticate: auth.Console, // nil: read-only, loopback only
+//		Guard:        auth.Guard,   // one budget of failed sign-ins with River UI
 //	})
 //	mux.Handle("/console/", h)
+//	mux.Handle("/riverui/", console.Protect(riverUI, "River UI", auth, 4, logger))
+//	srv := console.NewServer(console.Harden(mux, hosts, logger))
+//
+// Protect, Harden and NewServer are the rest of an operator's HTTP surface (River UI, an
+// endpoint of the service's own), in the order that is safe; see surface.go.
 //
 // With Client, the console resolves the operations of the kinds the client has, running
 // their outcome callbacks as the client does, and compares each kind that has a Statement

@@ -7,3 +7,12 @@ func SetClock(h *Handler, now func() time.Time) { h.now = now }
 
 // GuardFreeFailures is the Guard's free failures per peer, for the external tests.
 const GuardFreeFailures = guardFreeFailures
+
+// Names is Users.names, for the external tests.
+func (u *Users) Names() []string { return u.names() }
+
+// LoadUsers is loadUsers, for the external tests.
+var LoadUsers = loadUsers
+
+// TrustProxies is Guard.trustProxies, for the external tests.
+func (g *Guard) TrustProxies(proxies []string) error { return g.trustProxies(proxies) }

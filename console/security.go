@@ -59,7 +59,7 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bo
 	}
 	// A locked-out peer's credentials are not even checked: a lockout that still answered
 	// right or wrong would not stop guessing.
-	if wait := h.cfg.Guard.Wait(r); wait > 0 {
+	if wait := h.cfg.Guard.wait(r); wait > 0 {
 		secs := int((wait + time.Second - 1) / time.Second)
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
 		h.fail(w, r, http.StatusTooManyRequests, "too many failed sign-ins: credentials are not checked for %d s; the attempts are in the server's log", secs)
@@ -68,7 +68,7 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bo
 	actor, ok := h.cfg.Authenticate(r)
 	if !ok {
 		if name, _, sent := r.BasicAuth(); sent || r.Header.Get("Authorization") != "" {
-			h.cfg.Guard.Failed(r, name)
+			h.cfg.Guard.failed(r, name)
 		} else {
 			// A browser's first request carries none (the 401 makes it ask): not a failure.
 			h.unauth.logAt(h.logger, slog.LevelInfo, "console: request without credentials refused (401)", "peer", r.RemoteAddr, "path", r.URL.Path)
@@ -77,7 +77,7 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bo
 		h.fail(w, r, http.StatusUnauthorized, "credentials required")
 		return nil, false
 	}
-	h.cfg.Guard.Succeeded(r)
+	h.cfg.Guard.succeeded(r)
 	// The actor goes into the audit trail verbatim: a newline or control character there
 	// could forge a second line in a log or a report.
 	if actor == "" || len(actor) > 200 || strings.IndexFunc(actor, unicode.IsControl) >= 0 {
@@ -198,7 +198,7 @@ func (h *Handler) hostAllowed(w http.ResponseWriter, r *http.Request) bool {
 	if h.cfg.Authenticate != nil && len(h.cfg.Hosts) == 0 {
 		return true
 	}
-	if AllowedHost(r.Host, h.cfg.Hosts) {
+	if allowedHost(r.Host, h.cfg.Hosts) {
 		return true
 	}
 	h.misdirected.log(h.logger, "console: request for a host that is not ours refused (421): a DNS-rebinding page, or a name missing from Config.Hosts",

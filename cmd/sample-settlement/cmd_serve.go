@@ -20,7 +20,6 @@ import (
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/console"
-	"github.com/stepwise-go/stepwise/console/surface"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -116,12 +115,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return cmdline.UsageError("--allowed-host %q: want a host name or address as browsers send it in Host, with or without a port (e.g. ops.example.com or ops.example.com:8443)", h)
 		}
 	}
+	logger := newLogger(stderr, f.verbose)
 	// Credentials are checked before the database is touched: a half-set pair exits 2 at once.
-	auth, err := operatorAuthFromEnv()
+	auth, err := operatorAuthFromEnv(logger)
 	if err != nil {
 		return err
 	}
-	logger := newLogger(stderr, f.verbose)
 	stopTracing, riverMiddleware, err := setupTracing(ctx, stderr)
 	if err != nil {
 		return err
@@ -199,7 +198,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("listening on --addr %s: %w", f.addr, err)
 	}
-	srv := newHTTPServer(handler)
+	srv := console.NewServer(handler)
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve(ln) }()
 
@@ -334,7 +333,7 @@ func poolSizeFor(settleWorkers int) int {
 func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o serveOps, logger *slog.Logger) (http.Handler, error) {
 	o = o.withDefaults()
 	if o.auth == nil {
-		auth, err := operatorAuthFromEnv()
+		auth, err := operatorAuthFromEnv(logger)
 		if err != nil {
 			return nil, err
 		}
@@ -343,9 +342,6 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	if o.auth.Guard == nil {
 		// One guard for every surface: an attacker gets one budget of failures, not one each.
 		o.auth.Guard = console.NewGuard(logger)
-		if err := o.auth.Guard.TrustProxies(o.auth.TrustedProxies); err != nil {
-			return nil, err
-		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -358,7 +354,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	go gatherer.run(ctx)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(svc.Client.River(), nil),
-		Logger:    slog.New(raiseInternalErrors{Handler: logger.Handler()}),
+		Logger:    console.RiverUILogger(logger),
 		Prefix:    "/riverui",
 	})
 	if err != nil {
@@ -388,14 +384,9 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		}
 		fmt.Fprintln(w, "ready")
 	})))
-	// Credentials first, then a slot, then the body (writes only, within bodyReadTimeout).
-	// Guards against the lockout measured before this order: four connections that announce
-	// a 1 MB body and never send it held River UI's and the console's four slots each, and
-	// every operator request got 503 for as long as they stayed (the server's read timeout,
-	// then again).
-	mux.Handle("/riverui/", requireAuthForWrites(
-		limitInFlightLogged(o.maxUIRequests, "River UI", logger, readWriteBody(genericServerErrors(ui, "River UI", logger), logger)),
-		o.auth.RiverUser, o.auth.RiverPassword, o.auth.Guard))
+	// Credentials first, then a slot, then the body (writes only, within a deadline):
+	// console.Protect's order (TestSlowBodiesDoNotLockOperatorsOut).
+	mux.Handle("/riverui/", console.Protect(ui, "River UI", o.auth, o.maxUIRequests, logger))
 	// The operator's console checks host, credentials, its own slots, origin and CSRF itself,
 	// in that order (package console), with the same failure guard as River UI.
 	cons, err := newConsole(svc.Pool, svc, logger, &consoleSecurity{auth: o.auth, hosts: o.hosts, maxInFlight: o.maxUIRequests})
@@ -405,17 +396,15 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 	mux.Handle("/console/", cons)
 	// The bank statement's arrival (statement-arrived over HTTP): a write, so it needs the
 	// operators' credentials (RIVERUI_USER), and is capped like River UI.
-	var statement http.Handler = requireAuthForWrites(
-		limitInFlightLogged(o.maxUIRequests, "statement", logger, statementHandler(svc.Pool, logger)),
-		o.auth.RiverUser, o.auth.RiverPassword, o.auth.Guard)
+	var statement = console.Protect(statementHandler(svc.Pool, logger), "statement", o.auth, o.maxUIRequests, logger)
 	if o.auth.RiverUser == "" || o.auth.RiverPassword == "" {
 		statement = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			closeUnreadBody(w, r)
+			console.CloseUnreadBody(w, r)
 			http.Error(w, "refused: set RIVERUI_USER and RIVERUI_PASSWORD on serve to accept statements over HTTP (or use the statement-arrived command)", http.StatusForbidden)
 		})
 	}
 	mux.Handle("/ops/statement", statement)
-	return operatorHeaders(limitBodies(allowedHostsOnly(o.hosts, logger, readOnlyUnlessAuthorized(mux)))), nil
+	return console.Harden(readOnlyUnlessAuthorized(mux), o.hosts, logger), nil
 }
 
 func orNone(list []string) string {
@@ -461,7 +450,7 @@ func readOnlyUnlessAuthorized(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isUnder(r.URL.Path, "/riverui/") && !isUnder(r.URL.Path, "/console/") &&
 			r.URL.Path != "/ops/statement" {
-			closeUnreadBody(w, r)
+			console.CloseUnreadBody(w, r)
 			http.Error(w, "read-only endpoint", http.StatusMethodNotAllowed)
 			return
 		}
@@ -472,25 +461,3 @@ func readOnlyUnlessAuthorized(next http.Handler) http.Handler {
 func isUnder(path, prefix string) bool {
 	return len(path) >= len(prefix) && path[:len(prefix)] == prefix
 }
-
-// The operator surface's hardening lives in package console/surface, shared with the
-// stepwise command; these names keep serve's wiring and tests readable.
-func requireAuthForWrites(next http.Handler, user, password string, guard *console.Guard) http.Handler {
-	return surface.RequireAuthForWrites(next, user, password, guard)
-}
-
-func limitBodies(next http.Handler) http.Handler { return surface.LimitBodies(next) }
-
-func readWriteBody(next http.Handler, logger *slog.Logger) http.Handler {
-	return surface.ReadWriteBody(next, logger)
-}
-
-func allowedHostsOnly(hosts []string, logger *slog.Logger, next http.Handler) http.Handler {
-	return surface.AllowedHostsOnly(hosts, logger, next)
-}
-
-func closeUnreadBody(w http.ResponseWriter, r *http.Request) { surface.CloseUnreadBody(w, r) }
-
-func operatorHeaders(next http.Handler) http.Handler { return surface.Headers(next) }
-
-func newHTTPServer(h http.Handler) *http.Server { return surface.NewServer(h) }

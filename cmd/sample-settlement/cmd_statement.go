@@ -17,6 +17,7 @@ import (
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/console"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
@@ -94,7 +95,7 @@ type statementRequest struct {
 func statementHandler(pool *pgxpool.Pool, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
-			closeUnreadBody(w, r)
+			console.CloseUnreadBody(w, r)
 			w.Header().Set("Allow", http.MethodPost)
 			http.Error(w, "POST a JSON body {\"date\": \"YYYY-MM-DD\", \"id\": \"STATEMENT_ID\"}", http.StatusMethodNotAllowed)
 			return

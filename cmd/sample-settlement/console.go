@@ -20,7 +20,7 @@ import (
 // with the console's default limits.
 func newConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.Logger, sec *consoleSecurity) (http.Handler, error) {
 	if sec == nil {
-		auth, err := operatorAuthFromEnv()
+		auth, err := operatorAuthFromEnv(logger)
 		if err != nil {
 			return nil, err
 		}
@@ -53,7 +53,7 @@ func serveDemoConsole(pool *pgxpool.Pool, svc *settlement.Service, logger *slog.
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/console/", h)
-	srv := newHTTPServer(mux) // the operator surface's timeouts and header limit, as serve's
+	srv := console.NewServer(mux) // the operator surface's timeouts and header limit, as serve's
 	go func() { _ = srv.Serve(ln) }()
 	step("console: http://%s/console/ (while the demo runs)", ln.Addr())
 	return func() { _ = srv.Close() }, nil

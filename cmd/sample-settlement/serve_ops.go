@@ -14,8 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
-
-	"github.com/stepwise-go/stepwise/console/surface"
 )
 
 // cachedGatherer gathers the registry in the background, one gather at a time, every
@@ -205,14 +203,3 @@ func unavailable(w http.ResponseWriter, why string) {
 	w.Header().Set("Retry-After", "1")
 	http.Error(w, why, http.StatusServiceUnavailable)
 }
-
-func limitInFlightLogged(max int, what string, logger *slog.Logger, next http.Handler) http.Handler {
-	return surface.LimitInFlight(max, what, logger, next)
-}
-
-func genericServerErrors(next http.Handler, what string, logger *slog.Logger) http.Handler {
-	return surface.GenericServerErrors(next, what, logger)
-}
-
-// raiseInternalErrors is surface.RaiseInternalErrors.
-type raiseInternalErrors = surface.RaiseInternalErrors

@@ -71,7 +71,8 @@ func TestRiverUIWritesNeedCredentials(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := readOnlyUnlessAuthorized(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				requireAuthForWrites(ok, tt.user, tt.password, console.NewGuard(quietLogger())).ServeHTTP(w, r)
+				auth := &operatorAuth{RiverUser: tt.user, RiverPassword: tt.password, Guard: console.NewGuard(quietLogger())}
+				console.Protect(ok, "River UI", auth, 4, quietLogger()).ServeHTTP(w, r)
 			}))
 			req := httptest.NewRequest(tt.method, "/riverui/api/jobs/cancel", nil)
 			if tt.sendUser != "" {
@@ -137,7 +138,7 @@ func TestGenericServerErrors(t *testing.T) {
 	var logged bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logged, nil))
 	secret := `connecting to host=10.0.0.5 user=payments database=ledger: FATAL: password authentication failed`
-	h := genericServerErrors(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := console.Protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/fail":
 			w.Header().Set("Content-Type", "application/json")
@@ -149,7 +150,7 @@ func TestGenericServerErrors(t *testing.T) {
 		default:
 			_, _ = io.WriteString(w, "fine")
 		}
-	}), "River UI", logger)
+	}), "River UI", &operatorAuth{}, 4, logger)
 
 	for path, want := range map[string]struct {
 		code int

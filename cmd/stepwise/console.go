@@ -16,7 +16,6 @@ import (
 
 	sw "github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/console"
-	"github.com/stepwise-go/stepwise/console/surface"
 )
 
 // consoleMaxInFlight caps the console's and River UI's requests in flight, each: they query
@@ -43,8 +42,14 @@ func runConsole(ctx context.Context, c *cli, args []string) error {
 			return usageError("%s: --allowed-host %q: want a host name or address as browsers send it in Host, e.g. ops.example.com or ops.example.com:8443", c.path, h)
 		}
 	}
-	// Credentials are checked before the database is touched: a half-set pair exits 2.
-	auth, err := surface.LoadAuth()
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+	// Credentials are checked before the database is touched: a half-set pair exits 2. One
+	// guard for every surface: an attacker gets one budget of failed sign-ins, not one each.
+	auth, err := console.LoadAuth(logger)
 	if err != nil {
 		return usageError("%s: %v", c.path, err)
 	}
@@ -62,11 +67,6 @@ func runConsole(ctx context.Context, c *cli, args []string) error {
 			allowed = append(allowed, host)
 		}
 	}
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelInfo
-	}
-	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
 	pool, _, err := f.open(ctx, false)
 	if err != nil {
 		return err
@@ -80,11 +80,6 @@ func runConsole(ctx context.Context, c *cli, args []string) error {
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	// One guard for every surface: an attacker gets one budget of failed sign-ins, not one each.
-	auth.Guard = console.NewGuard(logger)
-	if err := auth.Guard.TrustProxies(auth.TrustedProxies); err != nil {
-		return usageError("%s: CONSOLE_TRUSTED_PROXIES: %v", c.path, err)
-	}
 	// The operator's client: resumes runs through the insert-only River client, lists each
 	// operation's requests, and resolves the operations of the kinds the operator said have
 	// no outcome callback (the console offers Resolve on those only).
@@ -102,7 +97,7 @@ func runConsole(ctx context.Context, c *cli, args []string) error {
 	}
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(client, nil),
-		Logger:    slog.New(surface.RaiseInternalErrors{Handler: logger.Handler()}),
+		Logger:    console.RiverUILogger(logger),
 		Prefix:    "/riverui",
 	})
 	if err != nil {
@@ -115,17 +110,15 @@ func runConsole(ctx context.Context, c *cli, args []string) error {
 	// The console checks host, credentials, its own slots, origin and CSRF itself.
 	mux.Handle("/console/", cons)
 	// River UI: credentials first, then a slot, then the body (writes only).
-	mux.Handle("/riverui/", surface.RequireAuthForWrites(
-		surface.LimitInFlight(consoleMaxInFlight, "River UI", logger, surface.ReadWriteBody(surface.GenericServerErrors(ui, "River UI", logger), logger)),
-		auth.RiverUser, auth.RiverPassword, auth.Guard))
+	mux.Handle("/riverui/", console.Protect(ui, "River UI", auth, consoleMaxInFlight, logger))
 	mux.Handle("/{$}", http.RedirectHandler("/console/", http.StatusFound))
-	handler := surface.Headers(surface.LimitBodies(surface.AllowedHostsOnly(allowed, logger, mux)))
+	handler := console.Harden(mux, allowed, logger)
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("listening on --addr %s: %w (another process there? pick another port)", *addr, err)
 	}
-	srv := surface.NewServer(handler)
+	srv := console.NewServer(handler)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	consoleFrom, riverFrom := "none: read-only, loopback only", "none: read-only, loopback only"

@@ -1,11 +1,18 @@
-// Package surface hardens an operator's HTTP surface: the console and River UI served by a
-// service (the sample's serve) or by the stepwise command. It holds what both need and
-// nothing about either: credentials from the environment (LoadAuth), River UI's guard
-// (RequireAuthForWrites: credentials before a slot, CSRF checks on writes), body caps and
-// read deadlines, in-flight caps that answer 503 at once, Host checks against DNS
-// rebinding, headers against framing, generic bodies for server errors, and a server with
-// every timeout set. See docs/console.md, "Threat model".
-package surface
+package console
+
+// The operator's HTTP surface around the console: what a service that serves the console,
+// River UI and endpoints of its own needs, in the order that is safe, behind four calls.
+//
+//	auth, err := console.LoadAuth(logger)                 // credentials and one failure guard
+//	mux.Handle("/console/", cons)                          // checks its own, in its own order
+//	mux.Handle("/riverui/", console.Protect(ui, "River UI", auth, 4, logger))
+//	srv := console.NewServer(console.Harden(mux, hosts, logger))
+//
+// Harden is the outside (headers against framing, the body cap, the Host check against DNS
+// rebinding); Protect the inside of a handler that writes (credentials before a slot, CSRF
+// checks on writes, an in-flight cap answering 503 at once, the body read within a deadline,
+// generic bodies for server errors); NewServer sets every timeout. See docs/console.md,
+// "Threat model".
 
 import (
 	"bytes"
@@ -22,11 +29,55 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/stepwise-go/stepwise/console"
 )
 
-// RequireAuthForWrites guards River UI.
+// Protect guards next, a handler the console does not own that may write (River UI, or an
+// endpoint of the service's own), in the order that is safe: credentials first (auth's River
+// UI account; failures limited by auth.Guard), then one of maxInFlight slots (503 at once
+// beyond), then the write's body, read within a deadline, then next, whose server errors are
+// answered with a generic body and logged under what. See requireAuthForWrites for who may
+// do what. A nil auth.Guard gives this handler a guard of its own: set it (LoadAuth does) to
+// share one budget of failed sign-ins with the console.
+//
+// Guards against the lockout measured before this order: four connections that announce a
+// 1 MB body and never send it held River UI's and the console's four slots each, and every
+// operator request got 503 for as long as they stayed.
+func Protect(next http.Handler, what string, auth *Auth, maxInFlight int, logger *slog.Logger) http.Handler {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	guard := auth.Guard
+	if guard == nil {
+		guard = NewGuard(logger)
+	}
+	return requireAuthForWrites(limitInFlight(maxInFlight, what, logger, readWriteBody(genericServerErrors(next, what, logger), logger)),
+		auth.RiverUser, auth.RiverPassword, guard)
+}
+
+// Harden is the outside of an operator's HTTP surface, around the mux that holds the
+// console, Protect's handlers and the rest: headers against framing and sniffing, the body
+// cap (1 MiB), and the Host check that answers 421 to any Host but loopback and hosts (DNS
+// rebinding; /healthz and /readyz excepted).
+func Harden(next http.Handler, hosts []string, logger *slog.Logger) http.Handler {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return headers(limitBodies(allowedHostsOnly(hosts, logger, next)))
+}
+
+// RiverUILogger is logger for River UI's handler: it raises the records that carry a
+// failure's detail (an "internal_error" attribute, such as the database's connection error
+// behind River UI's generic "problem connecting to the configured database") from INFO to
+// WARN. Guards against: the detail an anonymous caller is not told being lost too, when the
+// service logs WARN and above.
+func RiverUILogger(logger *slog.Logger) *slog.Logger {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return slog.New(raiseInternalErrors{logger.Handler()})
+}
+
+// requireAuthForWrites guards River UI.
 //
 //   - With credentials configured (RIVERUI_USER and RIVERUI_PASSWORD), every request needs
 //     them, reads too: the job list shows arguments and errors of payment jobs.
@@ -41,8 +92,8 @@ import (
 //
 // It runs before the in-flight cap and reads no body: a request without valid credentials
 // never holds a slot. Failed sign-ins are limited and logged by guard (429 with Retry-After
-// while the peer, or everyone, is locked out; see console.Guard).
-func RequireAuthForWrites(next http.Handler, user, password string, guard *console.Guard) http.Handler {
+// while the peer, or everyone, is locked out; see Guard).
+func requireAuthForWrites(next http.Handler, user, password string, guard *Guard) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		write := true
 		switch r.Method {
@@ -59,7 +110,7 @@ func RequireAuthForWrites(next http.Handler, user, password string, guard *conso
 			return
 		}
 		// Every refusal here is made without reading the body: hang up after it.
-		if wait := guard.Wait(r); wait > 0 {
+		if wait := guard.wait(r); wait > 0 {
 			CloseUnreadBody(w, r)
 			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
 			http.Error(w, "too many failed sign-ins: credentials are not checked for a while; the attempts are in the server's log", http.StatusTooManyRequests)
@@ -71,14 +122,14 @@ func RequireAuthForWrites(next http.Handler, user, password string, guard *conso
 		okP := subtle.ConstantTimeCompare([]byte(p), []byte(password))
 		if !ok || okU&okP != 1 {
 			if ok || r.Header.Get("Authorization") != "" {
-				guard.Failed(r, u)
+				guard.failed(r, u)
 			}
 			CloseUnreadBody(w, r)
 			w.Header().Set("WWW-Authenticate", `Basic realm="stepwise river ui", charset="UTF-8"`)
 			http.Error(w, "credentials required", http.StatusUnauthorized)
 			return
 		}
-		guard.Succeeded(r)
+		guard.succeeded(r)
 		if write {
 			if why := crossSiteWrite(r); why != "" {
 				CloseUnreadBody(w, r)
@@ -111,9 +162,9 @@ func crossSiteWrite(r *http.Request) string {
 // maxRequestBody bounds every request body: River UI's largest write is a list of job ids.
 const maxRequestBody = 1 << 20
 
-// LimitBodies caps request bodies (a larger one fails to read, and River UI answers 4xx),
+// limitBodies caps request bodies (a larger one fails to read, and River UI answers 4xx),
 // so that a client cannot make the process buffer without bound.
-func LimitBodies(next http.Handler) http.Handler {
+func limitBodies(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > maxRequestBody {
 			CloseUnreadBody(w, r)
@@ -129,16 +180,16 @@ func LimitBodies(next http.Handler) http.Handler {
 // hundred bytes, sent at once.
 const bodyReadTimeout = 5 * time.Second
 
-// ReadWriteBody reads a write's body (already capped by LimitBodies) before next sees it,
+// readWriteBody reads a write's body (already capped by limitBodies) before next sees it,
 // within bodyReadTimeout, and answers 413 when it is over the cap. Reads (GET, HEAD,
 // OPTIONS) pass without their body being read.
 //
-// Guards against: a body sent without a length (chunked) passing LimitBodies' Content-Length
+// Guards against: a body sent without a length (chunked) passing limitBodies' Content-Length
 // check, being cut at the cap while River UI decodes it, and answered as a malformed request
 // (400) instead of a refused size; and a client that announces a body and dribbles it holding
 // a slot for the server's whole read timeout. It runs after authentication and under the
 // in-flight cap, so only an operator's request is read, at most that many at once.
-func ReadWriteBody(next http.Handler, logger *slog.Logger) http.Handler {
+func readWriteBody(next http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodOptions:
@@ -167,16 +218,16 @@ func ReadWriteBody(next http.Handler, logger *slog.Logger) http.Handler {
 	})
 }
 
-// AllowedHostsOnly answers 421 to a request whose Host is neither loopback nor in hosts,
+// allowedHostsOnly answers 421 to a request whose Host is neither loopback nor in hosts,
 // except for /healthz and /readyz (an orchestrator's probe sends the pod's address; they
 // show nothing). Guards against DNS rebinding: a page the operator opens re-points its own
 // name at 127.0.0.1 (or at the address an ssh -L listens on) and then reads River UI's API
 // (payment jobs' arguments), /metrics and the console as its own origin. See
-// console.AllowedHost.
-func AllowedHostsOnly(hosts []string, logger *slog.Logger, next http.Handler) http.Handler {
+// allowedHost.
+func allowedHostsOnly(hosts []string, logger *slog.Logger, next http.Handler) http.Handler {
 	var refused sampledWarn
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || console.AllowedHost(r.Host, hosts) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || allowedHost(r.Host, hosts) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -198,10 +249,10 @@ func CloseUnreadBody(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Headers: no page of the operator surface may be framed by another site (River UI's
+// headers: no page of the operator surface may be framed by another site (River UI's
 // buttons clickjacked: an invisible frame over a decoy), nor sniffed into another type. The
 // console sets a stricter policy of its own.
-func Headers(next http.Handler) http.Handler {
+func headers(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("X-Frame-Options", "DENY")
@@ -231,10 +282,10 @@ func unavailable(w http.ResponseWriter, why string) {
 	http.Error(w, why, http.StatusServiceUnavailable)
 }
 
-// LimitInFlight caps next at max requests in flight (River UI's, which query the database):
+// limitInFlight caps next at max requests in flight (River UI's, which query the database):
 // beyond it, 503 at once instead of a queue on the pool. It logs the refusals (sampled): an
 // operator told "busy" should find why in the log.
-func LimitInFlight(max int, what string, logger *slog.Logger, next http.Handler) http.Handler {
+func limitInFlight(max int, what string, logger *slog.Logger, next http.Handler) http.Handler {
 	l := make(chan struct{}, max)
 	var busy sampledWarn
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -272,18 +323,14 @@ func (s *sampledWarn) warn(logger *slog.Logger, msg string, args ...any) {
 	logger.Warn(msg, append(args, "not_logged_since_last", dropped)...)
 }
 
-// RaiseInternalErrors passes River UI's log records on, raising those that carry a failure's
-// detail (an "internal_error" attribute, such as the database's connection error behind the
-// generic "problem connecting to the configured database" answer) from INFO to WARN. Guards
-// against: the detail an anonymous caller is not told being lost too, since serve logs WARN
-// and above unless -v.
-type RaiseInternalErrors struct{ slog.Handler }
+// raiseInternalErrors is RiverUILogger's handler.
+type raiseInternalErrors struct{ slog.Handler }
 
-func (h RaiseInternalErrors) Enabled(ctx context.Context, l slog.Level) bool {
+func (h raiseInternalErrors) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= slog.LevelInfo || h.Handler.Enabled(ctx, l)
 }
 
-func (h RaiseInternalErrors) Handle(ctx context.Context, r slog.Record) error {
+func (h raiseInternalErrors) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level < slog.LevelWarn {
 		internal := false
 		r.Attrs(func(a slog.Attr) bool {
@@ -301,19 +348,19 @@ func (h RaiseInternalErrors) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
-func (h RaiseInternalErrors) WithAttrs(as []slog.Attr) slog.Handler {
-	return RaiseInternalErrors{h.Handler.WithAttrs(as)}
+func (h raiseInternalErrors) WithAttrs(as []slog.Attr) slog.Handler {
+	return raiseInternalErrors{h.Handler.WithAttrs(as)}
 }
 
-func (h RaiseInternalErrors) WithGroup(name string) slog.Handler {
-	return RaiseInternalErrors{h.Handler.WithGroup(name)}
+func (h raiseInternalErrors) WithGroup(name string) slog.Handler {
+	return raiseInternalErrors{h.Handler.WithGroup(name)}
 }
 
-// GenericServerErrors answers every 5xx of next with a generic body and logs the body next
+// genericServerErrors answers every 5xx of next with a generic body and logs the body next
 // wrote instead. Guards against: a handler this service does not own (River UI) telling an
 // anonymous caller what failed inside (a host, a user, SQL, a server's FATAL text), in this
 // version or the next.
-func GenericServerErrors(next http.Handler, what string, logger *slog.Logger) http.Handler {
+func genericServerErrors(next http.Handler, what string, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gw := &genericWriter{ResponseWriter: w}
 		next.ServeHTTP(gw, r)
@@ -324,7 +371,7 @@ func GenericServerErrors(next http.Handler, what string, logger *slog.Logger) ht
 	})
 }
 
-// genericWriter is GenericServerErrors' ResponseWriter: below 500 it passes everything on;
+// genericWriter is genericServerErrors' ResponseWriter: below 500 it passes everything on;
 // from 500 it writes a generic body itself and holds what the handler writes (up to 4 KiB)
 // for the log.
 type genericWriter struct {

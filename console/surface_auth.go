@@ -1,12 +1,11 @@
-package surface
+package console
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
-
-	"github.com/stepwise-go/stepwise/console"
 )
 
 // minPasswordLen is the shortest CONSOLE_PASSWORD / RIVERUI_PASSWORD serve accepts. Guards
@@ -23,11 +22,9 @@ type Auth struct {
 	ConsoleFrom string
 	// RiverUser, RiverPassword: River UI's one account; empty: read-only, loopback.
 	RiverUser, RiverPassword string
-	// Guard limits and logs failed sign-ins on every surface together (made by the caller,
-	// with its logger, and given the TrustedProxies).
-	Guard *console.Guard
-	// TrustedProxies are CONSOLE_TRUSTED_PROXIES: their X-Forwarded-For names the peer.
-	TrustedProxies []string
+	// Guard limits and logs failed sign-ins on every surface together: pass it as
+	// Config.Guard too. LoadAuth makes it, trusting CONSOLE_TRUSTED_PROXIES' X-Forwarded-For.
+	Guard *Guard
 }
 
 // Configured reports whether any surface takes credentials.
@@ -40,16 +37,17 @@ func (a *Auth) Configured() bool { return a.Console != nil || a.RiverUser != "" 
 //   - or CONSOLE_USER and CONSOLE_PASSWORD: one shared console account (the audit names
 //     only that account);
 //   - or CONSOLE_PROXY_USER_HEADER: an authenticating reverse proxy names the operator in
-//     that header, believed only from CONSOLE_TRUSTED_PROXIES (see console.ProxyUser);
+//     that header, believed only from CONSOLE_TRUSTED_PROXIES (see ProxyUser);
 //   - CONSOLE_TRUSTED_PROXIES: the addresses of the proxies in front (addresses or CIDR
 //     prefixes, comma-separated); failed sign-ins relayed by them count against the client
-//     they name in X-Forwarded-For (console.Guard.TrustProxies), not against the proxy;
+//     they name in X-Forwarded-For, not against the proxy;
 //   - RIVERUI_USER and RIVERUI_PASSWORD: River UI's account.
 //
 // A pair set by half is refused (it used to leave that surface anonymous without a word),
-// as are both console forms at once and a password shorter than 12 characters.
-func LoadAuth() (*Auth, error) {
-	a := &Auth{}
+// as are both console forms at once and a password shorter than 12 characters. The Guard
+// logs to logger (nil: slog.Default()).
+func LoadAuth(logger *slog.Logger) (*Auth, error) {
+	a := &Auth{Guard: NewGuard(logger)}
 	usersFile := os.Getenv("CONSOLE_USERS")
 	user, password := os.Getenv("CONSOLE_USER"), os.Getenv("CONSOLE_PASSWORD")
 	proxyHeader, proxies := os.Getenv("CONSOLE_PROXY_USER_HEADER"), os.Getenv("CONSOLE_TRUSTED_PROXIES")
@@ -61,10 +59,9 @@ func LoadAuth() (*Auth, error) {
 	}
 	// The proxies' X-Forwarded-For is believed for the sign-in limits: behind a proxy every
 	// visitor shares its address, and one guesser would lock every operator out.
-	if err := console.NewGuard(nil).TrustProxies(list); err != nil {
+	if err := a.Guard.trustProxies(list); err != nil {
 		return nil, fmt.Errorf("CONSOLE_TRUSTED_PROXIES: %v", err)
 	}
-	a.TrustedProxies = list
 	forms := 0
 	for _, set := range []bool{usersFile != "", user != "" || password != "", proxyHeader != ""} {
 		if set {
@@ -78,24 +75,24 @@ func LoadAuth() (*Auth, error) {
 		if len(list) == 0 {
 			return nil, fmt.Errorf("CONSOLE_PROXY_USER_HEADER needs CONSOLE_TRUSTED_PROXIES: the header names the operator, and is believed only from the proxy's addresses")
 		}
-		auth, err := console.ProxyUser(proxyHeader, list)
+		auth, err := ProxyUser(proxyHeader, list)
 		if err != nil {
 			return nil, fmt.Errorf("CONSOLE_PROXY_USER_HEADER/CONSOLE_TRUSTED_PROXIES: %v", err)
 		}
 		a.Console = auth
 		a.ConsoleFrom = proxyHeader + " from " + strings.Join(list, ", ")
 	case usersFile != "":
-		users, err := console.LoadUsers(usersFile)
+		users, err := loadUsers(usersFile)
 		if err != nil {
 			return nil, fmt.Errorf("CONSOLE_USERS: %v", err)
 		}
 		a.Console = users.Authenticate
-		a.ConsoleFrom = "CONSOLE_USERS (" + strings.Join(users.Names(), ", ") + ")"
+		a.ConsoleFrom = "CONSOLE_USERS (" + strings.Join(users.names(), ", ") + ")"
 	case user != "" || password != "":
 		if err := checkPair("CONSOLE_USER", user, "CONSOLE_PASSWORD", password, "the console"); err != nil {
 			return nil, err
 		}
-		a.Console = console.BasicAuth(user, password)
+		a.Console = BasicAuth(user, password)
 		a.ConsoleFrom = "CONSOLE_USER (one shared account)"
 	}
 	a.RiverUser, a.RiverPassword = os.Getenv("RIVERUI_USER"), os.Getenv("RIVERUI_PASSWORD")

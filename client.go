@@ -36,6 +36,11 @@ type Client struct {
 	// never installed and never looks anything up. nil when the config has no kinds.
 	resolver  *reconcile.Reconciler
 	scheduler *schedengine.Scheduler // nil when the config has no schedules
+	// local is what outbox.Enqueue keeps for this client (the waker that wakes dispatchers
+	// after the enqueuing commit, the kinds known registered): the outbox's, or, in a client
+	// without kinds (one that enqueues only), one of its own. Every job the client works, and
+	// OperationEnqueueTx, carry it in their context.
+	local     *outbox.Local
 	metrics   *clientMetrics
 	logger    *slog.Logger
 
@@ -103,6 +108,12 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 		if err := install(rc); err != nil {
 			return nil, err
 		}
+	}
+	if c.outbox != nil {
+		c.local = c.outbox.Local() // Install added its middleware
+	} else {
+		c.local = outbox.NewLocal()
+		rc.Plugins = append(rc.Plugins, c.local.Middleware())
 	}
 	if err := checkPoolSize(pool, rc, cfg, len(c.maintenancePasses()), c.logger); err != nil {
 		return nil, err

@@ -13,6 +13,20 @@ import (
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
+// OperationEnqueueTx writes ops to the operation ledger in tx, as outbox.Enqueue does in a
+// step, for code outside the client's jobs: an HTTP handler, a script, a River client of
+// another service on the same database. The kinds' dispatchers are woken right after tx
+// commits, by this client's waker, so the operations leave within milliseconds rather than at
+// the next poll, and tx holds no lock another transaction could wait on for the wake.
+// Inside a step (or any job this client works) call outbox.Enqueue(ctx, s.Tx, ...): the
+// job's context already carries the client.
+func (c *Client) OperationEnqueueTx(ctx context.Context, tx pgx.Tx, ops ...outbox.EnqueueParams) (*outbox.EnqueueResult, error) {
+	if tx == nil {
+		return nil, errors.New("stepwise: OperationEnqueueTx: tx is nil; pass the transaction that writes the business rows the operations belong to")
+	}
+	return outbox.Enqueue(c.local.Context(ctx, c.river), tx, ops...)
+}
+
 // OperationGet reads an operation of the ledger.
 func (c *Client) OperationGet(ctx context.Context, id uuid.UUID) (*outbox.Operation, error) {
 	if err := c.checkPool("OperationGet"); err != nil {

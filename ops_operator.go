@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepwise-go/stepwise/internal/outbox"
 )
 
 // NewOperatorClient returns a Client for operator tools that do none of the service's work
@@ -24,7 +26,7 @@ func NewOperatorClient(pool *pgxpool.Pool, noCallbackKinds ...string) (*Client, 
 	if err != nil {
 		return nil, fmt.Errorf("stepwise.NewOperatorClient: %w", err)
 	}
-	c := &Client{pool: pool, river: rc}
+	c := &Client{pool: pool, river: rc, local: outbox.NewLocal()}
 	if len(noCallbackKinds) > 0 {
 		if c.outbox, c.resolver, err = noCallbackResolver(pool, noCallbackKinds...); err != nil {
 			return nil, fmt.Errorf("stepwise.NewOperatorClient: noCallbackKinds: %w", err)

@@ -106,9 +106,9 @@ heartbeats in stepwise_outbox_dispatcher.
 
 # Waking the dispatcher
 
-Enqueue inside a River worker (or with ContextWithClient) notes its transaction's id (returned
-by its own INSERT, no extra statement), and a per-process waker queues a dispatch job unique per
-kind within tens of milliseconds after that transaction commits (up to 160 ms while the job
+Enqueue in a job the stepwise.Client works (a step, or a River worker of your own), or through
+stepwise.Client.OperationEnqueueTx, notes its transaction's id (returned by its own INSERT, no
+extra statement), and the client's waker queues a dispatch job unique per kind within tens of milliseconds after that transaction commits (up to 160 ms while the job
 it queued last has not started yet: the waker then looks less often). Nothing the wake touches is
 locked on behalf of the step, so concurrent runs enqueueing the same kind do not wait for each
 other. When that kind's dispatcher is already running, River swallows the insert; a dispatcher
@@ -125,12 +125,13 @@ Enqueue refuses, with ErrUnknownKind, a kind that was never registered in the da
 (stepwise.Client.Start registers its kinds; RegisterKinds does too): an operation of a
 mistyped kind would wait forever.
 
-Enqueue takes no handle: it runs inside the caller's transaction, often in a process that
-delivers nothing, with only ctx and tx in hand. So two things it needs are kept per process
-rather than per client, on purpose: the wakers, one per River client (the client of ctx), each
-a goroutine that lives only while it has transactions to watch; and the cache of the kinds
-found registered, per database (tx's connection), which only grows because a registration is
-never taken back, and which is never consulted for a kind it has not seen.
+Enqueue takes no handle: it runs inside the caller's transaction with only ctx and tx in hand.
+The two things it keeps between calls belong to the stepwise.Client and reach it through ctx
+(the client's River worker middleware puts them in every job's context, and
+OperationEnqueueTx in its own): the waker, a goroutine that lives only while it has
+transactions to watch, and the kinds found registered in the client's database, a cache that
+only grows because a registration is never taken back. Nothing is kept per process: two
+clients in one binary share nothing.
 
 # Crash recovery
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
@@ -56,8 +55,10 @@ type EnqueueResult = outbox.EnqueueResult
 // so that they commit or vanish with it. The operation_id defaults to OperationID(kind,
 // business key): enqueueing the same operation twice is a no-op, and the same id with a
 // different payload, amount or currency is ErrOperationConflict. A kind no process
-// registered (stepwise.Client.Start, RegisterKinds) is ErrUnknownKind. Inside a River worker,
-// or with ContextWithClient, the kind's dispatcher is woken right after tx commits.
+// registered (stepwise.Client.Start, RegisterKinds) is ErrUnknownKind. In a step, or any job
+// a stepwise.Client works, the kind's dispatcher is woken right after tx commits; outside
+// them, enqueue through stepwise.Client.OperationEnqueueTx for the same (without a client in
+// ctx, the poll finds the operations, within the outbox's PollInterval).
 func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResult, error) {
 	return outbox.Enqueue(ctx, tx, ops...)
 }
@@ -65,13 +66,6 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResu
 // OperationID is the default operation_id of an operation: a UUID v5 of its kind and
 // business key, so that a step run twice names the same operations.
 func OperationID(kind, businessKey string) uuid.UUID { return outbox.OperationID(kind, businessKey) }
-
-// ContextWithClient returns ctx carrying client, so that Enqueue outside a River worker (an
-// HTTP handler, a script) wakes the kinds' dispatchers after its transaction commits.
-// Without it the poll finds the operations, within the outbox's PollInterval.
-func ContextWithClient(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
-	return outbox.ContextWithClient(ctx, client)
-}
 
 // RegisterKinds records kinds in the database so that Enqueue accepts them, for a program
 // that enqueues before any stepwise.Client configured with those kinds has started (its

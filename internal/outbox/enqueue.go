@@ -27,9 +27,9 @@ type EnqueueResult struct {
 	// enqueues them again, and that is a no-op.
 	Existing []*Operation
 	// Woken reports whether a dispatcher wake will be queued once the transaction commits
-	// (see wake.go). It is false outside a River worker unless the context carries a client
-	// (ContextWithClient); the operations are then picked up by the next poll
-	// (Config.PollInterval).
+	// (see wake.go), or was queued in tx. It is false when the context carries no River
+	// client (neither a job's nor ContextWithClient's); the operations are then picked up by
+	// the next poll (Config.PollInterval).
 	Woken bool
 }
 
@@ -57,10 +57,11 @@ type EnqueueResult struct {
 // with the operations (Operation.TraceParent), and their sends and reconciler checks link to
 // it; under a recording span Enqueue adds a "stepwise.enqueue" span of its own.
 //
-// Inside a River worker (or with ContextWithClient) Enqueue arranges for one dispatch job per
-// kind, unique per kind, to be queued by this process as soon as tx commits (within tens of
-// milliseconds), so delivery starts at once. It locks nothing that a concurrent run's
-// transaction could wait for: the wake is not part of tx. Rows are inserted with one
+// With a client's Local in ctx (every job the client works, and Local.Context) Enqueue
+// arranges for one dispatch job per kind, unique per kind, to be queued by the client's waker
+// as soon as tx commits (within tens of milliseconds), so delivery starts at once. It locks
+// nothing that a concurrent run's transaction could wait for: the wake is not part of tx.
+// With a River client in ctx but no Local, it queues the wake in tx. Rows are inserted with one
 // set-based statement whatever their number.
 func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueResult, err error) {
 	if tx == nil {
@@ -101,7 +102,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueRe
 			kinds = append(kinds, prepared[i].Kind)
 		}
 	}
-	if err := checkKinds(ctx, tx, kinds); err != nil {
+	if err := checkKinds(ctx, localFrom(ctx), tx, kinds); err != nil {
 		return nil, err
 	}
 	b := newOpArrays(prepared)
@@ -166,17 +167,20 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueRe
 }
 
 // wakeOnCommit makes sure the dispatchers of kinds run once tx (whose id is xid, or "" when
-// tx inserted nothing) commits. It takes no lock that another run's transaction could wait
-// on: see wake.go for why the wake comes after the commit. Without a River client in ctx it
-// does nothing and reports false (the poll finds the operations).
+// tx inserted nothing) commits. With the client's Local in ctx it takes no lock that another
+// run's transaction could wait on: see wake.go for why the wake comes after the commit.
+// Without a River client in ctx it does nothing and reports false (the poll finds the
+// operations).
 func wakeOnCommit(ctx context.Context, tx pgx.Tx, xid string, kinds []string) (bool, error) {
 	client := clientFrom(ctx)
 	if client == nil || len(kinds) == 0 {
 		return false, nil
 	}
-	// Without a pool of its own (a River driver built on a transaction only) the client
-	// cannot wake anything after the commit: wake in the transaction, as before.
-	if !wakeAfterCommit(client, xid, kinds) {
+	// Without the client's Local (a River client stepwise.NewClient did not build), or
+	// without a pool of its own (a River driver built on a transaction only), nothing can
+	// wake after the commit: wake in the transaction, as before.
+	l := localFrom(ctx)
+	if l == nil || !l.waker.wakeAfterCommit(client, xid, kinds) {
 		return wake(ctx, tx, kinds...)
 	}
 	return true, nil
@@ -353,9 +357,10 @@ func QueueName(kind string) string { return "stepwise_outbox_" + kind }
 
 type clientKey struct{}
 
-// ContextWithClient returns a context with which Enqueue outside a River worker can still
-// have the dispatcher woken once the caller's transaction commits (or, when the client has no
-// pool of its own, in the transaction). Inside a worker, River's own context already carries the client.
+// ContextWithClient returns a context carrying client, for the polls and the reconciler's
+// wakes outside a River worker (they wake in their transaction), and, with a Local
+// (Local.Context), for Enqueue's wake after the commit. Inside a worker, River's own context
+// already carries the client.
 func ContextWithClient(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
 	return context.WithValue(ctx, clientKey{}, client)
 }

@@ -9,8 +9,8 @@ var TransitionOneTx = (*Outbox).transitionOneTx
 // Counts reads the whole ledger's operations per kind and state.
 var Counts = counts
 
-// WakeLooksForTest is how many looks the process's wakers made so far.
-func WakeLooksForTest() int64 { return wakeLooks.Load() }
+// WakeLooksForTest is how many looks o's waker made so far.
+func WakeLooksForTest(o *Outbox) int64 { return o.local.WakeLooks() }
 
 // DispatchArgsForTest is the dispatcher's River job args, for tests that insert a
 // dispatcher job by hand (a dead one, a takeover).

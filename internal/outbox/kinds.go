@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -39,30 +37,18 @@ func RegisterKinds(ctx context.Context, db stepwisetype.DBTX, actor string, kind
 	return nil
 }
 
-// knownKinds caches, per database, the kinds found registered, so that Enqueue reads the
-// registry only the first time it meets a kind (a registration is never taken back). A kind
-// not found is never cached: it may be registered a moment later. It is process-wide because
-// Enqueue has no Outbox to keep it in, only tx (see doc.go).
-var knownKinds sync.Map // databaseKey(tx) + "\x00" + kind -> struct{}
-
-// databaseKey names the database tx runs in, from its connection's configuration: one process
-// may talk to several databases (tests do), and a kind registered in one is not in another.
-func databaseKey(tx pgx.Tx) string {
-	c := tx.Conn()
-	if c == nil {
-		return ""
-	}
-	cfg := c.Config()
-	return cfg.Host + ":" + strconv.Itoa(int(cfg.Port)) + "/" + cfg.Database
-}
-
 // checkKinds refuses kinds nobody registered in tx's database. Without it an operation of
 // a mistyped kind ("tickets" for "ticket") would commit and wait PENDING forever, silently.
-func checkKinds(ctx context.Context, tx pgx.Tx, kinds []string) error {
-	db := databaseKey(tx)
+// The kinds found are remembered in l (the client's Local; nil: none, every call reads the
+// registry).
+func checkKinds(ctx context.Context, l *Local, tx pgx.Tx, kinds []string) error {
 	var missing []string
 	for _, k := range kinds {
-		if _, ok := knownKinds.Load(db + "\x00" + k); !ok {
+		if l == nil {
+			missing = append(missing, k)
+			continue
+		}
+		if _, ok := l.kinds.Load(k); !ok {
 			missing = append(missing, k)
 		}
 	}
@@ -77,8 +63,10 @@ func checkKinds(ctx context.Context, tx pgx.Tx, kinds []string) error {
 	if err != nil {
 		return fmt.Errorf("reading the registered operation kinds: %w", err)
 	}
-	for _, k := range registered {
-		knownKinds.Store(db+"\x00"+k, struct{}{})
+	if l != nil {
+		for _, k := range registered {
+			l.kinds.Store(k, struct{}{})
+		}
 	}
 	for _, k := range missing {
 		if !slices.Contains(registered, k) {

@@ -58,6 +58,9 @@ type Outbox struct {
 
 	// draining is set by Quiesce: dispatchers claim and send nothing more.
 	draining atomic.Bool
+	// local is what Enqueue keeps for the client this Outbox is installed in (its waker and
+	// the kinds known registered); Install's middleware puts it in every job's context.
+	local *Local
 }
 
 type kindState struct {
@@ -84,6 +87,7 @@ func New(db DB, config *Config) (*Outbox, error) {
 		db:     db,
 		config: cfg,
 		kinds:  make(map[string]*kindState, len(cfg.Kinds)),
+		local:  NewLocal(),
 		// The random part tells this instance from a predecessor with the same ID (a pod
 		// restarted with the same name and pid): leases are renewed by owner, and a new
 		// instance must never keep alive the claims of a dead one.
@@ -154,6 +158,15 @@ func (o *Outbox) queues() map[string]river.QueueConfig {
 	return q
 }
 
+// Local is what Enqueue keeps for the client this Outbox is installed in: see Local.
+func (o *Outbox) Local() *Local { return o.local }
+
+// Context returns ctx carrying client and o's Local, for Enqueue outside a job of client:
+// its wake then comes after the commit, through o's waker.
+func (o *Outbox) Context(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
+	return o.local.Context(ctx, client)
+}
+
 // Install adds the Outbox's workers (a dispatcher per kind and the poll), its periodic poll and
 // its queues (PollQueue and QueueName of each kind) to a River client config, before
 // river.NewClient. Queues already in the config are left as configured. Like river.NewClient
@@ -176,6 +189,8 @@ func (o *Outbox) Install(rc *river.Config) error {
 		return err
 	}
 	rc.PeriodicJobs = append(rc.PeriodicJobs, o.periodicJobs()...)
+	// As a plugin, which River accepts beside either form of middleware config.
+	rc.Plugins = append(rc.Plugins, o.local.Middleware())
 	if rc.Queues == nil {
 		rc.Queues = map[string]river.QueueConfig{}
 	}

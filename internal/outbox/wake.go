@@ -37,8 +37,8 @@ import (
 //   - A non-unique insert per step: no lock shared between runs, but one River job per step
 //     for a loop that needs one per kind, and still a statement in every step.
 //   - Waking after the commit (chosen): Enqueue notes the transaction's id, which its INSERT
-//     returns in the same round trip, and a per-process waker (one goroutine per River
-//     client, alive only while it has something to wake) asks PostgreSQL every wakeTick
+//     returns in the same round trip, and the client's waker (one goroutine per
+//     stepwise.Client, alive only while it has something to wake; see Local) asks PostgreSQL every wakeTick
 //     which of the noted transactions have committed, and queues the dispatcher of their
 //     kinds in a short transaction of its own, unless the job it queued last for that kind
 //     is still waiting to start. Nothing is locked on behalf of the step, the step pays no
@@ -83,61 +83,60 @@ type pendingWake struct {
 	kinds []string
 }
 
-// waker wakes the dispatchers of one River client's database once transactions commit.
+// waker wakes the dispatchers of one client's kinds once the transactions that enqueued
+// them commit. It belongs to a Local, hence to one stepwise.Client; nothing process-wide
+// finds it.
 type waker struct {
-	client  *river.Client[pgx.Tx]
-	pending []pendingWake // guarded by wakers.mu
+	mu      sync.Mutex
+	client  *river.Client[pgx.Tx] // the client the first wake came through; set under mu
+	pending []pendingWake         // guarded by mu
+	running bool                  // a loop goroutine is running; guarded by mu
 	// queued is, per kind, the dispatcher job this waker's last insert queued or found;
-	// used by the loop goroutine only.
+	// used by the loop goroutine only (one at a time: running).
 	queued map[string]int64
+	// looks counts the waker's looks (one statement each), for the tests of its back-off.
+	looks atomic.Int64
 }
-
-// wakeLooks counts the waker's looks (one statement each), process-wide, for the tests of
-// its back-off.
-var wakeLooks atomic.Int64
-
-// wakers holds the waker of each River client, process-wide: Enqueue has no handle but ctx
-// and tx, and finds its waker by the client of ctx (see "Waking the dispatcher" in doc.go).
-var wakers = struct {
-	mu sync.Mutex
-	m  map[*river.Client[pgx.Tx]]*waker
-}{m: map[*river.Client[pgx.Tx]]*waker{}}
 
 // wakeAfterCommit arranges for the dispatchers of kinds to be woken once the transaction xid
 // commits (at once when xid is empty). It reports false when client cannot run statements of
-// its own (a River driver without a pool): the caller must then wake in its transaction.
-func wakeAfterCommit(client *river.Client[pgx.Tx], xid string, kinds []string) bool {
+// its own (a River driver without a pool), or is not the client this waker wakes through:
+// the caller must then wake in its transaction.
+func (w *waker) wakeAfterCommit(client *river.Client[pgx.Tx], xid string, kinds []string) bool {
 	if !client.Driver().PoolIsSet() {
 		return false
 	}
-	wakers.mu.Lock()
-	defer wakers.mu.Unlock()
-	w, ok := wakers.m[client]
-	if !ok {
-		w = &waker{client: client, queued: map[string]int64{}}
-		wakers.m[client] = w
-		go w.loop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.client == nil {
+		w.client = client
+	} else if w.client != client {
+		return false
 	}
 	w.pending = append(w.pending, pendingWake{xid: xid, kinds: kinds})
+	if !w.running {
+		w.running = true
+		go w.loop()
+	}
 	return true
 }
 
-// loop runs until nothing is pending, then removes the waker (the next Enqueue starts a new
-// one), so that an idle process, or a test that is over, has no goroutine left behind.
+// loop runs until nothing is pending, then ends (the next Enqueue starts it again), so that
+// an idle process, or a test that is over, has no goroutine left behind.
 func (w *waker) loop() {
 	failures := 0
 	delay := wakeTick
 	for {
 		time.Sleep(delay)
-		wakers.mu.Lock()
+		w.mu.Lock()
 		batch := w.pending
 		w.pending = nil
 		if len(batch) == 0 {
-			delete(wakers.m, w.client)
-			wakers.mu.Unlock()
+			w.running = false
+			w.mu.Unlock()
 			return
 		}
-		wakers.mu.Unlock()
+		w.mu.Unlock()
 
 		keep, waiting, err := w.wake(batch)
 		switch {
@@ -164,9 +163,9 @@ func (w *waker) loop() {
 			keep, failures, delay = nil, 0, wakeTick
 		}
 		if len(keep) > 0 {
-			wakers.mu.Lock()
+			w.mu.Lock()
 			w.pending = append(keep, w.pending...)
-			wakers.mu.Unlock()
+			w.mu.Unlock()
 		}
 	}
 }
@@ -177,7 +176,7 @@ func (w *waker) loop() {
 // has a dispatcher job this waker queued still waiting to start (the loop then backs off:
 // wakeWaitingMax).
 func (w *waker) wake(batch []pendingWake) (keep []pendingWake, allWaiting bool, err error) {
-	wakeLooks.Add(1)
+	w.looks.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	xids := make([]string, 0, len(batch))

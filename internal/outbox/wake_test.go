@@ -156,7 +156,7 @@ func TestWakeAfterCommitWithNoDispatcherRunning(t *testing.T) {
 	})
 	require.NoError(t, err)
 	client := startClient(t, pool, ob, river.NewWorkers())
-	wctx := outbox.ContextWithClient(ctx, client)
+	wctx := ob.Context(ctx, client)
 
 	// Let the poll at start pass, and make sure no dispatcher is queued or running.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -230,10 +230,10 @@ func TestWakerBacksOffWhileItsDispatcherWaits(t *testing.T) {
 	// Never started: nothing here works the dispatcher's queue.
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Workers: workers, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	wctx := outbox.ContextWithClient(ctx, client)
+	wctx := ob.Context(ctx, client)
 
 	const commits, every = 60, 15 * time.Millisecond
-	before := outbox.WakeLooksForTest()
+	before := outbox.WakeLooksForTest(ob)
 	start := time.Now()
 	for i := range commits {
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -244,7 +244,7 @@ func TestWakerBacksOffWhileItsDispatcherWaits(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	time.Sleep(400 * time.Millisecond) // the waker's last looks
-	looks := outbox.WakeLooksForTest() - before
+	looks := outbox.WakeLooksForTest(ob) - before
 	var queued int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND state = 'available'`).Scan(&queued))
 	t.Logf("%d commits over %s: %d looks (%.2f a commit), %d dispatcher job queued", commits, elapsed.Round(time.Millisecond), looks, float64(looks)/commits, queued)
@@ -279,7 +279,7 @@ func TestWakerDropsItsWakesQuietlyWhenThePoolCloses(t *testing.T) {
 	defer slog.SetDefault(prev)
 
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(outbox.ContextWithClient(ctx, client), tx, payout("shutdown", "acct", 1))
+		_, err := outbox.Enqueue(ob.Context(ctx, client), tx, payout("shutdown", "acct", 1))
 		return err
 	}))
 	own.Close() // before the waker's first look, wakeTick after the commit

@@ -1,0 +1,79 @@
+package stepwise
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepwise-go/stepwise/outbox"
+)
+
+// TestOperationEnqueueTxWakesAfterCommitWithoutLocking: operations enqueued through the client
+// outside any job (an HTTP handler's transaction) are sent within seconds of their commit,
+// with the poll an hour away, and one handler's open transaction does not hold up another's
+// enqueue of the same kind. Guards against the wake falling back into the caller's
+// transaction (no waker found in the context): the second transaction then waits on the
+// kind's dispatcher job row until the first commits (measured before the waker: 2.27 s behind
+// an open step), and a frozen handler blocks every other.
+func TestOperationEnqueueTxWakesAfterCommitWithoutLocking(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := smallPool(t, 20)
+	sent := make(chan string, 10)
+	c, err := NewClient(pool, &Config{
+		Logger: slog.New(slog.DiscardHandler),
+		Outbox: &outbox.Config{PollInterval: time.Hour},
+		Kinds: map[string]*KindConfig{"notice": {
+			Sender: outbox.SendFunc(func(_ context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+				sent <- op.BusinessKey
+				return outbox.Receipt{}, nil
+			}),
+		}},
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+	// The client's start-up poll has run (it found nothing): from here only a wake sends.
+	time.Sleep(500 * time.Millisecond)
+
+	open, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(ctx) }()
+	res, err := c.OperationEnqueueTx(ctx, open, outbox.EnqueueParams{Kind: "notice", BusinessKey: "held"})
+	require.NoError(t, err)
+	require.True(t, res.Woken)
+
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := c.OperationEnqueueTx(ctx, tx, outbox.EnqueueParams{Kind: "notice", BusinessKey: "free"})
+			return err
+		})
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(3 * time.Second):
+		t.Fatal("an enqueue of the kind waited for another transaction's commit: the wake took a lock in the caller's transaction")
+	}
+	select {
+	case key := <-sent:
+		require.Equal(t, "free", key, "the committed one is sent, the open one is not")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no send within 5 s of the commit, with the poll an hour away: the wake after the commit did not happen")
+	}
+	require.NoError(t, open.Commit(ctx))
+	select {
+	case key := <-sent:
+		require.Equal(t, "held", key)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the held transaction's operation was not sent within 5 s of its commit")
+	}
+
+	_, err = c.OperationEnqueueTx(ctx, nil, outbox.EnqueueParams{Kind: "notice", BusinessKey: "x"})
+	require.ErrorContains(t, err, "tx is nil")
+}

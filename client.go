@@ -40,9 +40,9 @@ type Client struct {
 	// after the enqueuing commit, the kinds known registered): the outbox's, or, in a client
 	// without kinds (one that enqueues only), one of its own. Every job the client works, and
 	// OperationEnqueueTx, carry it in their context.
-	local     *outbox.Local
-	metrics   *clientMetrics
-	logger    *slog.Logger
+	local   *outbox.Local
+	metrics *clientMetrics
+	logger  *slog.Logger
 
 	mu         sync.Mutex
 	started    bool

@@ -114,6 +114,14 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 	} else {
 		c.local = outbox.NewLocal()
 		rc.Plugins = append(rc.Plugins, c.local.Middleware())
+		// A client that enqueues kinds another process delivers has no dispatcher worker,
+		// and River refuses to insert a job kind its Workers lack: its wakes go through an
+		// insert-only River client on the same pool (no Workers, so no such check).
+		wakes, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		c.local.WakeThrough(wakes)
 	}
 	if err := checkPoolSize(pool, rc, cfg, len(c.maintenancePasses()), c.logger); err != nil {
 		return nil, err

@@ -37,8 +37,7 @@ func TestOperationEnqueueTxWakesAfterCommitWithoutLocking(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
 	t.Cleanup(func() { _ = c.Stop(context.Background()) })
-	// The client's start-up poll has run (it found nothing): from here only a wake sends.
-	time.Sleep(500 * time.Millisecond)
+	waitStartupPoll(t, pool) // it found nothing: from here only a wake sends
 
 	open, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -76,4 +75,62 @@ func TestOperationEnqueueTxWakesAfterCommitWithoutLocking(t *testing.T) {
 
 	_, err = c.OperationEnqueueTx(ctx, nil, outbox.EnqueueParams{Kind: "notice", BusinessKey: "x"})
 	require.ErrorContains(t, err, "tx is nil")
+}
+
+// TestEnqueueOnlyClientWakesTheDeliveringProcess: a client with no kinds of its own (a web
+// tier that enqueues what a worker tier delivers) wakes the delivering client's dispatcher
+// after its commit, with the poll an hour away. Guards against its wakes being refused by
+// River (its Workers bundle has no dispatcher worker) and dropped after three tries while
+// Enqueue reported them woken.
+func TestEnqueueOnlyClientWakesTheDeliveringProcess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := smallPool(t, 30)
+	sent := make(chan string, 10)
+	deliver, err := NewClient(pool, &Config{
+		Logger: slog.New(slog.DiscardHandler),
+		Outbox: &outbox.Config{PollInterval: time.Hour},
+		Kinds: map[string]*KindConfig{"notice": {
+			Sender: outbox.SendFunc(func(_ context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+				sent <- op.BusinessKey
+				return outbox.Receipt{}, nil
+			}),
+		}},
+	})
+	require.NoError(t, err)
+	require.NoError(t, deliver.Start(ctx))
+	t.Cleanup(func() { _ = deliver.Stop(context.Background()) })
+	waitStartupPoll(t, pool) // it found nothing: from here only a wake sends
+
+	web, err := NewClient(pool, &Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	var res *outbox.EnqueueResult
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		res, err = web.OperationEnqueueTx(ctx, tx, outbox.EnqueueParams{Kind: "notice", BusinessKey: "from-web"})
+		return err
+	}))
+	require.True(t, res.Woken)
+	committed := time.Now()
+	select {
+	case key := <-sent:
+		require.Equal(t, "from-web", key)
+		t.Logf("sent %s after the commit", time.Since(committed).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the enqueue-only client's wake did not reach the delivering client within 5 s (the poll is an hour away)")
+	}
+}
+
+// waitStartupPoll waits until the outbox's periodic poll, which runs once when River elects
+// a leader after Start, has completed: after it, with PollInterval an hour, only a wake
+// delivers.
+func waitStartupPoll(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_poll' AND state = 'completed'`).Scan(&n))
+		return n > 0
+	}, 30*time.Second, 20*time.Millisecond, "the start-up poll did not run")
 }

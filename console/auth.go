@@ -185,7 +185,7 @@ type Guard struct {
 	now    func() time.Time
 
 	mu         sync.Mutex
-	proxies    []netip.Prefix // see trustProxies
+	proxies    []netip.Prefix // see TrustProxies
 	peers      map[string]*peerFailures
 	tokens     float64 // global failure budget left
 	refilled   time.Time
@@ -217,12 +217,12 @@ func NewGuard(logger *slog.Logger) *Guard {
 	return &Guard{logger: logger, now: time.Now, peers: map[string]*peerFailures{}, tokens: guardGlobalPerMinute}
 }
 
-// trustProxies makes the Guard count a request relayed by one of proxies (addresses or CIDR
+// TrustProxies makes the Guard count a request relayed by one of proxies (addresses or CIDR
 // prefixes: a reverse proxy or load balancer in front) against the client the proxy names in
 // X-Forwarded-For (the rightmost address that is not itself a listed proxy), not against the
 // proxy. Guards against: behind a proxy every visitor shares the proxy's address, and five
 // wrong passwords from anyone would lock every operator out. Call it before use.
-func (g *Guard) trustProxies(proxies []string) error {
+func (g *Guard) TrustProxies(proxies []string) error {
 	nets, err := parsePrefixes(proxies)
 	if err != nil {
 		return fmt.Errorf("trusted proxies: %w", err)

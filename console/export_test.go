@@ -13,6 +13,3 @@ func (u *Users) Names() []string { return u.names() }
 
 // LoadUsers is loadUsers, for the external tests.
 var LoadUsers = loadUsers
-
-// TrustProxies is Guard.trustProxies, for the external tests.
-func (g *Guard) TrustProxies(proxies []string) error { return g.trustProxies(proxies) }

@@ -193,7 +193,7 @@ func loopbackPeer(r *http.Request) bool {
 
 // hostAllowed answers 421 to a request whose Host is neither loopback nor listed in
 // Config.Hosts, when the console checks Host (see Config.Hosts). Guards against DNS
-// rebinding (see AllowedHost).
+// rebinding (see allowedHost).
 func (h *Handler) hostAllowed(w http.ResponseWriter, r *http.Request) bool {
 	if h.cfg.Authenticate != nil && len(h.cfg.Hosts) == 0 {
 		return true

@@ -59,7 +59,7 @@ func LoadAuth(logger *slog.Logger) (*Auth, error) {
 	}
 	// The proxies' X-Forwarded-For is believed for the sign-in limits: behind a proxy every
 	// visitor shares its address, and one guesser would lock every operator out.
-	if err := a.Guard.trustProxies(list); err != nil {
+	if err := a.Guard.TrustProxies(list); err != nil {
 		return nil, fmt.Errorf("CONSOLE_TRUSTED_PROXIES: %v", err)
 	}
 	forms := 0

@@ -57,8 +57,9 @@ type EnqueueResult = outbox.EnqueueResult
 // different payload, amount or currency is ErrOperationConflict. A kind no process
 // registered (stepwise.Client.Start, RegisterKinds) is ErrUnknownKind. In a step, or any job
 // a stepwise.Client works, the kind's dispatcher is woken right after tx commits; outside
-// them, enqueue through stepwise.Client.OperationEnqueueTx for the same (without a client in
-// ctx, the poll finds the operations, within the outbox's PollInterval).
+// them, enqueue through stepwise.Client.OperationEnqueueTx for the same. Elsewhere (no
+// client in ctx, or a worker of a River client stepwise.NewClient did not build) nothing is
+// woken, and the poll finds the operations, within the outbox's PollInterval.
 func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResult, error) {
 	return outbox.Enqueue(ctx, tx, ops...)
 }

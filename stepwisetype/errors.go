@@ -4,7 +4,7 @@ import "errors"
 
 // ErrNotFound matches every "not found" of Stepwise: a run key, an operation id, a schedule or
 // a slot that does not exist. The error's message names what was not found; there is no
-// other sentinel to match (checkpoint.ErrNotFound, the layer below, matches it too).
+// other sentinel to match.
 var ErrNotFound = errors.New("stepwise: not found")
 
 // ErrChanged matches every refusal of a person's decision taken on an older view: the run or

@@ -385,7 +385,7 @@ func serveHandler(ctx context.Context, svc *settlement.Service, rd *readiness, o
 		fmt.Fprintln(w, "ready")
 	})))
 	// Credentials first, then a slot, then the body (writes only, within a deadline):
-	// console.Protect's order (TestSlowBodiesDoNotLockOperatorsOut).
+	// console.Protect's order (TestServeSlowBodiesLockNoOperatorOut).
 	mux.Handle("/riverui/", console.Protect(ui, "River UI", o.auth, o.maxUIRequests, logger))
 	// The operator's console checks host, credentials, its own slots, origin and CSRF itself,
 	// in that order (package console), with the same failure guard as River UI.

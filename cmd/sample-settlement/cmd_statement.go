@@ -90,8 +90,9 @@ type statementRequest struct {
 
 // statementHandler is serve's POST /ops/statement: statement-arrived over HTTP, for the job
 // that fetches the bank's statement files. It answers 202 once the signal is stored (sent
-// again with the same id, the same answer and one signal). Behind requireAuthForWrites:
-// writes need the operators' credentials.
+// again with the same id, the same answer and one signal). Behind console.Protect: writes
+// need the operators' credentials, and a server error's body is generic (the detail is in
+// the log; the status and Retry-After say to retry, and the same id counts once).
 func statementHandler(pool *pgxpool.Pool, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

@@ -213,12 +213,15 @@ func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 			return outbox.Receipt{}, nil
 		})}}})
 	require.NoError(t, err)
-	enq := func(kind string) error {
+	// In the outbox's context, as in a job of its client: the kinds found are kept in its Local.
+	lctx := ob.Context(ctx, nil)
+	enqIn := func(ctx context.Context, kind string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := outbox.Enqueue(ctx, tx, outbox.EnqueueParams{Kind: kind, BusinessKey: "t-1"})
 			return err
 		})
 	}
+	enq := func(kind string) error { return enqIn(lctx, kind) }
 	// Install only wires River's config; the kinds are recorded by Register (which
 	// stepwise.Client.Start calls), with a context.
 	require.NoError(t, ob.Install(&river.Config{}))
@@ -234,6 +237,12 @@ func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 	require.Equal(t, map[outbox.State]int64{}, stateCounts(t, pool), "nothing committed")
 
 	require.NoError(t, enq("ticket"))
-	require.NoError(t, enq("ticket"), "the registered kind, again (cached)")
+	// The registry is read once per kind and client: with its row gone (a registration is
+	// never taken back; the test takes it to see the cache), the client's Local still knows
+	// the kind, and a context without a Local reads the registry and refuses it.
+	_, err = pool.Exec(ctx, `DELETE FROM stepwise_outbox_kind WHERE kind = 'ticket'`)
+	require.NoError(t, err)
+	require.NoError(t, enq("ticket"), "the registered kind, again: cached in the Local, no read")
+	require.ErrorIs(t, enqIn(ctx, "ticket"), outbox.ErrUnknownKind, "no Local, no cache: the registry is read")
 	require.Equal(t, map[outbox.State]int64{outbox.StatePending: 1}, stateCounts(t, pool))
 }

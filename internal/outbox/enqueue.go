@@ -27,9 +27,9 @@ type EnqueueResult struct {
 	// enqueues them again, and that is a no-op.
 	Existing []*Operation
 	// Woken reports whether a dispatcher wake will be queued once the transaction commits
-	// (see wake.go), or was queued in tx. It is false when the context carries no River
-	// client (neither a job's nor ContextWithClient's); the operations are then picked up by
-	// the next poll (Config.PollInterval).
+	// (see wake.go). It is false when the context carries no client's Local (a job of a
+	// River client stepwise.NewClient did not build, or no job at all); the operations are
+	// then picked up by the next poll (Config.PollInterval).
 	Woken bool
 }
 
@@ -61,7 +61,7 @@ type EnqueueResult struct {
 // arranges for one dispatch job per kind, unique per kind, to be queued by the client's waker
 // as soon as tx commits (within tens of milliseconds), so delivery starts at once. It locks
 // nothing that a concurrent run's transaction could wait for: the wake is not part of tx.
-// With a River client in ctx but no Local, it queues the wake in tx. Rows are inserted with one
+// Without a Local it wakes nothing, and the poll delivers. Rows are inserted with one
 // set-based statement whatever their number.
 func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueResult, err error) {
 	if tx == nil {
@@ -176,11 +176,17 @@ func wakeOnCommit(ctx context.Context, tx pgx.Tx, xid string, kinds []string) (b
 	if client == nil || len(kinds) == 0 {
 		return false, nil
 	}
-	// Without the client's Local (a River client stepwise.NewClient did not build), or
-	// without a pool of its own (a River driver built on a transaction only), nothing can
-	// wake after the commit: wake in the transaction, as before.
+	// Without a client's Local (a job of a River client stepwise.NewClient did not build)
+	// nothing wakes after the commit, and waking in tx would hold the kind's dispatcher row
+	// for every other transaction until tx ends (a River client without the dispatcher's
+	// worker refuses the insert besides): the poll delivers.
 	l := localFrom(ctx)
-	if l == nil || !l.waker.wakeAfterCommit(client, xid, kinds) {
+	if l == nil {
+		return false, nil
+	}
+	// Without a pool of its own (a River driver built on a transaction only) the client
+	// cannot wake after the commit: wake in the transaction.
+	if !l.waker.wakeAfterCommit(client, xid, kinds) {
 		return wake(ctx, tx, kinds...)
 	}
 	return true, nil

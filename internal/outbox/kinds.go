@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,18 +38,31 @@ func RegisterKinds(ctx context.Context, db stepwisetype.DBTX, actor string, kind
 	return nil
 }
 
+// databaseKey names the database tx runs in, from its connection's configuration: a client's
+// pool has one, but a caller may hand OperationEnqueueTx a transaction of another, and a kind
+// registered in one database is not in another.
+func databaseKey(tx pgx.Tx) string {
+	c := tx.Conn()
+	if c == nil {
+		return ""
+	}
+	cfg := c.Config()
+	return cfg.Host + ":" + strconv.Itoa(int(cfg.Port)) + "/" + cfg.Database
+}
+
 // checkKinds refuses kinds nobody registered in tx's database. Without it an operation of
 // a mistyped kind ("tickets" for "ticket") would commit and wait PENDING forever, silently.
 // The kinds found are remembered in l (the client's Local; nil: none, every call reads the
 // registry).
 func checkKinds(ctx context.Context, l *Local, tx pgx.Tx, kinds []string) error {
+	db := databaseKey(tx)
 	var missing []string
 	for _, k := range kinds {
 		if l == nil {
 			missing = append(missing, k)
 			continue
 		}
-		if _, ok := l.kinds.Load(k); !ok {
+		if _, ok := l.kinds.Load(db + "\x00" + k); !ok {
 			missing = append(missing, k)
 		}
 	}
@@ -65,7 +79,7 @@ func checkKinds(ctx context.Context, l *Local, tx pgx.Tx, kinds []string) error 
 	}
 	if l != nil {
 		for _, k := range registered {
-			l.kinds.Store(k, struct{}{})
+			l.kinds.Store(db+"\x00"+k, struct{}{})
 		}
 	}
 	for _, k := range missing {

@@ -16,16 +16,15 @@ import (
 // every job the client works, steps included, and the client's own calls put it there for
 // theirs (Context).
 //
-// Without a Local in ctx, Enqueue still checks the kinds (a query each call) and wakes the
-// dispatcher in its transaction when ctx carries a River client; the poll delivers what it
-// did not wake. Nothing of it is process-wide: two clients in one process (two databases, or
+// Without a Local in ctx, Enqueue still checks the kinds (a query each call) but wakes
+// nothing: the poll delivers. Nothing of it is process-wide: two clients in one process (two databases, or
 // two services in one binary) share no state.
 type Local struct {
 	waker *waker
 	// kinds caches the kinds found registered in the client's database, so that Enqueue reads
 	// the registry only the first time it meets a kind (a registration is never taken back).
 	// A kind not found is never cached: it may be registered a moment later.
-	kinds sync.Map // kind -> struct{}
+	kinds sync.Map // database (databaseKey) + "\x00" + kind -> struct{}
 }
 
 // NewLocal returns an empty Local.
@@ -48,6 +47,17 @@ func (l *Local) Middleware() river.WorkerMiddlewareFunc {
 	return func(ctx context.Context, _ *rivertype.JobRow, doInner func(context.Context) error) error {
 		return doInner(context.WithValue(ctx, localKey{}, l))
 	}
+}
+
+// WakeThrough makes l's waker queue the dispatchers through client, whatever River client the
+// enqueuing job runs in. For a client that enqueues kinds another process delivers: its own
+// River client has no dispatcher worker, and River refuses to insert a job kind its Workers
+// bundle lacks, so the wakes go through an insert-only client (no Workers) on the same pool.
+// Call it before the first Enqueue with l.
+func (l *Local) WakeThrough(client *river.Client[pgx.Tx]) {
+	l.waker.mu.Lock()
+	defer l.waker.mu.Unlock()
+	l.waker.client, l.waker.fixed = client, true
 }
 
 // WakeLooks is how many looks l's waker made so far (one statement each).

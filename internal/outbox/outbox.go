@@ -167,6 +167,21 @@ func (o *Outbox) Context(ctx context.Context, client *river.Client[pgx.Tx]) cont
 	return o.local.Context(ctx, client)
 }
 
+// InstallWithoutDelivery adds to rc what a client needs to enqueue and wake the Outbox's
+// kinds without delivering them: the dispatcher's worker (River refuses to insert a job kind
+// its Workers bundle lacks) and the Local's middleware, but neither the kinds' queues nor the
+// poll. For benchmarks of the step path, which must not deliver on the same cores.
+func (o *Outbox) InstallWithoutDelivery(rc *river.Config) error {
+	if rc.Workers == nil {
+		rc.Workers = river.NewWorkers()
+	}
+	if err := o.addWorkers(rc.Workers); err != nil {
+		return err
+	}
+	rc.Plugins = append(rc.Plugins, o.local.Middleware())
+	return nil
+}
+
 // Install adds the Outbox's workers (a dispatcher per kind and the poll), its periodic poll and
 // its queues (PollQueue and QueueName of each kind) to a River client config, before
 // river.NewClient. Queues already in the config are left as configured. Like river.NewClient

@@ -88,7 +88,8 @@ type pendingWake struct {
 // finds it.
 type waker struct {
 	mu      sync.Mutex
-	client  *river.Client[pgx.Tx] // the client the first wake came through; set under mu
+	client  *river.Client[pgx.Tx] // the client wakes are queued through: WakeThrough's, else the first wake's; set under mu
+	fixed   bool                  // client was set by WakeThrough: a job's own client does not replace it
 	pending []pendingWake         // guarded by mu
 	running bool                  // a loop goroutine is running; guarded by mu
 	// queued is, per kind, the dispatcher job this waker's last insert queued or found;
@@ -99,18 +100,22 @@ type waker struct {
 }
 
 // wakeAfterCommit arranges for the dispatchers of kinds to be woken once the transaction xid
-// commits (at once when xid is empty). It reports false when client cannot run statements of
-// its own (a River driver without a pool), or is not the client this waker wakes through:
-// the caller must then wake in its transaction.
+// commits (at once when xid is empty), through the waker's client: WakeThrough's, whatever
+// client the caller runs in, or else the first caller's. It reports false when that client
+// cannot run statements of its own (a River driver without a pool), or when client is not the
+// one this waker wakes through: the caller must then wake in its transaction.
 func (w *waker) wakeAfterCommit(client *river.Client[pgx.Tx], xid string, kinds []string) bool {
-	if !client.Driver().PoolIsSet() {
-		return false
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.client == nil {
+	switch {
+	case w.fixed:
+		// The wake goes through WakeThrough's client.
+	case w.client == nil:
+		if !client.Driver().PoolIsSet() {
+			return false
+		}
 		w.client = client
-	} else if w.client != client {
+	case w.client != client:
 		return false
 	}
 	w.pending = append(w.pending, pendingWake{xid: xid, kinds: kinds})

@@ -215,14 +215,15 @@ func newOvhRig(b *testing.B, pool *pgxpool.Pool, rows int, ops bool, workers int
 	}
 	require.NoError(b, engine.Install(rc))
 	if ops {
-		// The client must know the dispatcher's job kind to queue it; its queue is left out.
+		// The client must know the dispatcher's job kind to queue it and carry the waker's
+		// middleware; its queue is left out.
 		ob, err := outbox.New(pool, &outbox.Config{Logger: slog.New(slog.DiscardHandler), Kinds: map[string]*outbox.KindConfig{
 			"bench_payout": {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
 				return outbox.Receipt{}, outbox.NotSent(errors.New("the benchmark delivers nothing"))
 			})},
 		}})
 		require.NoError(b, err)
-		require.NoError(b, ob.Install(&river.Config{Workers: ws})) // its workers only, into ws
+		require.NoError(b, ob.InstallWithoutDelivery(rc)) // its worker and the waker's middleware, no queue
 		require.NoError(b, ob.Register(context.Background()))
 	}
 	rig.client, err = river.NewClient(riverpgxv5.New(pool), rc)

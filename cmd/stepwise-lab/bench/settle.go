@@ -100,9 +100,9 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 	workers := river.NewWorkers()
 	r.worker = &cappedSettle{}
 	workflow.AddWorker(r.engine, workers, r.worker)
-	// The settle step's Enqueue has the payout dispatcher woken after each commit (by this
-	// process's waker, part of what Stepwise costs), so the client must know the dispatcher's
-	// kind. Its queue is left out: delivery would compete for the same two cores, and is
+	// The settle step's Enqueue has the payout dispatcher woken after each commit (by the
+	// client's waker, part of what Stepwise costs), so the client must know the dispatcher's
+	// kind and carry the waker's middleware. Its queue is left out: delivery would compete for the same two cores, and is
 	// measured on its own in the delivery section.
 	ob, err := outbox.New(pool, &outbox.Config{Logger: quietLogger(), Kinds: map[string]*outbox.KindConfig{
 		settlement.PayoutKind: {Sender: outbox.SendFunc(func(context.Context, *outbox.Operation) (outbox.Receipt, error) {
@@ -110,10 +110,6 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 		})},
 	}})
 	if err != nil {
-		return nil, err
-	}
-	// Into a throwaway config: its workers land in workers, its queues and poll are dropped.
-	if err := ob.Install(&river.Config{Workers: workers}); err != nil {
 		return nil, err
 	}
 	if err := ob.Register(ctx); err != nil {
@@ -128,6 +124,10 @@ func newSettleRig(ctx context.Context, pool *pgxpool.Pool, riverWorkers int, log
 		Logger:     quietLogger(),
 	}
 	if err := r.engine.Install(rc); err != nil {
+		return nil, err
+	}
+	// The dispatcher's worker and the waker's middleware, without the kind's queue or poll.
+	if err := ob.InstallWithoutDelivery(rc); err != nil {
 		return nil, err
 	}
 	r.stepwise, err = river.NewClient(riverpgxv5.New(pool), rc)

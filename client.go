@@ -40,7 +40,12 @@ type Client struct {
 	// after the enqueuing commit, the kinds known registered): the outbox's, or, in a client
 	// without kinds (one that enqueues only), one of its own. Every job the client works, and
 	// OperationEnqueueTx, carry it in their context.
-	local   *outbox.Local
+	local *outbox.Local
+	// wakes is the River client dispatcher jobs are queued through (the waker's, and a
+	// RETRYABLE resolution's in its transaction): the client's own, or, in a client without
+	// kinds, whose Workers have no dispatcher worker that River would check the kind against,
+	// an insert-only one on the same pool.
+	wakes   *river.Client[pgx.Tx]
 	metrics *clientMetrics
 	logger  *slog.Logger
 
@@ -117,17 +122,19 @@ func NewClient(pool *pgxpool.Pool, config *Config) (*Client, error) {
 		// A client that enqueues kinds another process delivers has no dispatcher worker,
 		// and River refuses to insert a job kind its Workers lack: its wakes go through an
 		// insert-only River client on the same pool (no Workers, so no such check).
-		wakes, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: cfg.Logger})
-		if err != nil {
+		if c.wakes, err = river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: cfg.Logger}); err != nil {
 			return nil, err
 		}
-		c.local.WakeThrough(wakes)
+		c.local.WakeThrough(c.wakes)
 	}
 	if err := checkPoolSize(pool, rc, cfg, len(c.maintenancePasses()), c.logger); err != nil {
 		return nil, err
 	}
 	if c.river, err = river.NewClient(riverpgxv5.New(pool), rc); err != nil {
 		return nil, err
+	}
+	if c.wakes == nil {
+		c.wakes = c.river
 	}
 	for _, kind := range cfg.kindsWithoutChecker() {
 		c.metrics.withoutChecker.WithLabelValues(kind).Set(1)

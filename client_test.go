@@ -498,6 +498,9 @@ func TestNewClientDoesNotTouchTheDatabase(t *testing.T) {
 	c, err := NewClient(pool, ccfg)
 	require.NoError(t, err)
 	require.NotNil(t, c)
+	// Nor does a client without kinds, which builds an insert-only River client for its wakes.
+	_, err = NewClient(pool, &Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Zero(t, dials, "NewClient reached for the database")

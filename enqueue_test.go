@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
@@ -75,6 +76,15 @@ func TestOperationEnqueueTxWakesAfterCommitWithoutLocking(t *testing.T) {
 
 	_, err = c.OperationEnqueueTx(ctx, nil, outbox.EnqueueParams{Kind: "notice", BusinessKey: "x"})
 	require.ErrorContains(t, err, "tx is nil")
+
+	// A transaction of another database is refused: its operations would wait there for a
+	// poll that never looks at them, reported woken.
+	other := testkit.DB(t)
+	err = pgx.BeginFunc(ctx, other, func(tx pgx.Tx) error {
+		_, err := c.OperationEnqueueTx(ctx, tx, outbox.EnqueueParams{Kind: "notice", BusinessKey: "elsewhere"})
+		return err
+	})
+	require.ErrorContains(t, err, "enqueue in a transaction of the client's pool")
 }
 
 // TestEnqueueOnlyClientWakesTheDeliveringProcess: a client with no kinds of its own (a web

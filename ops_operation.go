@@ -24,6 +24,16 @@ func (c *Client) OperationEnqueueTx(ctx context.Context, tx pgx.Tx, ops ...outbo
 	if tx == nil {
 		return nil, errors.New("stepwise: OperationEnqueueTx: tx is nil; pass the transaction that writes the business rows the operations belong to")
 	}
+	// Guards against a transaction of another database: its operations would be checked
+	// against, and woken in, the client's database, and wait there for a poll that never
+	// looks at theirs.
+	if conn := tx.Conn(); conn != nil {
+		got, want := conn.Config(), c.pool.Config().ConnConfig
+		if got.Host != want.Host || got.Port != want.Port || got.Database != want.Database {
+			return nil, fmt.Errorf("stepwise: OperationEnqueueTx: tx is a transaction of database %q on %s:%d, but the client's pool is of %q on %s:%d: enqueue in a transaction of the client's pool (the ledger the client delivers)",
+				got.Database, got.Host, got.Port, want.Database, want.Host, want.Port)
+		}
+	}
 	return outbox.Enqueue(c.local.Context(ctx, c.river), tx, ops...)
 }
 
@@ -184,10 +194,10 @@ func (c *Client) OperationResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID
 	if err != nil {
 		return nil, err
 	}
-	if c.river != nil {
+	if c.wakes != nil {
 		// A RETRYABLE decision queues the kind's dispatcher in tx instead of waiting for the
-		// outbox's poll.
-		ctx = outbox.ContextWithClient(ctx, c.river)
+		// outbox's poll, through the client that can insert that job kind (c.wakes).
+		ctx = outbox.ContextWithClient(ctx, c.wakes)
 	}
 	out, err := rec.ResolveTx(ctx, tx, &reconcile.ResolveOpts{
 		OperationID: id, Outcome: opts.Outcome, ExpectedState: from, ExpectedVersion: opts.ExpectedVersion,

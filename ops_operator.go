@@ -26,7 +26,7 @@ func NewOperatorClient(pool *pgxpool.Pool, noCallbackKinds ...string) (*Client, 
 	if err != nil {
 		return nil, fmt.Errorf("stepwise.NewOperatorClient: %w", err)
 	}
-	c := &Client{pool: pool, river: rc, local: outbox.NewLocal()}
+	c := &Client{pool: pool, river: rc, wakes: rc, local: outbox.NewLocal()}
 	if len(noCallbackKinds) > 0 {
 		if c.outbox, c.resolver, err = noCallbackResolver(pool, noCallbackKinds...); err != nil {
 			return nil, fmt.Errorf("stepwise.NewOperatorClient: noCallbackKinds: %w", err)

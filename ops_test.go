@@ -360,6 +360,18 @@ func TestOperationResolve(t *testing.T) {
 	done, err = e.c.OperationResolve(ctx, rid, &OperationResolveOpts{Outcome: outbox.StateRetryable, ExpectedVersion: rv, Actor: "ana", Reason: "send again", NoCallback: true})
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateRetryable, done.State)
+
+	// A client without kinds of its own resolves another service's kind too: its River
+	// client has no dispatcher worker, so River would refuse the RETRYABLE decision's wake
+	// (and roll the decision back) unless it goes through an insert-only client.
+	rid, rv = e.enqueueManual(t, "refund", "r-2", "")
+	bare, err := NewClient(e.pool, &Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	done, err = bare.OperationResolve(ctx, rid, &OperationResolveOpts{Outcome: outbox.StateRetryable, ExpectedVersion: rv, Actor: "ana", Reason: "send again", NoCallback: true})
+	require.NoError(t, err)
+	require.Equal(t, outbox.StateRetryable, done.State)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_dispatch' AND args->>'operation_kind' = 'refund'`),
+		"the decision queued the kind's dispatcher")
 }
 
 // TestSchedulePauseAndSlots: pause and resume are audited with actor and reason (the Tx

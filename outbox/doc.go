@@ -117,7 +117,8 @@ transaction: either that check sees the committed rows, or the wake that follows
 finds the job completed and queues a new one. A wake is therefore never lost. (The reconciler's
 resends and a person's RETRYABLE resolution still queue the job inside their own transaction.)
 
-Outside a worker, and for RETRYABLE operations whose backoff has elapsed, the poll wakes every
+For operations enqueued with no client's context (outside its jobs and OperationEnqueueTx),
+and for RETRYABLE operations whose backoff has elapsed, the poll wakes every
 kind with due work every Config.PollInterval: a River periodic job run by the leader, and the
 maintenance loop of every started stepwise.Client (so that a dead leader does not hold it up).
 

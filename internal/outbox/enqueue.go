@@ -26,10 +26,12 @@ type EnqueueResult struct {
 	// business key, payload, amount and currency: a step that runs again after a crash
 	// enqueues them again, and that is a no-op.
 	Existing []*Operation
-	// Woken reports whether a dispatcher wake will be queued once the transaction commits
-	// (see wake.go). It is false when the context carries no client's Local (a job of a
-	// River client stepwise.NewClient did not build, or no job at all); the operations are
-	// then picked up by the next poll (Config.PollInterval).
+	// Woken reports whether the kinds' dispatchers will be woken: after the transaction
+	// commits, by the Local's waker (see wake.go), or, when the Local cannot wake through
+	// the context's River client (a driver without a pool), by a wake queued in tx. It is
+	// false when the context carries no client's Local or no River client (a job of a River
+	// client stepwise.NewClient did not build, or no job at all); the operations are then
+	// picked up by the next poll (Config.PollInterval).
 	Woken bool
 }
 

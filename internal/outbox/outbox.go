@@ -172,6 +172,9 @@ func (o *Outbox) Context(ctx context.Context, client *river.Client[pgx.Tx]) cont
 // its Workers bundle lacks) and the Local's middleware, but neither the kinds' queues nor the
 // poll. For benchmarks of the step path, which must not deliver on the same cores.
 func (o *Outbox) InstallWithoutDelivery(rc *river.Config) error {
+	if rc == nil {
+		return errors.New("outbox: InstallWithoutDelivery: the River config is nil")
+	}
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}

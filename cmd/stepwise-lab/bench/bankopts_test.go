@@ -69,3 +69,14 @@ func TestBankSectionsQuick(t *testing.T) {
 	require.Contains(t, errw.String(), "bench: slowbank: latency 50ms, concurrency 16: ")
 	require.Contains(t, errw.String(), "bench: bigday: concurrency 8, batch 100: ")
 }
+
+func TestRatioAgainstShowsWhatRoundingWouldHide(t *testing.T) {
+	for _, c := range []struct {
+		ratio, limit float64
+		want         string
+	}{{0.948, 0.95, "0.948"}, {0.953, 0.95, "0.953"}, {0.95, 0.95, "0.95"}, {0.93, 0.95, "0.93"}, {1.004, 1, "1.004"}, {0.897, 0.90, "0.897"}} {
+		if got := ratioAgainst(c.ratio, c.limit); got != c.want {
+			t.Errorf("ratioAgainst(%v, %v) = %q, want %q", c.ratio, c.limit, got, c.want)
+		}
+	}
+}

@@ -478,7 +478,7 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 	// rounds, at least minPairedRounds of them, so that one noisy round cannot decide it.
 	for _, b := range []int{1, 100, 1000} {
 		if ratio, ok := r.ratios[b]; ok {
-			r.check(ratio >= 0.95, "stepwise/floor >= 0.95 at B=%d: %.2f (median of %d paired rounds%s)", b, ratio, len(ratios[b]), fewRounds(len(ratios[b])))
+			r.check(ratio >= 0.95, "stepwise/floor >= 0.95 at B=%d: %s (median of %d paired rounds%s)", b, ratioAgainst(ratio, 0.95), len(ratios[b]), fewRounds(len(ratios[b])))
 		}
 	}
 	if sw := bestRate(results[key{"stepwise", 100}]); sw > 0 && riverSlow > 0 && riverFast > 0 {
@@ -513,9 +513,9 @@ func (r *runner) reportConcurrent(c *concurrentResult) {
 		concurrentRuns, fmtRate(c.best["floor8"]), concurrentRuns, fmtRate(c.best["stepwise8"]), fmtRate(c.best["stepwise1"]))
 	r.printf("b8/a8 %.2f [%.2f-%.2f] · b8/b1 %.2f [%.2f-%.2f]\n",
 		median(c.vsFloor), slices.Min(c.vsFloor), slices.Max(c.vsFloor), median(c.vsSingle), slices.Min(c.vsSingle), slices.Max(c.vsSingle))
-	r.check(median(c.vsFloor) >= 0.95, "stepwise/floor >= 0.95 with %d runs at once: %.2f (median of %d paired rounds%s)",
-		concurrentRuns, median(c.vsFloor), len(c.vsFloor), fewRounds(len(c.vsFloor)))
-	r.check(median(c.vsSingle) >= 1, "%d runs at once at least as fast as 1 run: %.2f", concurrentRuns, median(c.vsSingle))
+	r.check(median(c.vsFloor) >= 0.95, "stepwise/floor >= 0.95 with %d runs at once: %s (median of %d paired rounds%s)",
+		concurrentRuns, ratioAgainst(median(c.vsFloor), 0.95), len(c.vsFloor), fewRounds(len(c.vsFloor)))
+	r.check(median(c.vsSingle) >= 1, "%d runs at once at least as fast as 1 run: %s", concurrentRuns, ratioAgainst(median(c.vsSingle), 1))
 }
 
 // minPairedRounds is how many paired rounds a headline ratio needs before one noisy round

@@ -429,7 +429,7 @@ func (r *runner) historySection(ctx context.Context) error {
 	}
 	for _, m := range historyMeasures {
 		ps := ratios[m]
-		r.check(median(ps) >= 0.90, "history/fresh >= 0.90 for %s with %s operations: %.2f", m, groupThousands(int64(o.historyOps)), median(ps))
+		r.check(median(ps) >= 0.90, "history/fresh >= 0.90 for %s with %s operations: %s", m, groupThousands(int64(o.historyOps)), ratioAgainst(median(ps), 0.90))
 	}
 	return r.historyPrune(ctx, hist)
 }

@@ -290,7 +290,7 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 		ratio := x.d.rate() / limit
 		line(x.latency.String(), x.c, x.d, fmtRate(limit)+mark, fmt.Sprintf("%.2f", ratio))
 		if limit <= 5000 {
-			r.check(ratio >= 0.90, "slowbank >= 0.90 of the limit at latency %s, concurrency %d: %.2f of %s/s", x.latency, x.c, ratio, fmtRate(limit))
+			r.check(ratio >= 0.90, "slowbank >= 0.90 of the limit at latency %s, concurrency %d: %s of %s/s", x.latency, x.c, ratioAgainst(ratio, 0.90), fmtRate(limit))
 		}
 	}
 	r.printf("rtt: mean send (Send called to returned, from the request rows): the bank's latency plus HTTP and this machine's scheduling;\n" +

@@ -322,6 +322,17 @@ func medianOf(ds []time.Duration) time.Duration {
 	return time.Duration(median(xs))
 }
 
+// ratioAgainst prints ratio for a target line against limit: two decimals, or three when two
+// would round it onto the limit from the other side (0.948 against 0.95 reads "0.948", not a
+// MISSED "0.95").
+func ratioAgainst(ratio, limit float64) string {
+	two := fmt.Sprintf("%.2f", ratio)
+	if two == fmt.Sprintf("%.2f", limit) && ratio != limit {
+		return fmt.Sprintf("%.3f", ratio)
+	}
+	return two
+}
+
 func verdict(ok bool) string {
 	if ok {
 		return "met"

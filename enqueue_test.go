@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/testkit"
@@ -24,21 +25,7 @@ func TestOperationEnqueueTxWakesAfterCommitWithoutLocking(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := smallPool(t, 20)
-	sent := make(chan string, 10)
-	c, err := NewClient(pool, &Config{
-		Logger: slog.New(slog.DiscardHandler),
-		Outbox: &outbox.Config{PollInterval: time.Hour},
-		Kinds: map[string]*KindConfig{"notice": {
-			Sender: outbox.SendFunc(func(_ context.Context, op *outbox.Operation) (outbox.Receipt, error) {
-				sent <- op.BusinessKey
-				return outbox.Receipt{}, nil
-			}),
-		}},
-	})
-	require.NoError(t, err)
-	require.NoError(t, c.Start(ctx))
-	t.Cleanup(func() { _ = c.Stop(context.Background()) })
-	waitStartupPoll(t, pool) // it found nothing: from here only a wake sends
+	c, sent := startNoticeClient(t, pool)
 
 	open, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -96,21 +83,7 @@ func TestEnqueueOnlyClientWakesTheDeliveringProcess(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := smallPool(t, 30)
-	sent := make(chan string, 10)
-	deliver, err := NewClient(pool, &Config{
-		Logger: slog.New(slog.DiscardHandler),
-		Outbox: &outbox.Config{PollInterval: time.Hour},
-		Kinds: map[string]*KindConfig{"notice": {
-			Sender: outbox.SendFunc(func(_ context.Context, op *outbox.Operation) (outbox.Receipt, error) {
-				sent <- op.BusinessKey
-				return outbox.Receipt{}, nil
-			}),
-		}},
-	})
-	require.NoError(t, err)
-	require.NoError(t, deliver.Start(ctx))
-	t.Cleanup(func() { _ = deliver.Stop(context.Background()) })
-	waitStartupPoll(t, pool) // it found nothing: from here only a wake sends
+	_, sent := startNoticeClient(t, pool)
 
 	web, err := NewClient(pool, &Config{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
@@ -133,9 +106,7 @@ func TestEnqueueOnlyClientWakesTheDeliveringProcess(t *testing.T) {
 // waitStartupPoll waits until the outbox's periodic poll, which runs once when River elects
 // a leader after Start, has completed: after it, with PollInterval an hour, only a wake
 // delivers.
-func waitStartupPoll(t *testing.T, pool interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) {
+func waitStartupPoll(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var n int
@@ -143,4 +114,27 @@ func waitStartupPoll(t *testing.T, pool interface {
 			`SELECT count(*) FROM river_job WHERE kind = 'stepwise_outbox_poll' AND state = 'completed'`).Scan(&n))
 		return n > 0
 	}, 30*time.Second, 20*time.Millisecond, "the start-up poll did not run")
+}
+
+// startNoticeClient starts a client delivering the kind "notice" (each send's business key
+// goes to sent) with its poll an hour away, and returns once the start-up poll has run: from
+// then on only a wake sends.
+func startNoticeClient(t *testing.T, pool *pgxpool.Pool) (*Client, <-chan string) {
+	t.Helper()
+	sent := make(chan string, 10)
+	c, err := NewClient(pool, &Config{
+		Logger: slog.New(slog.DiscardHandler),
+		Outbox: &outbox.Config{PollInterval: time.Hour},
+		Kinds: map[string]*KindConfig{"notice": {
+			Sender: outbox.SendFunc(func(_ context.Context, op *outbox.Operation) (outbox.Receipt, error) {
+				sent <- op.BusinessKey
+				return outbox.Receipt{}, nil
+			}),
+		}},
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+	waitStartupPoll(t, pool)
+	return c, sent
 }

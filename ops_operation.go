@@ -21,6 +21,9 @@ import (
 // Inside a step (or any job this client works) call outbox.Enqueue(ctx, s.Tx, ...): the
 // job's context already carries the client.
 func (c *Client) OperationEnqueueTx(ctx context.Context, tx pgx.Tx, ops ...outbox.EnqueueParams) (*outbox.EnqueueResult, error) {
+	if err := c.checkPool("OperationEnqueueTx"); err != nil {
+		return nil, err
+	}
 	if tx == nil {
 		return nil, errors.New("stepwise: OperationEnqueueTx: tx is nil; pass the transaction that writes the business rows the operations belong to")
 	}

@@ -294,11 +294,9 @@ func setSecurityHeaders(w http.ResponseWriter) {
 
 // fail answers a client error with a page that says what was wrong and how to fix it.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, format string, args ...any) {
-	if r.ContentLength != 0 && r.PostForm == nil {
+	if r.PostForm == nil {
 		// The body was never read (a refusal before the form): hang up after the answer.
-		// Otherwise the server reads up to 256 KB of it before answering, and a client that
-		// announced a body and sends none waits, holding its connection, for the read timeout.
-		w.Header().Set("Connection", "close")
+		CloseUnreadBody(w, r)
 	}
 	h.renderError(w, r, status, fmt.Sprintf(format, args...))
 }

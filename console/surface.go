@@ -27,7 +27,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -225,14 +224,14 @@ func readWriteBody(next http.Handler, logger *slog.Logger) http.Handler {
 // (payment jobs' arguments), /metrics and the console as its own origin. See
 // allowedHost.
 func allowedHostsOnly(hosts []string, logger *slog.Logger, next http.Handler) http.Handler {
-	var refused sampledWarn
+	var refused sampledLog
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || allowedHost(r.Host, hosts) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		CloseUnreadBody(w, r)
-		refused.warn(logger, "operator surface: request for a host that is not ours refused (421): a DNS-rebinding page, or a name to list with --allowed-host",
+		refused.log(logger, "operator surface: request for a host that is not ours refused (421): a DNS-rebinding page, or a name to list with --allowed-host",
 			"host", fmt.Sprintf("%.100q", r.Host), "peer", r.RemoteAddr, "path", r.URL.Path)
 		http.Error(w, fmt.Sprintf("this server does not answer to the host %.100q: it answers localhost, 127.0.0.1 and [::1], and the names this server was given with --allowed-host; open it by one of those, or list this name if it is yours", r.Host),
 			http.StatusMisdirectedRequest)
@@ -287,40 +286,18 @@ func unavailable(w http.ResponseWriter, why string) {
 // operator told "busy" should find why in the log.
 func limitInFlight(max int, what string, logger *slog.Logger, next http.Handler) http.Handler {
 	l := make(chan struct{}, max)
-	var busy sampledWarn
+	var busy sampledLog
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case l <- struct{}{}:
 			defer func() { <-l }()
 			next.ServeHTTP(w, r)
 		default:
-			busy.warn(logger, what+": request refused: every slot is busy (503)", "max_in_flight", max, "peer", r.RemoteAddr, "path", r.URL.Path)
+			busy.log(logger, what+": request refused: every slot is busy (503)", "max_in_flight", max, "peer", r.RemoteAddr, "path", r.URL.Path)
 			CloseUnreadBody(w, r)
 			unavailable(w, "busy: too many concurrent requests, retry later")
 		}
 	})
-}
-
-// sampledWarn logs a repeated refusal at most once every 10 s, with how many it did not
-// log. Guards against a flood of refusals flooding the log as well.
-type sampledWarn struct {
-	mu      sync.Mutex
-	last    time.Time
-	dropped int
-}
-
-func (s *sampledWarn) warn(logger *slog.Logger, msg string, args ...any) {
-	s.mu.Lock()
-	now := time.Now()
-	if now.Sub(s.last) < 10*time.Second {
-		s.dropped++
-		s.mu.Unlock()
-		return
-	}
-	dropped := s.dropped
-	s.last, s.dropped = now, 0
-	s.mu.Unlock()
-	logger.Warn(msg, append(args, "not_logged_since_last", dropped)...)
 }
 
 // raiseInternalErrors is RiverUILogger's handler.

@@ -214,7 +214,7 @@ func TestEnqueueOfAnUnregisteredKindFails(t *testing.T) {
 		})}}})
 	require.NoError(t, err)
 	// In the outbox's context, as in a job of its client: the kinds found are kept in its Local.
-	lctx := ob.Context(ctx, nil)
+	lctx := ob.Local().Context(ctx, nil)
 	enqIn := func(ctx context.Context, kind string) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := outbox.Enqueue(ctx, tx, outbox.EnqueueParams{Kind: kind, BusinessKey: "t-1"})

@@ -77,7 +77,7 @@ func Example() {
 			payload, _ := json.Marshal(map[string]string{"account": "acct-" + merchant})
 			ops = append(ops, outbox.EnqueueParams{Kind: "payout", BusinessKey: merchant, Payload: payload, Amount: amount, Currency: "EUR"})
 		}
-		_, err := outbox.Enqueue(ob.Context(ctx, client), tx, ops...)
+		_, err := outbox.Enqueue(ob.Local().Context(ctx, client), tx, ops...)
 		return err
 	})
 	if err != nil {

@@ -47,7 +47,7 @@ func TestIdleDispatcherStalledBeforeCompletingSeesWorkCommittedMeanwhile(t *test
 	wakeEnqueue := func(key string) {
 		t.Helper()
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ob.Context(ctx, rc), tx, payout(key, "acct", 100))
+			_, err := outbox.Enqueue(ob.Local().Context(ctx, rc), tx, payout(key, "acct", 100))
 			return err
 		}))
 	}

@@ -71,7 +71,7 @@ func TestDeliver10000WithMixedFaults(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	wctx := ob.Context(ctx, rc)
+	wctx := ob.Local().Context(ctx, rc)
 	for b := 0; b < total; b += 500 {
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := outbox.Enqueue(wctx, tx, ops[b:b+500]...)

@@ -161,12 +161,6 @@ func (o *Outbox) queues() map[string]river.QueueConfig {
 // Local is what Enqueue keeps for the client this Outbox is installed in: see Local.
 func (o *Outbox) Local() *Local { return o.local }
 
-// Context returns ctx carrying client and o's Local, for Enqueue outside a job of client:
-// its wake then comes after the commit, through o's waker.
-func (o *Outbox) Context(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
-	return o.local.Context(ctx, client)
-}
-
 // InstallWithoutDelivery adds to rc what a client needs to enqueue and wake the Outbox's
 // kinds without delivering them: the dispatcher's worker (River refuses to insert a job kind
 // its Workers bundle lacks) and the Local's middleware, but neither the kinds' queues nor the

@@ -156,7 +156,7 @@ func TestRiverTakeoverOfADeadDispatcher(t *testing.T) {
 	rc := startClient(t, pool, ob, river.NewWorkers())
 	var res *outbox.EnqueueResult
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err = outbox.Enqueue(ob.Context(ctx, rc), tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"})
+		res, err = outbox.Enqueue(ob.Local().Context(ctx, rc), tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"})
 		return err
 	}))
 	require.True(t, res.Woken)
@@ -201,7 +201,7 @@ func TestRiverTakeoverOfADeadTakeover(t *testing.T) {
 
 	rc := startClient(t, pool, ob, river.NewWorkers())
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err = outbox.Enqueue(ob.Context(ctx, rc), tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"})
+		_, err = outbox.Enqueue(ob.Local().Context(ctx, rc), tx, outbox.EnqueueParams{Kind: "payout", BusinessKey: "ok"})
 		return err
 	}))
 	waitForState(t, pool, outbox.StateSucceeded, 1, 15*time.Second)

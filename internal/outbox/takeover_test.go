@@ -101,7 +101,7 @@ func TestDeliveryResumesWithinTheDispatcherLeaseAfterKill9(t *testing.T) {
 
 	// A new operation, enqueued with a wake that the dead dispatcher's job swallows.
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ob.Context(ctx, client), tx, payout("takeover/new", "acct-2", 200))
+		_, err := outbox.Enqueue(ob.Local().Context(ctx, client), tx, payout("takeover/new", "acct-2", 200))
 		return err
 	}))
 	waitForState(t, pool, outbox.StateSucceeded, 1, 60*time.Second)
@@ -151,7 +151,7 @@ func TestWakesReachALiveDispatcherWhileADeadOnesJobStillRuns(t *testing.T) {
 	wakeEnqueue := func(key string) {
 		t.Helper()
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ob.Context(ctx, client), tx, payout(key, "acct-2", 200))
+			_, err := outbox.Enqueue(ob.Local().Context(ctx, client), tx, payout(key, "acct-2", 200))
 			return err
 		}))
 	}

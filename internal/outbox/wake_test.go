@@ -156,7 +156,7 @@ func TestWakeAfterCommitWithNoDispatcherRunning(t *testing.T) {
 	})
 	require.NoError(t, err)
 	client := startClient(t, pool, ob, river.NewWorkers())
-	wctx := ob.Context(ctx, client)
+	wctx := ob.Local().Context(ctx, client)
 
 	// Let the poll at start pass, and make sure no dispatcher is queued or running.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -230,7 +230,7 @@ func TestWakerBacksOffWhileItsDispatcherWaits(t *testing.T) {
 	// Never started: nothing here works the dispatcher's queue.
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Workers: workers, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	wctx := ob.Context(ctx, client)
+	wctx := ob.Local().Context(ctx, client)
 
 	const commits, every = 60, 15 * time.Millisecond
 	before := outbox.WakeLooksForTest(ob)
@@ -279,7 +279,7 @@ func TestWakerDropsItsWakesQuietlyWhenThePoolCloses(t *testing.T) {
 	defer slog.SetDefault(prev)
 
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ob.Context(ctx, client), tx, payout("shutdown", "acct", 1))
+		_, err := outbox.Enqueue(ob.Local().Context(ctx, client), tx, payout("shutdown", "acct", 1))
 		return err
 	}))
 	own.Close() // before the waker's first look, wakeTick after the commit

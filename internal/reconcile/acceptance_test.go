@@ -82,7 +82,7 @@ func TestReconcile10000With20PercentDroppedAnswers(t *testing.T) {
 
 	const total = 10000
 	start := time.Now()
-	wctx := b.ob.Context(ctx, rc)
+	wctx := b.ob.Local().Context(ctx, rc)
 	for i := 0; i < total; i += 500 {
 		ops := make([]outbox.EnqueueParams, 0, 500)
 		for j := i; j < i+500; j++ {

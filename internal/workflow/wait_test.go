@@ -178,6 +178,26 @@ func (we *waitEnv) startFamily(t testing.TB, key string, n int) {
 	}
 }
 
+// maintainUntil runs maintenance passes, a few tens of milliseconds apart, until run key is in
+// one of statuses, and fails the test after timeout.
+func maintainUntil(t testing.TB, we *waitEnv, key string, timeout time.Duration, statuses ...workflow.RunStatus) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		_, err := we.engine.Maintain(context.Background(), we.client)
+		require.NoError(t, err)
+		run, err := workflow.GetRun(context.Background(), we.pool, key)
+		require.NoError(t, err)
+		if slices.Contains(statuses, run.Status) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %q is %s after %s of maintenance passes, want one of %v (last error: %s)", key, run.Status, timeout, statuses, deref(run.LastError))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func waitingRun(t testing.TB, pool *pgxpool.Pool, key string) *workflow.Run {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -368,10 +388,12 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 	// A second round: cancelled again with its children (who end after it), it resumes
 	// again: a cancellation that came with the parent's is not news about a child.
 	require.NoError(t, workflow.CancelRun(ctx, pool, "cp", "test: stop the batch again"))
-	_, err = we.engine.Maintain(ctx, we.client)
-	require.NoError(t, err)
+	// Maintenance passes as the client runs them (every MaintenanceInterval, a second by
+	// default), not once: the resumed parent may still be in its step when the cancel lands,
+	// and commit its wait after a single pass has looked (CI saw it: "cp" still running after
+	// 10 s). A waiting run is ended by the next pass.
 	for _, k := range []string{"cp", "cp/child-0", "cp/child-1"} {
-		waitRun(t, pool, k, 10*time.Second, workflow.RunStatusCancelled)
+		maintainUntil(t, we, k, 10*time.Second, workflow.RunStatusCancelled)
 	}
 	require.NoError(t, resumeNow(ctx, we.pool, we.client, "cp", "tester", "test: go on again"))
 	for i := range 2 {

@@ -32,7 +32,7 @@ const ActionEvent = "console.action"
 // The actor, the signed-in user's name, goes into the same audit rows: it is held to the same
 // rule here, so a name with a bidi control is refused clearly rather than by the SDK deeper
 // down.
-func (h *Handler) reason(w http.ResponseWriter, r *http.Request, v *viewer) (string, bool) {
+func (h *handler) reason(w http.ResponseWriter, r *http.Request, v *viewer) (string, bool) {
 	if err := audittext.Check("the signed-in user's name", v.Actor); err != nil {
 		h.fail(w, r, http.StatusForbidden, "%v; it cannot name an actor in the audit trail: fix the user's name", err)
 		return "", false
@@ -55,7 +55,7 @@ func (h *Handler) reason(w http.ResponseWriter, r *http.Request, v *viewer) (str
 
 // seenVersion reads the version of what the operator saw, which every action form of this
 // console carries: a form without it was rendered by an older console (reload the page).
-func (h *Handler) seenVersion(w http.ResponseWriter, r *http.Request) (int64, bool) {
+func (h *handler) seenVersion(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	s := r.PostForm.Get("seen_version")
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || v < 1 {
@@ -73,14 +73,14 @@ func audit(ctx context.Context, tx pgx.Tx, subject, action, from, to, actor, rea
 	return err
 }
 
-func (h *Handler) redirect(w http.ResponseWriter, r *http.Request, page string, q url.Values) {
+func (h *handler) redirect(w http.ResponseWriter, r *http.Request, page string, q url.Values) {
 	// 303: the browser GETs the page, so a reload does not re-post the action.
 	http.Redirect(w, r, h.cfg.Prefix+page+"?"+q.Encode(), http.StatusSeeOther)
 }
 
 // cancelRun requests cancellation of a run, only if it is still in the status the operator
 // saw: a run that finished meanwhile is not "cancelled" in the audit trail.
-func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) cancelRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if h.cfg.Client == nil {
 		h.fail(w, r, http.StatusNotFound, "cancel is not available here: Config.Client is not set")
 		return
@@ -146,7 +146,7 @@ var errMoved = errors.New("moved since seen")
 
 // resumeRun resumes a run through the client (Config.Client), with the version of the run the
 // operator saw, and audits it.
-func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if !h.canResume() {
 		h.fail(w, r, http.StatusNotFound, "resume is not available here: Config.Client is not set")
 		return
@@ -194,7 +194,7 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, v *viewer) {
 
 // resume resumes the run and writes the console's audit row, in one transaction, and
 // returns the descendants it left as they are (the run page's events list them too).
-func (h *Handler) resume(ctx context.Context, key, seen string, version int64, actor, reason string, r *http.Request) (left []string, err error) {
+func (h *handler) resume(ctx context.Context, key, seen string, version int64, actor, reason string, r *http.Request) (left []string, err error) {
 	err = pgx.BeginFunc(ctx, h.db, func(tx pgx.Tx) error {
 		res, err := h.cfg.Client.RunResumeTx(ctx, tx, key, &stepwise.RunResumeOpts{Actor: actor, Reason: reason, ExpectedVersion: version})
 		if err != nil {
@@ -206,20 +206,20 @@ func (h *Handler) resume(ctx context.Context, key, seen string, version int64, a
 	return left, err
 }
 
-func (h *Handler) canResume() bool { return h.cfg.Client != nil }
-func (h *Handler) canResolve() bool {
+func (h *handler) canResume() bool { return h.cfg.Client != nil }
+func (h *handler) canResolve() bool {
 	return h.cfg.Client != nil && len(h.cfg.Client.OperationKinds()) > 0
 }
 
 // canResolveKind reports whether the console offers Resolve on operations of kind: with the
 // client, only the kinds whose callbacks it runs (a button that is always refused is not an
 // action).
-func (h *Handler) canResolveKind(kind string) bool {
+func (h *handler) canResolveKind(kind string) bool {
 	return h.cfg.Client != nil && slices.Contains(h.cfg.Client.OperationKinds(), kind)
 }
 
 // requests lists an operation's requests through the client.
-func (h *Handler) requests(ctx context.Context, id uuid.UUID) ([]request, error) {
+func (h *handler) requests(ctx context.Context, id uuid.UUID) ([]request, error) {
 	rs, err := h.cfg.Client.OperationRequestList(ctx, id)
 	if err != nil {
 		return nil, err
@@ -238,7 +238,7 @@ func (h *Handler) requests(ctx context.Context, id uuid.UUID) ([]request, error)
 }
 
 // runNow describes a run as it is now against what the operator saw, for a refusal.
-func (h *Handler) runNow(ctx context.Context, key, seen string, seenVersion int64) string {
+func (h *handler) runNow(ctx context.Context, key, seen string, seenVersion int64) string {
 	var status string
 	var version int64
 	var lastError *string
@@ -259,7 +259,7 @@ func (h *Handler) runNow(ctx context.Context, key, seen string, seenVersion int6
 // resolveOperation records a person's decision on a MANUAL operation through
 // reconcile.ResolveTx, conditional on the state the operator saw, with the console's audit
 // row in the same transaction.
-func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if !h.canResolve() {
 		h.fail(w, r, http.StatusNotFound, "resolving is not available here: Config.Client is not set")
 		return
@@ -333,7 +333,7 @@ func (h *Handler) resolveOperation(w http.ResponseWriter, r *http.Request, v *vi
 
 // operationNow describes an operation as it is now against what the operator saw, with the
 // evidence a new decision needs, for a refusal.
-func (h *Handler) operationNow(ctx context.Context, id uuid.UUID, seen outbox.State, seenVersion int64) string {
+func (h *handler) operationNow(ctx context.Context, id uuid.UUID, seen outbox.State, seenVersion int64) string {
 	op, err := outbox.Get(ctx, h.db, id)
 	if err != nil {
 		return fmt.Sprintf("it is no longer %s at version %d", seen, seenVersion)

@@ -23,16 +23,16 @@ import (
 	"golang.org/x/crypto/bcrypt"
 )
 
-// Users is a list of operators, each with a name and a bcrypt hash of their password: one
+// users is a list of operators, each with a name and a bcrypt hash of their password: one
 // identity per person, so that the audit trail says who resolved a payout, not which shared
-// account did. Its Authenticate checks HTTP basic-auth credentials against the list.
+// account did. Its authenticate checks HTTP basic-auth credentials against the list.
 //
 // A check costs one bcrypt comparison (tens of milliseconds by design); a pair of name and
 // password that passed is remembered for a few minutes (as an HMAC under a per-process key,
 // never the password itself), so a page load does not pay it again. A failed check is never
 // remembered, and an unknown name costs the same comparison as a known one (no timing signal
 // for "this operator exists").
-type Users struct {
+type users struct {
 	hashes map[string][]byte
 	dummy  []byte // a hash compared for unknown names
 
@@ -43,7 +43,7 @@ type Users struct {
 }
 
 const (
-	// minBcryptCost is the cheapest hash Users accepts: below it a stolen file is cracked fast.
+	// minBcryptCost is the cheapest hash a users list accepts: below it a stolen file is cracked fast.
 	minBcryptCost = 10
 	// usersCacheTTL is how long a passed name and password skip bcrypt.
 	usersCacheTTL = 5 * time.Minute
@@ -55,18 +55,36 @@ const (
 
 // loadUsers reads a users file: one operator per line, "name:bcrypt-hash" (the format
 // "htpasswd -nBC 12 name" prints); blank lines and lines starting with # are ignored.
-func loadUsers(path string) (*Users, error) {
+func loadUsers(path string) (*users, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("console: reading the users file: %w", err)
 	}
 	defer f.Close()
-	return ParseUsers(f, path)
+	return parseUsers(f, path)
 }
 
-// ParseUsers reads a users list (see loadUsers) from r; source names it in errors.
-func ParseUsers(r io.Reader, source string) (*Users, error) {
-	u := &Users{hashes: map[string][]byte{}, passed: map[[sha256.Size]byte]time.Time{}, now: time.Now}
+// ParseUsers reads a list of operators from r, one per line as "name:bcrypt-hash" (what
+// "htpasswd -nBC 12 NAME" prints; cost 10 or more; blank lines and lines starting with # are
+// ignored), and returns a Config.Authenticate that checks HTTP basic-auth credentials
+// against it: one identity per operator, so that the audit trail names the person. source
+// names the list in errors. CONSOLE_USERS (LoadAuth) reads a file this way.
+//
+// A check costs one bcrypt comparison (tens of milliseconds by design); a name and password
+// that passed are remembered for a few minutes (as an HMAC under a per-process key, never the
+// password itself), so a page load does not pay it again. A failed check is never remembered,
+// and an unknown name costs the same comparison as a known one.
+func ParseUsers(r io.Reader, source string) (func(*http.Request) (string, bool), error) {
+	u, err := parseUsers(r, source)
+	if err != nil {
+		return nil, err
+	}
+	return u.authenticate, nil
+}
+
+// parseUsers reads a users list (see ParseUsers) from r.
+func parseUsers(r io.Reader, source string) (*users, error) {
+	u := &users{hashes: map[string][]byte{}, passed: map[[sha256.Size]byte]time.Time{}, now: time.Now}
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -110,7 +128,7 @@ func ParseUsers(r io.Reader, source string) (*Users, error) {
 }
 
 // names lists the operators, sorted.
-func (u *Users) names() []string {
+func (u *users) names() []string {
 	out := make([]string, 0, len(u.hashes))
 	for n := range u.hashes {
 		out = append(out, n)
@@ -119,8 +137,8 @@ func (u *Users) names() []string {
 	return out
 }
 
-// Authenticate is a Config.Authenticate: the basic-auth name, when its password matches.
-func (u *Users) Authenticate(r *http.Request) (string, bool) {
+// authenticate is a Config.Authenticate: the basic-auth name, when its password matches.
+func (u *users) authenticate(r *http.Request) (string, bool) {
 	name, password, ok := r.BasicAuth()
 	if !ok || name == "" || len(name) > maxNameLen || len(password) > 1024 {
 		return "", false

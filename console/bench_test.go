@@ -103,7 +103,7 @@ func (l *statementLog) record(on bool) []tracedQuery {
 }
 
 // ledgerConsole opens the console on a clone of a seeded template, with a statement log.
-func ledgerConsole(b *testing.B, name string, n int) (*console.Handler, *pgxpool.Pool, *statementLog) {
+func ledgerConsole(b *testing.B, name string, n int) (http.Handler, *pgxpool.Pool, *statementLog) {
 	b.Helper()
 	dbURL := testkit.TemplateDBURL(b, name, seedLedger(n))
 	cfg, err := pgxpool.ParseConfig(dbURL)

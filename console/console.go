@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/stepwise-go/stepwise"
 	"github.com/stepwise-go/stepwise/internal/outbox"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
@@ -25,8 +27,8 @@ type Config struct {
 	// Authenticate names the user of a request, or reports false when the request carries
 	// no valid credentials. With it, every request needs credentials and actions are
 	// allowed; the name is the actor of the audit trail. Without it the console is
-	// read-only and answers loopback peers only. See Users (one identity per operator; the
-	// choice for production) and BasicAuth (one shared account).
+	// read-only and answers loopback peers only. See ParseUsers (one identity per operator;
+	// the choice for production) and BasicAuth (one shared account).
 	//
 	// Failed sign-ins are limited and logged by Guard; credentials are checked before any
 	// part of a request's body is read and before the request takes one of MaxInFlight's
@@ -97,8 +99,8 @@ type request struct {
 	Detail    string
 }
 
-// Handler is the console. It is safe for concurrent use.
-type Handler struct {
+// handler is the console. It is safe for concurrent use.
+type handler struct {
 	db         outbox.DB
 	cfg        Config
 	pages      *pages
@@ -127,10 +129,11 @@ const (
 	maxReason = 500
 )
 
-// New returns the console reading and writing through db (a *pgxpool.Pool).
-func New(db outbox.DB, cfg *Config) (*Handler, error) {
-	if db == nil {
-		return nil, errors.New("console.New: db is nil")
+// New returns the console, an http.Handler safe for concurrent use, reading and writing
+// through pool: the pool of Config.Client when there is one.
+func New(pool *pgxpool.Pool, cfg *Config) (http.Handler, error) {
+	if pool == nil {
+		return nil, errors.New("console.New: pool is nil; pass the pool your stepwise.Client uses")
 	}
 	c := Config{}
 	if cfg != nil {
@@ -190,11 +193,11 @@ func New(db outbox.DB, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Handler{db: db, cfg: c, pages: p, logger: c.Logger, slots: make(chan struct{}, c.MaxInFlight), totalsGate: newTotalsGate()}, nil
+	return &handler{db: pool, cfg: c, pages: p, logger: c.Logger, slots: make(chan struct{}, c.MaxInFlight), totalsGate: newTotalsGate()}, nil
 }
 
 // ServeHTTP checks who is asking and whether they may, then serves the page or action.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	setSecurityHeaders(w)
 	// A form of ours is a few hundred bytes; an unbounded body is a way to hold memory.
 	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
@@ -247,7 +250,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (h *Handler) serveRead(w http.ResponseWriter, r *http.Request, v *viewer, path string) {
+func (h *handler) serveRead(w http.ResponseWriter, r *http.Request, v *viewer, path string) {
 	switch path {
 	case "/":
 		h.overview(w, r, v)
@@ -268,7 +271,7 @@ func (h *Handler) serveRead(w http.ResponseWriter, r *http.Request, v *viewer, p
 	}
 }
 
-func (h *Handler) serveAction(w http.ResponseWriter, r *http.Request, v *viewer, path string) {
+func (h *handler) serveAction(w http.ResponseWriter, r *http.Request, v *viewer, path string) {
 	switch path {
 	case "/run/cancel":
 		h.cancelRun(w, r, v)
@@ -293,7 +296,7 @@ func setSecurityHeaders(w http.ResponseWriter) {
 }
 
 // fail answers a client error with a page that says what was wrong and how to fix it.
-func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, format string, args ...any) {
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, format string, args ...any) {
 	if r.PostForm == nil {
 		// The body was never read (a refusal before the form): hang up after the answer.
 		CloseUnreadBody(w, r)
@@ -303,7 +306,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, forma
 
 // internal answers a server-side failure without its details (which may name hosts, users
 // or SQL), and logs them under a reference the operator can quote.
-func (h *Handler) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
+func (h *handler) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
 	ref := h.errSeq.Add(1)
 	h.logger.Error("console: "+what, "ref", ref, "path", r.URL.Path, "error", err)
 	h.renderError(w, r, http.StatusInternalServerError,

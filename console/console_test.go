@@ -450,7 +450,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		require.ErrorContains(t, err, c.want)
 	}
 	_, err := console.New(nil, nil)
-	require.ErrorContains(t, err, "db is nil")
+	require.ErrorContains(t, err, "pool is nil; pass the pool your stepwise.Client uses")
 	require.Panics(t, func() { console.BasicAuth("alice", "") })
 }
 

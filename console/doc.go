@@ -34,7 +34,7 @@
 //     loopback peer that carry no forwarding header (a reverse proxy on the same host would
 //     otherwise make every visitor "local"), under a loopback Host or one in Config.Hosts
 //     (DNS rebinding); anything else gets 403 or 421 with the fix.
-//   - With Authenticate, every request needs credentials, reads included: Users (one
+//   - With Authenticate, every request needs credentials, reads included: ParseUsers (one
 //     identity per operator, bcrypt hashes), ProxyUser (an authenticating proxy's header,
 //     from the proxy's addresses only) or BasicAuth (one shared account).
 //   - Failed sign-ins are limited per peer and in all, and logged (Guard); credentials are

@@ -1,15 +1,24 @@
 package console
 
-import "time"
+import (
+	"net/http"
+	"time"
+)
 
-// SetClock sets the clock of h's CSRF tokens, before h serves.
-func SetClock(h *Handler, now func() time.Time) { h.now = now }
+// SetClock sets the clock of the CSRF tokens of h, a console made by New, before h serves.
+func SetClock(h http.Handler, now func() time.Time) { h.(*handler).now = now }
 
 // GuardFreeFailures is the Guard's free failures per peer, for the external tests.
 const GuardFreeFailures = guardFreeFailures
 
-// Names is Users.names, for the external tests.
-func (u *Users) Names() []string { return u.names() }
+// Names is users.names, for the external tests.
+func (u *users) Names() []string { return u.names() }
+
+// Authenticate is users.authenticate, for the external tests.
+func (u *users) Authenticate(r *http.Request) (string, bool) { return u.authenticate(r) }
+
+// ParseUsersList is parseUsers, for the external tests.
+var ParseUsersList = parseUsers
 
 // LoadUsers is loadUsers, for the external tests.
 var LoadUsers = loadUsers

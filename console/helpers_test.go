@@ -34,7 +34,7 @@ type fixture struct {
 	pool   *pgxpool.Pool
 	rec    *reconcile.Reconciler
 	client *stepwise.Client
-	h      *console.Handler
+	h      http.Handler
 	cfg    *console.Config
 }
 

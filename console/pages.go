@@ -135,15 +135,15 @@ type pageData struct {
 	Totals  bool
 }
 
-func (h *Handler) render(w http.ResponseWriter, r *http.Request, v *viewer, page, title string, data any) {
+func (h *handler) render(w http.ResponseWriter, r *http.Request, v *viewer, page, title string, data any) {
 	h.write(w, r, page, http.StatusOK, &pageData{Title: title, Viewer: v, Page: page, Data: data})
 }
 
-func (h *Handler) renderError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+func (h *handler) renderError(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	h.write(w, r, "error", status, &pageData{Title: http.StatusText(status), Viewer: &viewer{}, Page: "error", Status: status, Message: msg})
 }
 
-func (h *Handler) write(w http.ResponseWriter, r *http.Request, page string, status int, d *pageData) {
+func (h *handler) write(w http.ResponseWriter, r *http.Request, page string, status int, d *pageData) {
 	d.Prefix = h.cfg.Prefix
 	d.Resume, d.Resolve, d.Totals = h.canResume(), h.canResolve(), len(h.cfg.Statements) > 0
 	// Render into a buffer first: a template error half-way must not send half a page

@@ -56,7 +56,7 @@ func scanEvents(rows pgx.Rows) ([]eventRow, error) {
 // kinds lists the operation kinds present, by a loose index scan of (kind, business_key): one
 // index probe per kind, however many operations there are (SELECT DISTINCT would read them
 // all).
-func (h *Handler) kinds(ctx context.Context) ([]string, error) {
+func (h *handler) kinds(ctx context.Context) ([]string, error) {
 	rows, err := h.db.Query(ctx, `
 		WITH RECURSIVE k AS (
 			(SELECT kind FROM stepwise_operation ORDER BY kind LIMIT 1)
@@ -102,7 +102,7 @@ type overviewData struct {
 	Now     time.Time
 }
 
-func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) overview(w http.ResponseWriter, r *http.Request, v *viewer) {
 	if err := onlyParams(r.URL.Query()); err != nil {
 		h.badRequest(w, r, err)
 		return
@@ -285,7 +285,7 @@ type runsData struct {
 	Next     template.URL
 }
 
-func (h *Handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) runs(w http.ResponseWriter, r *http.Request, v *viewer) {
 	f, err := parseRunFilter(r.URL.Query())
 	if err != nil {
 		h.badRequest(w, r, err)
@@ -395,7 +395,7 @@ const maxLeftShown = 20
 // it was, with each such run's status now; nil when that event left nothing. Guards against
 // a person resuming a parent and believing the whole tree runs again: the descendants that
 // changed on their own stay failed or cancelled until someone resumes each.
-func (h *Handler) leftByResume(ctx context.Context, events []eventRow) (*leftView, error) {
+func (h *handler) leftByResume(ctx context.Context, events []eventRow) (*leftView, error) {
 	for _, e := range events {
 		if e.Kind != "run.resume" {
 			continue
@@ -432,7 +432,7 @@ func (h *Handler) leftByResume(ctx context.Context, events []eventRow) (*leftVie
 	return nil, nil
 }
 
-func (h *Handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) run(w http.ResponseWriter, r *http.Request, v *viewer) {
 	q := r.URL.Query()
 	if err := onlyParams(q, "key", "before"); err != nil {
 		h.badRequest(w, r, err)
@@ -514,7 +514,7 @@ type operationsData struct {
 	Next       template.URL
 }
 
-func (h *Handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) operations(w http.ResponseWriter, r *http.Request, v *viewer) {
 	f, err := parseOpFilter(r.URL.Query())
 	if err != nil {
 		h.badRequest(w, r, err)
@@ -636,7 +636,7 @@ type operationData struct {
 	Outcomes   []string
 }
 
-func (h *Handler) operation(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) operation(w http.ResponseWriter, r *http.Request, v *viewer) {
 	q := r.URL.Query()
 	if err := onlyParams(q, "id"); err != nil {
 		h.badRequest(w, r, err)
@@ -804,7 +804,7 @@ type differenceCount struct {
 	Count int
 }
 
-func (h *Handler) totals(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) totals(w http.ResponseWriter, r *http.Request, v *viewer) {
 	q := r.URL.Query()
 	if err := onlyParams(q, "kind", "date"); err != nil {
 		h.badRequest(w, r, err)
@@ -888,7 +888,7 @@ func (h *Handler) totals(w http.ResponseWriter, r *http.Request, v *viewer) {
 	h.renderTotals(w, r, v, d, k)
 }
 
-func (h *Handler) renderTotals(w http.ResponseWriter, r *http.Request, v *viewer, d *totalsData, k keptTotals) {
+func (h *handler) renderTotals(w http.ResponseWriter, r *http.Request, v *viewer, d *totalsData, k keptTotals) {
 	t := k.t
 	d.Totals, d.ComputedAt = t, k.at
 	cur := map[string]bool{}
@@ -918,7 +918,7 @@ type auditData struct {
 	Next   template.URL
 }
 
-func (h *Handler) audit(w http.ResponseWriter, r *http.Request, v *viewer) {
+func (h *handler) audit(w http.ResponseWriter, r *http.Request, v *viewer) {
 	q := r.URL.Query()
 	if err := onlyParams(q, "before"); err != nil {
 		h.badRequest(w, r, err)
@@ -949,7 +949,7 @@ func (h *Handler) audit(w http.ResponseWriter, r *http.Request, v *viewer) {
 	h.render(w, r, v, "audit", "Console actions", d)
 }
 
-func (h *Handler) badRequest(w http.ResponseWriter, r *http.Request, err error) {
+func (h *handler) badRequest(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, errBadInput) {
 		h.fail(w, r, http.StatusBadRequest, "%s", strings.TrimPrefix(err.Error(), errBadInput.Error()+": "))
 		return
@@ -963,7 +963,7 @@ func (h *Handler) badRequest(w http.ResponseWriter, r *http.Request, err error) 
 // on a slot of a million payouts takes seconds, and the status needs only "any?" per state.
 // Index use: the slot's primary key backwards, stepwise_run_slot_idx, and
 // stepwise_operation_run_key_idx (run_key, state) per state.
-func (h *Handler) latestSlots(ctx context.Context, name string, n int) ([]*schedule.SlotReport, error) {
+func (h *handler) latestSlots(ctx context.Context, name string, n int) ([]*schedule.SlotReport, error) {
 	rows, err := h.db.Query(ctx, `SELECT slot, status, coalesce(reason, ''), coalesce(detail, ''), shards,
 			created_at, materialized_at, started_at, runs_done_at
 		FROM stepwise_schedule_slot WHERE schedule = $1 ORDER BY slot DESC LIMIT $2`, name, n)

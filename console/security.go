@@ -47,7 +47,7 @@ func BasicAuth(user, password string) func(*http.Request) (string, bool) {
 }
 
 // authorize decides whether the request may read at all, and names its viewer.
-func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bool) {
+func (h *handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bool) {
 	if h.cfg.Authenticate == nil {
 		// Read-only without credentials, and only for this host's own users: anyone who can
 		// reach a wider bind would otherwise read every payout and business key.
@@ -89,7 +89,7 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) (*viewer, bo
 
 // authorizeAction checks what a change needs beyond reading: credentials, a request made by
 // a page of this origin, and the CSRF token of a form this console rendered for this user.
-func (h *Handler) authorizeAction(w http.ResponseWriter, r *http.Request, v *viewer) bool {
+func (h *handler) authorizeAction(w http.ResponseWriter, r *http.Request, v *viewer) bool {
 	if !v.CanAct() {
 		// Anonymous loopback readers cannot act: the audit trail must name a person.
 		h.fail(w, r, http.StatusForbidden, "the console is read-only without credentials: configure Config.Authenticate (the sample: CONSOLE_USER and CONSOLE_PASSWORD) to act")
@@ -130,11 +130,11 @@ const csrfWindow = time.Hour
 
 // csrfToken is the user's token of the current window: a token seen by one user is no use to
 // another, nor to anyone after two windows.
-func (h *Handler) csrfToken(actor string) string {
+func (h *handler) csrfToken(actor string) string {
 	return h.csrfTokenAt(actor, h.csrfNow())
 }
 
-func (h *Handler) csrfNow() int64 {
+func (h *handler) csrfNow() int64 {
 	now := time.Now
 	if h.now != nil {
 		now = h.now
@@ -142,7 +142,7 @@ func (h *Handler) csrfNow() int64 {
 	return now().Unix() / int64(csrfWindow/time.Second)
 }
 
-func (h *Handler) csrfTokenAt(actor string, window int64) string {
+func (h *handler) csrfTokenAt(actor string, window int64) string {
 	m := hmac.New(sha256.New, h.cfg.CSRFKey)
 	m.Write([]byte("stepwise-console-csrf\x00"))
 	m.Write([]byte(actor))
@@ -152,7 +152,7 @@ func (h *Handler) csrfTokenAt(actor string, window int64) string {
 
 // csrfValid accepts the user's token of this window or the previous one (compared in
 // constant time).
-func (h *Handler) csrfValid(actor, got string) bool {
+func (h *handler) csrfValid(actor, got string) bool {
 	w := h.csrfNow()
 	cur := subtle.ConstantTimeCompare([]byte(got), []byte(h.csrfTokenAt(actor, w)))
 	prev := subtle.ConstantTimeCompare([]byte(got), []byte(h.csrfTokenAt(actor, w-1)))
@@ -194,7 +194,7 @@ func loopbackPeer(r *http.Request) bool {
 // hostAllowed answers 421 to a request whose Host is neither loopback nor listed in
 // Config.Hosts, when the console checks Host (see Config.Hosts). Guards against DNS
 // rebinding (see allowedHost).
-func (h *Handler) hostAllowed(w http.ResponseWriter, r *http.Request) bool {
+func (h *handler) hostAllowed(w http.ResponseWriter, r *http.Request) bool {
 	if h.cfg.Authenticate != nil && len(h.cfg.Hosts) == 0 {
 		return true
 	}

@@ -53,7 +53,7 @@ func usersList(t testing.TB, cost int, users ...string) string {
 func TestUsersFile(t *testing.T) {
 	t.Parallel()
 	good := usersList(t, 10, "alice", "alice-pw-for-tests", "bob", "bob-pw-for-tests")
-	u, err := console.ParseUsers(strings.NewReader("# operators\n\n"+good), "users")
+	u, err := console.ParseUsersList(strings.NewReader("# operators\n\n"+good), "users")
 	require.NoError(t, err)
 	require.Equal(t, []string{"alice", "bob"}, u.Names())
 
@@ -97,7 +97,7 @@ func TestUsersFile(t *testing.T) {
 func TestSignInGuard(t *testing.T) {
 	t.Parallel()
 	var logged syncLog
-	users, err := console.ParseUsers(strings.NewReader(usersList(t, 10, "alice", testPassword, "bob", "bob-pw-for-tests")), "users")
+	users, err := console.ParseUsersList(strings.NewReader(usersList(t, 10, "alice", testPassword, "bob", "bob-pw-for-tests")), "users")
 	require.NoError(t, err)
 	f := newFixture(t, func(c *console.Config) {
 		c.Authenticate = users.Authenticate

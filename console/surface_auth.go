@@ -27,9 +27,6 @@ type Auth struct {
 	Guard *Guard
 }
 
-// Configured reports whether any surface takes credentials.
-func (a *Auth) Configured() bool { return a.Console != nil || a.RiverUser != "" }
-
 // LoadAuth reads the operators' credentials:
 //
 //   - CONSOLE_USERS: the path of a file of "name:bcrypt-hash" lines, one per operator (what
@@ -86,7 +83,7 @@ func LoadAuth(logger *slog.Logger) (*Auth, error) {
 		if err != nil {
 			return nil, fmt.Errorf("CONSOLE_USERS: %v", err)
 		}
-		a.Console = users.Authenticate
+		a.Console = users.authenticate
 		a.ConsoleFrom = "CONSOLE_USERS (" + strings.Join(users.names(), ", ") + ")"
 	case user != "" || password != "":
 		if err := checkPair("CONSOLE_USER", user, "CONSOLE_PASSWORD", password, "the console"); err != nil {

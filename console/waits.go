@@ -117,7 +117,7 @@ var childOrder = []string{string(workflow.RunStatusRunning), string(workflow.Run
 // counts read at most countCap+1 entries of stepwise_run_parent_idx (parent_key, status) per
 // status, and the list at most maxChildren per status from the same index (which of a
 // status's children are listed, when it has more, is the index's order).
-func (h *Handler) family(ctx context.Context, key string, parent *string) (*family, error) {
+func (h *handler) family(ctx context.Context, key string, parent *string) (*family, error) {
 	f := &family{}
 	if parent != nil {
 		f.ParentKey = *parent
@@ -181,7 +181,7 @@ type waitingCount struct {
 
 // waitingCounts counts the waiting runs by kind of wait: one row per open wait (as the
 // stepwise_runs_waiting metric), so the count costs what the waits are, never the history.
-func (h *Handler) waitingCounts(ctx context.Context) ([]waitingCount, error) {
+func (h *handler) waitingCounts(ctx context.Context) ([]waitingCount, error) {
 	rows, err := h.db.Query(ctx, `SELECT k.kind, count(w.run_key)::int,
 			count(w.run_key) FILTER (WHERE w.woken_at IS NOT NULL)::int,
 			count(w.run_key) FILTER (WHERE w.woken_at IS NULL AND w.deadline <= now())::int,

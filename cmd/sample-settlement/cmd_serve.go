@@ -130,7 +130,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		// Basic-auth credentials over plain HTTP beyond this host can be read by anyone on
 		// the path; every browser request repeats them.
-		if auth.Configured() && !f.behindTLS {
+		if (auth.Console != nil || auth.RiverUser != "") && !f.behindTLS {
 			return cmdline.UsageError("--addr %s is beyond loopback and credentials are configured: they would cross the network in clear text with every request; terminate TLS in front of serve (a proxy) and pass --behind-tls, or bind 127.0.0.1 and reach it through ssh -L", f.addr)
 		}
 		// The address serve is bound to is a name this surface answers to (an address is

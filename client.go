@@ -214,10 +214,11 @@ func (c *Client) Start(ctx context.Context) error {
 	return nil
 }
 
-// KindsWithoutChecker returns the kinds this process sends and does not reconcile (a Sender
+// kindsWithoutChecker returns the kinds this process sends and does not reconcile (a Sender
 // without a Checker in Config.Kinds), sorted. Their UNKNOWN_EXTERNAL operations wait for a
-// process that has a Checker.
-func (c *Client) KindsWithoutChecker() []string {
+// process that has a Checker. Start logs them and Metrics exports them
+// (stepwise_client_kind_without_checker).
+func (c *Client) kindsWithoutChecker() []string {
 	if c == nil || c.config == nil { // an operator client configures no kinds
 		return nil
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
+	ioutbox "github.com/stepwise-go/stepwise/internal/outbox"
+	ireconcile "github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/outbox"
@@ -245,7 +247,7 @@ func TestClientRefusesSmallPool(t *testing.T) {
 }
 
 // A kind sent here with no Checker anywhere in this process is said at Start: a WARN log
-// naming the kind, the gauge, and KindsWithoutChecker. Guards against: UNKNOWN_EXTERNAL
+// naming the kind, the gauge, and kindsWithoutChecker. Guards against: UNKNOWN_EXTERNAL
 // operations of that kind waiting forever in silence.
 func TestClientWarnsSenderWithoutChecker(t *testing.T) {
 	t.Parallel()
@@ -258,7 +260,7 @@ func TestClientWarnsSenderWithoutChecker(t *testing.T) {
 	c, err := NewClient(pool, cfg)
 	require.NoError(t, err)
 	require.Nil(t, c.reconciler, "no kind has a Checker: no reconciler")
-	require.Equal(t, []string{"payout"}, c.KindsWithoutChecker())
+	require.Equal(t, []string{"payout"}, c.kindsWithoutChecker())
 	require.Equal(t, 1.0, value(c.metrics.withoutChecker.WithLabelValues("payout")))
 	require.NoError(t, c.Start(ctx))
 	defer c.Stop(ctx) //nolint:errcheck
@@ -364,8 +366,8 @@ func TestConfigWithDefaults(t *testing.T) {
 	cfg := (&Config{River: rc}).WithDefaults()
 	require.Equal(t, StopTimeoutDefault, cfg.StopTimeout)
 	require.Equal(t, workflow.LeaseDefault, cfg.Workflow.Lease)
-	require.Equal(t, outbox.PollIntervalDefault, cfg.Outbox.PollInterval)
-	require.Equal(t, reconcile.IntervalDefault, cfg.Reconcile.Interval)
+	require.Equal(t, ioutbox.PollIntervalDefault, cfg.Outbox.PollInterval)
+	require.Equal(t, ireconcile.IntervalDefault, cfg.Reconcile.Interval)
 	require.NotNil(t, cfg.Logger)
 	cfg.River.Queues["other"] = river.QueueConfig{MaxWorkers: 1}
 	require.Len(t, rc.Queues, 1, "WithDefaults copies the River config's queues")

@@ -12,6 +12,7 @@ import (
 	ioutbox "github.com/stepwise-go/stepwise/internal/outbox"
 	ireconcile "github.com/stepwise-go/stepwise/internal/reconcile"
 	schedengine "github.com/stepwise-go/stepwise/internal/schedule"
+	iworkflow "github.com/stepwise-go/stepwise/internal/workflow"
 	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/reconcile"
 	"github.com/stepwise-go/stepwise/schedule"
@@ -237,7 +238,7 @@ func (c *Config) WithDefaults() *Config {
 	if wf.TracerProvider == nil {
 		wf.TracerProvider = out.TracerProvider
 	}
-	out.Workflow = wf.WithDefaults()
+	out.Workflow = iworkflow.ConfigWithDefaults(wf)
 
 	ob := copyOf(out.Outbox)
 	if ob.Logger == nil {
@@ -246,7 +247,10 @@ func (c *Config) WithDefaults() *Config {
 	if ob.TracerProvider == nil {
 		ob.TracerProvider = out.TracerProvider
 	}
-	out.Outbox = ob.WithDefaults()
+	d := (&ioutbox.Config{ID: ob.ID, Logger: ob.Logger, TracerProvider: ob.TracerProvider,
+		PollInterval: ob.PollInterval, Slice: ob.Slice, DispatcherLease: ob.DispatcherLease}).WithDefaults()
+	out.Outbox = &outbox.Config{ID: d.ID, Logger: d.Logger, TracerProvider: d.TracerProvider,
+		PollInterval: d.PollInterval, Slice: d.Slice, DispatcherLease: d.DispatcherLease}
 
 	rec := copyOf(out.Reconcile)
 	if rec.Logger == nil {
@@ -255,13 +259,16 @@ func (c *Config) WithDefaults() *Config {
 	if rec.TracerProvider == nil {
 		rec.TracerProvider = out.TracerProvider
 	}
-	out.Reconcile = rec.WithDefaults()
+	r := (&ireconcile.Config{Actor: rec.Actor, Interval: rec.Interval, Slice: rec.Slice,
+		Logger: rec.Logger, TracerProvider: rec.TracerProvider}).WithDefaults()
+	out.Reconcile = &reconcile.Config{Actor: r.Actor, Interval: r.Interval, Slice: r.Slice,
+		Logger: r.Logger, TracerProvider: r.TracerProvider}
 
 	sch := copyOf(out.Scheduler)
 	if sch.Logger == nil {
 		sch.Logger = out.Logger
 	}
-	out.Scheduler = sch.WithDefaults()
+	out.Scheduler = schedengine.ConfigWithDefaults(sch)
 
 	kinds := make(map[string]*KindConfig, len(out.Kinds))
 	for name, k := range out.Kinds {

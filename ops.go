@@ -30,11 +30,11 @@ import (
 // (succeeded, failed or cancelled): nothing was done.
 var ErrRunNotCancellable = errors.New("stepwise: run not cancellable")
 
-// ErrKindWithoutConfig is returned by OperationResolve for an operation whose kind this
+// errKindWithoutConfig is returned by OperationResolve for an operation whose kind this
 // Client has no outbox KindConfig for (and NoCallback is not set): the kind's outcome
 // callback, the service's business state that moves with the operation, cannot run here.
-// It also matches outbox.ErrUnknownKind.
-var ErrKindWithoutConfig = fmt.Errorf("%w: this client cannot run the kind's outcome callback", outbox.ErrUnknownKind)
+// Callers match outbox.ErrUnknownKind; the message says what to do.
+var errKindWithoutConfig = fmt.Errorf("%w: this client cannot run the kind's outcome callback", outbox.ErrUnknownKind)
 
 // tagged is an error that also matches a client-level sentinel (stepwisetype.ErrNotFound,
 // stepwisetype.ErrChanged) while keeping the package's own error and text.

@@ -133,7 +133,7 @@ type OperationResolveOpts struct {
 	// ExternalRef is the external system's reference, when the person found one.
 	ExternalRef string
 	// NoCallback resolves an operation whose kind this client has no outbox KindConfig for,
-	// which it refuses otherwise (ErrKindWithoutConfig): set it only when the service
+	// which it refuses otherwise (an error matching outbox.ErrUnknownKind): set it only when the service
 	// registers no outcome callback for the kind (OnOutcome, OnOutcomeBatch), or the
 	// business state that moves with the operation stays behind the ledger for good. A kind
 	// the client has is always resolved with its callback, in the same transaction.
@@ -222,7 +222,7 @@ func (c *Client) resolverFor(kind string, noCallback bool) (*reconcile.Reconcile
 	if !noCallback {
 		return nil, fmt.Errorf("%w: operation kind %q: resolve it through the service that registers the kind (its client, its console), "+
 			"which runs the callback in the same transaction; if the service registers no outcome callback for it, set OperationResolveOpts.NoCallback",
-			ErrKindWithoutConfig, kind)
+			errKindWithoutConfig, kind)
 	}
 	_, rec, err := noCallbackResolver(c.pool, kind)
 	return rec, err

@@ -160,8 +160,8 @@ stepwise.Config.Kinds: one KindConfig per kind holds its Sender, its Checker for
 reconciler, its outcome callback and its limits. NewClient installs the dispatchers, the poll
 and the queues into the client's River config; Start registers the kinds (so that Enqueue
 accepts them) and runs the poll in this process's maintenance loop; Stop drains the sends in
-flight. Config (stepwise.Config.Outbox) tunes the dispatchers; every default is an exported
-constant (LeaseDefault, PollIntervalDefault, ...).
+flight. Config (stepwise.Config.Outbox) tunes the dispatchers; the per-kind limits' defaults are
+exported constants (LeaseDefault, TimeoutDefault, ...).
 
 A program that enqueues before any client with those kinds has started (a web tier, a
 migration) registers them with RegisterKinds.

@@ -37,12 +37,10 @@ const (
 	StateManual          = outbox.StateManual
 )
 
-// Limits on an operation's fields, checked by Enqueue before any SQL runs.
-const (
-	MaxPayloadBytes   = outbox.MaxPayloadBytes
-	MaxKindLen        = outbox.MaxKindLen
-	MaxBusinessKeyLen = outbox.MaxBusinessKeyLen
-)
+// MaxPayloadBytes bounds an operation's Payload, checked by Enqueue before any SQL runs
+// (ErrPayloadTooLarge). A kind (at most 48 characters) and a business key (at most 255 bytes)
+// are checked too; their errors name the limit.
+const MaxPayloadBytes = outbox.MaxPayloadBytes
 
 // EnqueueParams describes one operation to Enqueue: its kind, business key, payload and, for
 // money, amount and currency.
@@ -105,7 +103,8 @@ type OutcomeFunc = outbox.OutcomeFunc
 type OutcomeBatchFunc = outbox.OutcomeBatchFunc
 
 // Config tunes the dispatchers (stepwise.Config.Outbox); the kinds themselves are configured
-// in stepwise.Config.Kinds. Every zero field takes its default (WithDefaults).
+// in stepwise.Config.Kinds. Every zero field takes its default (stepwise.Config.WithDefaults
+// shows them).
 type Config struct {
 	// ID names this process in the ledger's lease (leased_by) and audit events.
 	//
@@ -129,13 +128,13 @@ type Config struct {
 	// woken for: operations enqueued outside a River worker, RETRYABLE ones whose backoff
 	// elapsed, and PROCESSING ones whose lease expired.
 	//
-	// Defaults to PollIntervalDefault (1s, River's minimum for a periodic job).
+	// Defaults to 1s, River's minimum for a periodic job.
 	PollInterval time.Duration
 
 	// Slice is how long one dispatcher job delivers before it returns to River and queues
 	// itself again, so that a busy kind never looks stuck to River.
 	//
-	// Defaults to SliceDefault (30s).
+	// Defaults to 30s.
 	Slice time.Duration
 
 	// DispatcherLease is how long a kind's dispatcher may go without proving it is alive
@@ -145,33 +144,18 @@ type Config struct {
 	// database; a takeover beside a live dispatcher is safe (claims skip locked rows,
 	// outcomes are fenced by claim), only wasteful.
 	//
-	// Defaults to DispatcherLeaseDefault (5s).
+	// Defaults to 5s.
 	DispatcherLease time.Duration
 }
 
-// WithDefaults returns a copy of the config with every unset field at its default.
-func (c *Config) WithDefaults() *Config {
-	var in outbox.Config
-	if c != nil {
-		in = outbox.Config{ID: c.ID, Logger: c.Logger, TracerProvider: c.TracerProvider,
-			PollInterval: c.PollInterval, Slice: c.Slice, DispatcherLease: c.DispatcherLease}
-	}
-	d := in.WithDefaults()
-	return &Config{ID: d.ID, Logger: d.Logger, TracerProvider: d.TracerProvider,
-		PollInterval: d.PollInterval, Slice: d.Slice, DispatcherLease: d.DispatcherLease}
-}
-
-// Defaults of Config and of the sending limits of stepwise.KindConfig: the value an unset
-// (zero) field takes.
+// Defaults of the sending limits of stepwise.KindConfig: the value an unset (zero) field
+// takes. Config's own defaults (the dispatchers' pacing) are in its fields' documentation.
 const (
-	DispatcherLeaseDefault = outbox.DispatcherLeaseDefault // Config.DispatcherLease
-	PollIntervalDefault    = outbox.PollIntervalDefault    // Config.PollInterval
-	SliceDefault           = outbox.SliceDefault           // Config.Slice
-	BatchSizeDefault       = outbox.BatchSizeDefault       // KindConfig.BatchSize
-	ConcurrencyDefault     = outbox.ConcurrencyDefault     // KindConfig.Concurrency
-	TimeoutDefault         = outbox.TimeoutDefault         // KindConfig.Timeout
-	LeaseDefault           = outbox.LeaseDefault           // KindConfig.Lease
-	MaxAttemptsDefault     = outbox.MaxAttemptsDefault     // KindConfig.MaxAttempts
+	BatchSizeDefault   = outbox.BatchSizeDefault   // KindConfig.BatchSize
+	ConcurrencyDefault = outbox.ConcurrencyDefault // KindConfig.Concurrency
+	TimeoutDefault     = outbox.TimeoutDefault     // KindConfig.Timeout
+	LeaseDefault       = outbox.LeaseDefault       // KindConfig.Lease
+	MaxAttemptsDefault = outbox.MaxAttemptsDefault // KindConfig.MaxAttempts
 )
 
 // DefaultRetryBackoff waits 1s, 2s, 4s, ... up to 10 minutes before the attempt-th resend,
@@ -220,7 +204,3 @@ var (
 // a request may or may not have begun). With Operation.Claims it tells an operation sent
 // twice from one merely claimed twice.
 type Request = outbox.Request
-
-// DB is a database the ledger is read and written through: a *pgxpool.Pool, or anything
-// else that runs statements and begins transactions.
-type DB = outbox.DB

@@ -84,8 +84,8 @@ TotalsParams.MaxDifferences differences of each kind are listed (all are counted
 The reconciler is run by stepwise.Client, for every kind of stepwise.Config.Kinds with a
 Checker: its worker, periodic pass and queue are installed into the client's River config, and
 Start runs the pass in this process's maintenance loop too. Config tunes it
-(stepwise.Config.Reconcile); every default is an exported constant (IntervalDefault,
-GraceDefault, ...).
+(stepwise.Config.Reconcile); the per-kind limits' defaults are exported constants
+(GraceDefault, MaxChecksDefault, ...).
 
 # Metrics
 

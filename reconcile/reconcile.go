@@ -82,9 +82,6 @@ const (
 	DifferenceDuplicate     = reconcile.DifferenceDuplicate     // applied more than once there
 )
 
-// DefaultMaxDifferences is TotalsParams.MaxDifferences when it is zero.
-const DefaultMaxDifferences = reconcile.DefaultMaxDifferences
-
 // CompareTotals compares the ledger's SUCCEEDED operations of a kind over a period with the
 // external system's Statement, effect by effect. The period's operations are streamed, never
 // held: its memory does not grow with the day.
@@ -93,23 +90,24 @@ func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, par
 }
 
 // Config tunes the reconciler (stepwise.Config.Reconcile); the kinds themselves are
-// configured in stepwise.Config.Kinds. Every zero field takes its default (WithDefaults).
+// configured in stepwise.Config.Kinds. Every zero field takes its default
+// (stepwise.Config.WithDefaults shows them).
 type Config struct {
 	// Actor names the reconciler in audit events.
 	//
-	// Defaults to ActorDefault ("reconcile").
+	// Defaults to "reconcile".
 	Actor string
 
 	// Interval is how often a reconciliation pass runs: a River periodic job on the leader,
 	// and the maintenance loop of every started client.
 	//
-	// Defaults to IntervalDefault (10s).
+	// Defaults to 10s.
 	Interval time.Duration
 
 	// Slice is the longest one pass runs before it returns to River; the next pass goes on
 	// where it stopped.
 	//
-	// Defaults to SliceDefault (1m).
+	// Defaults to 1m.
 	Slice time.Duration
 
 	// Logger receives what cannot be returned: a transition whose outcome callback failed.
@@ -125,22 +123,9 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// WithDefaults returns a copy of the config with every unset field at its default.
-func (c *Config) WithDefaults() *Config {
-	var in reconcile.Config
-	if c != nil {
-		in = reconcile.Config{Actor: c.Actor, Interval: c.Interval, Slice: c.Slice, Logger: c.Logger, TracerProvider: c.TracerProvider}
-	}
-	d := in.WithDefaults()
-	return &Config{Actor: d.Actor, Interval: d.Interval, Slice: d.Slice, Logger: d.Logger, TracerProvider: d.TracerProvider}
-}
-
-// Defaults of Config and of the reconciling limits of stepwise.KindConfig: the value an unset
-// (zero) field takes.
+// Defaults of the reconciling limits of stepwise.KindConfig: the value an unset (zero) field
+// takes. Config's own defaults (the pass's pacing) are in its fields' documentation.
 const (
-	ActorDefault       = reconcile.ActorDefault       // Config.Actor
-	IntervalDefault    = reconcile.IntervalDefault    // Config.Interval
-	SliceDefault       = reconcile.SliceDefault       // Config.Slice
 	BatchSizeDefault   = reconcile.BatchSizeDefault   // KindConfig.CheckBatchSize, at least (4 × CheckConcurrency when that is more)
 	ConcurrencyDefault = reconcile.ConcurrencyDefault // KindConfig.CheckConcurrency
 	TimeoutDefault     = reconcile.TimeoutDefault     // KindConfig.CheckTimeout

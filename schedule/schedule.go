@@ -62,20 +62,8 @@ type RunLatest = schedule.RunLatest
 // later slots are skipped (reason misfire_deadline).
 type SkipMissed = schedule.SkipMissed
 
-// The defaults of CatchUpAll.
-const (
-	CatchUpMaxDefault     = schedule.CatchUpMaxDefault
-	CatchUpPerTickDefault = schedule.CatchUpPerTickDefault
-)
-
 // Config is the scheduler's part of stepwise.Config.
 type Config = schedule.Config
-
-// The defaults of Config.
-const (
-	TickIntervalDefault    = schedule.TickIntervalDefault
-	MaxSlotsPerTickDefault = schedule.MaxSlotsPerTickDefault
-)
 
 // Why a slot was skipped (SkippedSlot.Reason, SlotReport.Reason): stable codes that
 // operators filter on and metrics use as labels.
@@ -163,15 +151,16 @@ func StartSlot[A river.JobArgs](ctx context.Context, client *river.Client[pgx.Tx
 // included (see the package documentation).
 type Spec = schedule.Spec
 
-// ParseSpec parses a cron spec in zone; its error (a *SpecError) names the field at fault and
-// what to write instead.
+// ParseSpec parses a cron spec in zone; its error matches ErrInvalidSpec and names the field
+// at fault and what to write instead.
 func ParseSpec(spec string, zone *time.Location, gap GapPolicy) (*Spec, error) {
 	return schedule.ParseSpec(spec, zone, gap)
 }
 
 // LoadZone loads an IANA time zone such as "America/New_York" or "UTC". Unlike
 // time.LoadLocation it refuses "" and "Local": both name the host's own zone, which differs
-// between nodes. Errors are *ZoneError and match ErrUnknownZone.
+// between nodes. Its errors match ErrUnknownZone and name a loadable spelling when one
+// differs only in letter case.
 func LoadZone(name string) (*time.Location, error) { return schedule.LoadZone(name) }
 
 // GapPolicy decides what a fixed-time spec does with a local time the clock skips.
@@ -185,20 +174,14 @@ const (
 	GapSkip = schedule.GapSkip
 )
 
-// SpecError is the error ParseSpec returns.
-type SpecError = schedule.SpecError
-
-// ZoneError is the error LoadZone returns for a name that is not a usable IANA zone.
-type ZoneError = schedule.ZoneError
-
 // Errors of schedules, slots and specs. A schedule or slot that does not exist is an error
 // matching stepwisetype.ErrNotFound, whose message names it.
 var (
 	// ErrInvalid: a schedule's definition is wrong; the message names the field and the fix.
 	ErrInvalid = schedule.ErrInvalid
-	// ErrInvalidSpec: a cron spec does not parse (a *SpecError says where).
+	// ErrInvalidSpec: a cron spec does not parse (the message says where).
 	ErrInvalidSpec = schedule.ErrInvalidSpec
-	// ErrUnknownZone: a zone name is not a usable IANA zone (a *ZoneError).
+	// ErrUnknownZone: a zone name is not a usable IANA zone.
 	ErrUnknownZone = schedule.ErrUnknownZone
 	// ErrNoSlotOnDate, ErrSeveralSlotsOnDate: SlotOn's date has no slot, or several.
 	ErrNoSlotOnDate       = schedule.ErrNoSlotOnDate

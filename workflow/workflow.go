@@ -158,10 +158,7 @@ type Config = workflow.Config
 
 // The defaults of Config.
 const (
-	LeaseDefault               = workflow.LeaseDefault
-	SliceDefault               = workflow.SliceDefault
-	LockTimeoutDefault         = workflow.LockTimeoutDefault
-	MaintenanceIntervalDefault = workflow.MaintenanceIntervalDefault
+	LeaseDefault = workflow.LeaseDefault
 )
 
 // Errors of runs and steps. A run key that does not exist is an error matching

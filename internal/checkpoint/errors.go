@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/stepwise-go/stepwise/stepwisetype"
+	"github.com/stepwise-go/stepwise/internal/errkind"
 )
 
 // ErrFenced is returned when a write carries a fencing token that is no longer the key's
@@ -14,7 +14,7 @@ import (
 var ErrFenced = errors.New("checkpoint: fencing token superseded; another owner holds the key")
 
 // ErrNotFound is returned for a key that has no checkpoint row.
-var ErrNotFound = stepwisetype.NotFound("checkpoint: no checkpoint for key")
+var ErrNotFound = errkind.NotFound("checkpoint: no checkpoint for key")
 
 // HeldError is returned by Claim when another owner holds a live lease on the key.
 type HeldError struct {

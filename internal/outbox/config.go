@@ -185,14 +185,14 @@ type Config struct {
 	// due operations that no dispatcher was woken for: operations enqueued outside a River
 	// worker, RETRYABLE ones whose backoff elapsed, and PROCESSING ones whose lease expired.
 	//
-	// Defaults to PollIntervalDefault (1s, River's minimum for a periodic job).
+	// Defaults to 1s, River's minimum for a periodic job.
 	PollInterval time.Duration
 
 	// Slice is how long one dispatcher job delivers before it returns to River and queues
 	// itself again, so that a busy kind never looks stuck to River and the job's timeout
 	// stays bounded.
 	//
-	// Defaults to SliceDefault (30s).
+	// Defaults to 30s.
 	Slice time.Duration
 
 	// DispatcherLease is how long a kind's dispatcher may go without proving it is alive
@@ -206,7 +206,7 @@ type Config struct {
 	// dispatcher is safe (claims skip locked rows, outcomes are fenced by claim), only
 	// wasteful.
 	//
-	// Defaults to DispatcherLeaseDefault (5s).
+	// Defaults to 5s.
 	DispatcherLease time.Duration
 }
 

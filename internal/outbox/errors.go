@@ -6,8 +6,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-
-	"github.com/stepwise-go/stepwise/stepwisetype"
+	"github.com/stepwise-go/stepwise/internal/errkind"
 )
 
 // ErrOperationConflict is returned by Enqueue when an operation with the same id, or the same
@@ -25,11 +24,11 @@ var ErrPayloadTooLarge = errors.New("operation payload too large")
 var ErrInvalidOperation = errors.New("invalid operation")
 
 // ErrNotFound is returned by Get when no operation has the id.
-var ErrNotFound = stepwisetype.NotFound("operation not found")
+var ErrNotFound = errkind.NotFound("operation not found")
 
 // ErrStateChanged is returned (by reconcile.Resolve, say) when an operation is no longer in
 // the state the caller expected: somebody else moved it first. Read it again and decide again.
-var ErrStateChanged = stepwisetype.Changed("operation state changed")
+var ErrStateChanged = errkind.Changed("operation state changed")
 
 // ErrInvalidTransition is returned (by reconcile.Resolve, say) for a move the state machine
 // does not allow, such as SUCCEEDED to RETRYABLE.

@@ -136,19 +136,19 @@ type Config struct {
 
 	// Actor names the reconciler in audit events.
 	//
-	// Defaults to ActorDefault ("reconcile").
+	// Defaults to "reconcile".
 	Actor string
 
 	// Interval is how often River's leader runs a reconciliation pass (a periodic job), and
 	// how often RunMaintenance runs one in every process that calls it.
 	//
-	// Defaults to IntervalDefault (10s).
+	// Defaults to 10s.
 	Interval time.Duration
 
 	// Slice is the longest one pass runs before it returns to River; the next pass goes on
 	// where it stopped.
 	//
-	// Defaults to SliceDefault (1m).
+	// Defaults to 1m.
 	Slice time.Duration
 
 	// Logger receives what cannot be returned: a transition whose outcome callback failed.

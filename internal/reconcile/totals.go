@@ -62,7 +62,7 @@ type TotalsParams struct {
 	From, To time.Time
 	// MaxDifferences bounds the differences listed of each DifferenceKind; beyond it they are
 	// only counted (Totals.Counts), so that a statement missing a whole day cannot make the
-	// result as large as the day. Default DefaultMaxDifferences.
+	// result as large as the day. Default 1,000.
 	MaxDifferences int
 }
 

@@ -75,9 +75,6 @@ func (s *Spec) String() string { return s.text }
 // prefix if there was one, else the zone given to ParseSpec.
 func (s *Spec) Location() *time.Location { return s.loc }
 
-// Gap returns the gap policy given to ParseSpec.
-func (s *Spec) Gap() GapPolicy { return s.gap }
-
 // FixedTime reports whether the spec names fixed local times: neither the
 // minute nor the hour field has a part starting with '*' or '?'. "30 2 * * *",
 // "0 9,17 * * 1-5", "0 0-23/6 * * *" and @daily are fixed; "0 * * * *",

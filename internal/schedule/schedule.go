@@ -94,11 +94,11 @@ const (
 // waiting, the oldest beyond Max are recorded as skipped (reason catch_up_limit).
 type CatchUpAll struct {
 	// Max is the most slots a tick keeps waiting to be caught up; older ones are skipped.
-	// Defaults to CatchUpMaxDefault (1000).
+	// Defaults to 1,000.
 	Max int
 
 	// PerTick is the most slots one tick materializes (each with Shards runs).
-	// Defaults to CatchUpPerTickDefault (100).
+	// Defaults to 100.
 	PerTick int
 }
 
@@ -238,7 +238,7 @@ func gapName(g GapPolicy) string {
 	return "run_after"
 }
 
-// Defaults of Config's fields, which WithDefaults applies to zero fields.
+// Defaults of Config's fields, which ConfigWithDefaults applies to zero fields.
 const (
 	TickIntervalDefault    = 5 * time.Second
 	MaxSlotsPerTickDefault = 10_000
@@ -247,8 +247,7 @@ const (
 // Config configures a Scheduler.
 type Config struct {
 	// TickInterval is how often River's leader inserts the tick job that materializes due
-	// slots. A slot starts at most about TickInterval after its time. Defaults to
-	// TickIntervalDefault (5s).
+	// slots. A slot starts at most about TickInterval after its time. Defaults to 5s.
 	TickInterval time.Duration
 
 	// Now is the clock ticks compare slots with. Defaults to nil: the database's clock
@@ -260,15 +259,16 @@ type Config struct {
 
 	// MaxSlotsPerTick bounds how many slots one tick decides per schedule (skipped ones
 	// included), which bounds the tick's transaction. A longer backlog is worked off over
-	// the following ticks. Defaults to MaxSlotsPerTickDefault (10,000).
+	// the following ticks. Defaults to 10,000.
 	MaxSlotsPerTick int
 
 	// Logger receives schedule changes and tick failures. Defaults to the Engine's logger.
 	Logger *slog.Logger
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c *Config) WithDefaults() *Config {
+// ConfigWithDefaults returns a copy of c with zero fields set to their defaults; users see
+// them through stepwise.Config.WithDefaults.
+func ConfigWithDefaults(c *Config) *Config {
 	out := Config{}
 	if c != nil {
 		out = *c
@@ -312,7 +312,7 @@ func New(engine *workflow.Engine, cfg *Config) (*Scheduler, error) {
 	if engine == nil {
 		return nil, errors.New("schedule.New: engine is nil; create one with workflow.New")
 	}
-	cfg = cfg.WithDefaults()
+	cfg = ConfigWithDefaults(cfg)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

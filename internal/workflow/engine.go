@@ -21,7 +21,7 @@ import (
 	"github.com/stepwise-go/stepwise/internal/tracing"
 )
 
-// Defaults of Config's fields, which WithDefaults applies to zero fields. Heartbeat defaults
+// Defaults of Config's fields, which ConfigWithDefaults applies to zero fields. Heartbeat defaults
 // to Lease/3 and StallTimeout to Lease; MaintenanceQueue to river.QueueDefault.
 const (
 	LeaseDefault               = 30 * time.Second
@@ -51,7 +51,7 @@ type Config struct {
 	// Slice is how long one River attempt runs steps before it releases the lease and snoozes
 	// (JobSnooze(0)), so a long run never looks stuck to River and other runs get their turn.
 	// Must be shorter than the river.Config's RescueStuckJobsAfter, which Install checks.
-	// Defaults to SliceDefault (1m).
+	// Defaults to 1m.
 	Slice time.Duration
 
 	// StallTimeout is the idle_in_transaction_session_timeout of step transactions: a worker
@@ -59,13 +59,11 @@ type Config struct {
 	// Defaults to Lease.
 	StallTimeout time.Duration
 
-	// LockTimeout bounds how long a claim waits for the checkpoint row. Defaults to
-	// LockTimeoutDefault (250ms).
+	// LockTimeout bounds how long a claim waits for the checkpoint row. Defaults to 250ms.
 	LockTimeout time.Duration
 
 	// MaintenanceInterval is how often the leader looks for runs whose worker died (lease
-	// expired, River job still running) and re-enqueues them. Defaults to
-	// MaintenanceIntervalDefault (1s).
+	// expired, River job still running) and re-enqueues them. Defaults to 1s.
 	MaintenanceInterval time.Duration
 
 	// MaintenanceQueue is the River queue of the maintenance job. The client that should run
@@ -85,8 +83,10 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c *Config) WithDefaults() *Config {
+// ConfigWithDefaults returns a copy of c with zero fields set to their defaults. It is a
+// function, not a method of Config, because users see Config through stepwise.Config, whose
+// WithDefaults fills it (as river.Config.WithDefaults fills River's).
+func ConfigWithDefaults(c *Config) *Config {
 	out := Config{}
 	if c != nil {
 		out = *c
@@ -192,7 +192,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if pool == nil {
 		return nil, errors.New("workflow.New: pool is nil; pass the *pgxpool.Pool your River client uses")
 	}
-	cfg = cfg.WithDefaults()
+	cfg = ConfigWithDefaults(cfg)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/stepwise-go/stepwise/internal/checkpoint"
+	"github.com/stepwise-go/stepwise/internal/errkind"
 	"github.com/stepwise-go/stepwise/internal/runstart"
-	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 // ErrFenced is returned when a step's commit was refused because another worker claimed the
@@ -18,7 +18,7 @@ var ErrFenced = checkpoint.ErrFenced
 var ErrRunConflict = runstart.ErrConflict
 
 // ErrRunNotFound is returned for a run key that does not exist.
-var ErrRunNotFound = stepwisetype.NotFound("workflow: run not found")
+var ErrRunNotFound = errkind.NotFound("workflow: run not found")
 
 // errLeaseLost is the cause set on a step's context when its heartbeat could not keep the
 // lease; the step's transaction is abandoned and River retries the job.
@@ -33,7 +33,7 @@ var ErrRunNotResumable = errors.New("workflow: run is not resumable")
 
 // ErrRunChanged is returned (as a *RunChangedError) by ResumeTx (and stepwise.Client.RunResume)
 // when the run moved since the person read it, or while being resumed.
-var ErrRunChanged = stepwisetype.Changed("workflow: run changed since it was read")
+var ErrRunChanged = errkind.Changed("workflow: run changed since it was read")
 
 // RunChangedError says what a run is now, for the person who decided on an older view of it.
 type RunChangedError struct {

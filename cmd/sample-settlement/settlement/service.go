@@ -190,10 +190,6 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	wcfg := cfg.Workflow.WithDefaults()
-	if cfg.Workflow == nil {
-		wcfg.Logger = cfg.Logger
-	}
 	workers := river.NewWorkers()
 	if err := stepwise.AddWorkerSafely(workers, &SettleWorker{BatchSize: cfg.BatchSize, PayoutsAtRestTimeout: cfg.PayoutsAtRestTimeout}); err != nil {
 		return nil, err
@@ -216,7 +212,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 			Logger:            cfg.Logger,
 		},
 		Kinds:     map[string]*stepwise.KindConfig{PayoutKind: payoutKind(cfg)},
-		Workflow:  wcfg,
+		Workflow:  cfg.Workflow,
 		Outbox:    &outbox.Config{ID: cfg.ID},
 		Reconcile: &reconcile.Config{Interval: cfg.ReconcileInterval},
 		Logger:    cfg.Logger,

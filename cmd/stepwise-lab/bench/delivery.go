@@ -79,7 +79,7 @@ func sampleService(pool *pgxpool.Pool, bank *fakebank.Client) (*sample, error) {
 		return nil, err
 	}
 	s := &sample{Service: svc}
-	wcfg := cfg.Workflow.WithDefaults()
+	wcfg := workflow.ConfigWithDefaults(cfg.Workflow)
 	wcfg.Logger = cfg.Logger
 	if s.Engine, err = workflow.New(pool, wcfg); err != nil {
 		return nil, err

@@ -247,8 +247,7 @@ func (c *Config) WithDefaults() *Config {
 	if ob.TracerProvider == nil {
 		ob.TracerProvider = out.TracerProvider
 	}
-	d := (&ioutbox.Config{ID: ob.ID, Logger: ob.Logger, TracerProvider: ob.TracerProvider,
-		PollInterval: ob.PollInterval, Slice: ob.Slice, DispatcherLease: ob.DispatcherLease}).WithDefaults()
+	d := outboxTunables(ob).WithDefaults()
 	out.Outbox = &outbox.Config{ID: d.ID, Logger: d.Logger, TracerProvider: d.TracerProvider,
 		PollInterval: d.PollInterval, Slice: d.Slice, DispatcherLease: d.DispatcherLease}
 
@@ -259,8 +258,7 @@ func (c *Config) WithDefaults() *Config {
 	if rec.TracerProvider == nil {
 		rec.TracerProvider = out.TracerProvider
 	}
-	r := (&ireconcile.Config{Actor: rec.Actor, Interval: rec.Interval, Slice: rec.Slice,
-		Logger: rec.Logger, TracerProvider: rec.TracerProvider}).WithDefaults()
+	r := reconcileTunables(rec).WithDefaults()
 	out.Reconcile = &reconcile.Config{Actor: r.Actor, Interval: r.Interval, Slice: r.Slice,
 		Logger: r.Logger, TracerProvider: r.TracerProvider}
 
@@ -342,11 +340,22 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// outboxTunables is the internal outbox config holding o's fields, without kinds: the one
+// place a field added to outbox.Config is carried over.
+func outboxTunables(o *outbox.Config) *ioutbox.Config {
+	return &ioutbox.Config{ID: o.ID, Logger: o.Logger, TracerProvider: o.TracerProvider, PollInterval: o.PollInterval,
+		Slice: o.Slice, DispatcherLease: o.DispatcherLease}
+}
+
+// reconcileTunables is the internal reconciler config holding r's fields, without kinds.
+func reconcileTunables(r *reconcile.Config) *ireconcile.Config {
+	return &ireconcile.Config{Actor: r.Actor, Interval: r.Interval, Slice: r.Slice, Logger: r.Logger, TracerProvider: r.TracerProvider}
+}
+
 // outboxConfig is the outbox's config: Config.Outbox's tunables with the kinds of Config.Kinds.
 func (c *Config) outboxConfig() *ioutbox.Config {
-	o := c.Outbox
-	out := &ioutbox.Config{ID: o.ID, Logger: o.Logger, TracerProvider: o.TracerProvider, PollInterval: o.PollInterval,
-		Slice: o.Slice, DispatcherLease: o.DispatcherLease, Kinds: make(map[string]*ioutbox.KindConfig, len(c.Kinds))}
+	out := outboxTunables(c.Outbox)
+	out.Kinds = make(map[string]*ioutbox.KindConfig, len(c.Kinds))
 	for name, k := range c.Kinds {
 		out.Kinds[name] = &ioutbox.KindConfig{
 			Sender: k.Sender, OnOutcome: k.OnOutcome, OnOutcomeBatch: k.OnOutcomeBatch,
@@ -360,9 +369,8 @@ func (c *Config) outboxConfig() *ioutbox.Config {
 // reconcileConfig is the reconciler's config for the kinds that have a Checker, or nil when
 // none has.
 func (c *Config) reconcileConfig(ob *ioutbox.Outbox) *ireconcile.Config {
-	r := c.Reconcile
-	out := &ireconcile.Config{Actor: r.Actor, Interval: r.Interval, Slice: r.Slice, Logger: r.Logger, TracerProvider: r.TracerProvider,
-		Outbox: ob, Kinds: map[string]*ireconcile.KindConfig{}}
+	out := reconcileTunables(c.Reconcile)
+	out.Outbox, out.Kinds = ob, map[string]*ireconcile.KindConfig{}
 	for name, k := range c.Kinds {
 		if k.Checker == nil {
 			continue

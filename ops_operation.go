@@ -133,10 +133,10 @@ type OperationResolveOpts struct {
 	// ExternalRef is the external system's reference, when the person found one.
 	ExternalRef string
 	// NoCallback resolves an operation whose kind this client has no outbox KindConfig for,
-	// which it refuses otherwise (an error matching outbox.ErrUnknownKind): set it only when the service
-	// registers no outcome callback for the kind (OnOutcome, OnOutcomeBatch), or the
-	// business state that moves with the operation stays behind the ledger for good. A kind
-	// the client has is always resolved with its callback, in the same transaction.
+	// which it refuses otherwise (an error matching outbox.ErrUnknownKind): set it only when
+	// the service registers no outcome callback for the kind (OnOutcome, OnOutcomeBatch), or
+	// the business state that moves with the operation stays behind the ledger for good. A
+	// kind the client has is always resolved with its callback, in the same transaction.
 	NoCallback bool
 }
 

@@ -68,7 +68,8 @@ func loadUsers(path string) (*users, error) {
 // "htpasswd -nBC 12 NAME" prints; cost 10 or more; blank lines and lines starting with # are
 // ignored), and returns a Config.Authenticate that checks HTTP basic-auth credentials
 // against it: one identity per operator, so that the audit trail names the person. source
-// names the list in errors. CONSOLE_USERS (LoadAuth) reads a file this way.
+// names the list in errors. CONSOLE_USERS (LoadAuth) reads a file this way. On an error it
+// returns nil: a Config with a nil Authenticate is the read-only, loopback-only console.
 //
 // A check costs one bcrypt comparison (tens of milliseconds by design); a name and password
 // that passed are remembered for a few minutes (as an HMAC under a per-process key, never the

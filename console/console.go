@@ -59,7 +59,7 @@ type Config struct {
 	// the operator saw, with the console's audit row in the same transaction), Resolve of
 	// MANUAL operations (Client.OperationResolveTx, which runs the kind's outcome callback
 	// through the client's outbox) and each operation's requests
-	// (Client.OperationRequestList). db passed to New is then the client's pool. Without
+	// (Client.OperationRequestList). The pool passed to New is then the client's. Without
 	// it the console only reads: a standalone console builds one with
 	// stepwise.NewOperatorClient.
 	Client *stepwise.Client

@@ -14,9 +14,6 @@ const GuardFreeFailures = guardFreeFailures
 // Names is users.names, for the external tests.
 func (u *users) Names() []string { return u.names() }
 
-// Authenticate is users.authenticate, for the external tests.
-func (u *users) Authenticate(r *http.Request) (string, bool) { return u.authenticate(r) }
-
 // ParseUsersList is parseUsers, for the external tests.
 var ParseUsersList = parseUsers
 

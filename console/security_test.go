@@ -56,6 +56,9 @@ func TestUsersFile(t *testing.T) {
 	u, err := console.ParseUsersList(strings.NewReader("# operators\n\n"+good), "users")
 	require.NoError(t, err)
 	require.Equal(t, []string{"alice", "bob"}, u.Names())
+	// What a caller gets: the Config.Authenticate itself.
+	authenticate, err := console.ParseUsers(strings.NewReader("# operators\n\n"+good), "users")
+	require.NoError(t, err)
 
 	req := func(user, password string) *http.Request {
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
@@ -63,16 +66,16 @@ func TestUsersFile(t *testing.T) {
 		return r
 	}
 	for i := 0; i < 2; i++ { // the second time from the cache of passed checks
-		name, ok := u.Authenticate(req("bob", "bob-pw-for-tests"))
+		name, ok := authenticate(req("bob", "bob-pw-for-tests"))
 		require.True(t, ok)
 		require.Equal(t, "bob", name)
 	}
 	for _, c := range [][2]string{{"bob", "alice-pw-for-tests"}, {"carol", "bob-pw-for-tests"}, {"bob", ""}, {"", "bob-pw-for-tests"}, {"bob", "bob-pw-for-tests "}} {
-		_, ok := u.Authenticate(req(c[0], c[1]))
+		_, ok := authenticate(req(c[0], c[1]))
 		require.False(t, ok, "%q/%q", c[0], c[1])
 	}
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
-	_, ok := u.Authenticate(r)
+	_, ok := authenticate(r)
 	require.False(t, ok, "no credentials")
 
 	for _, c := range []struct{ text, want string }{
@@ -97,10 +100,10 @@ func TestUsersFile(t *testing.T) {
 func TestSignInGuard(t *testing.T) {
 	t.Parallel()
 	var logged syncLog
-	users, err := console.ParseUsersList(strings.NewReader(usersList(t, 10, "alice", testPassword, "bob", "bob-pw-for-tests")), "users")
+	authenticate, err := console.ParseUsers(strings.NewReader(usersList(t, 10, "alice", testPassword, "bob", "bob-pw-for-tests")), "users")
 	require.NoError(t, err)
 	f := newFixture(t, func(c *console.Config) {
-		c.Authenticate = users.Authenticate
+		c.Authenticate = authenticate
 		c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
 	})
 	attacker := "198.51.100.7:4000"

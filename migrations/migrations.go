@@ -34,6 +34,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/stepwise-go/stepwise/stepwisetype"
 )
 
 //go:embed sql/*.up.sql
@@ -227,4 +229,16 @@ func migrateStepwise(ctx context.Context, tx pgx.Tx) error {
 		}
 	}
 	return nil
+}
+
+// Version reports the newest Stepwise migration applied to the database (0 when none),
+// through a pool or inside a transaction of the caller's (CheckNotNewer needs a pool, and
+// says River's version too).
+func Version(ctx context.Context, q stepwisetype.DBTX) (int, error) {
+	var v int
+	err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM stepwise_migration`).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("reading stepwise_migration: %w", err)
+	}
+	return v, nil
 }

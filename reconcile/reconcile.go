@@ -58,7 +58,9 @@ type StatementFunc = reconcile.StatementFunc
 // was applied under, its reference, amount and currency.
 type StatementEntry = reconcile.StatementEntry
 
-// TotalsParams selects what CompareTotals compares: a kind over [From, To).
+// TotalsParams selects what CompareTotals compares: a kind over [From, To). At most
+// MaxDifferences differences of each DifferenceKind are listed (default 1,000); the rest
+// are only counted.
 type TotalsParams = reconcile.TotalsParams
 
 // Totals is CompareTotals' answer: count and sum per currency on each side, and the

@@ -50,8 +50,8 @@ const (
 // a deploy, a leader change, a paused schedule. Use CatchUpAll, RunLatest or SkipMissed.
 type MisfirePolicy = schedule.MisfirePolicy
 
-// CatchUpAll runs every missed slot, oldest first, at most PerTick per tick; beyond Max
-// waiting slots the oldest are skipped (reason catch_up_limit).
+// CatchUpAll runs every missed slot, oldest first, at most PerTick per tick (default 100);
+// beyond Max waiting slots (default 1,000) the oldest are skipped (reason catch_up_limit).
 type CatchUpAll = schedule.CatchUpAll
 
 // RunLatest runs only the newest missed slot and skips the older ones (reason
@@ -62,7 +62,8 @@ type RunLatest = schedule.RunLatest
 // later slots are skipped (reason misfire_deadline).
 type SkipMissed = schedule.SkipMissed
 
-// Config is the scheduler's part of stepwise.Config.
+// Config is the scheduler's part of stepwise.Config. Zero fields take their defaults
+// (stepwise.Config.WithDefaults shows them): TickInterval 5s, MaxSlotsPerTick 10,000.
 type Config = schedule.Config
 
 // Why a slot was skipped (SkippedSlot.Reason, SlotReport.Reason): stable codes that

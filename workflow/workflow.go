@@ -153,13 +153,15 @@ type Awaiting = workflow.Awaiting
 // takes only its InsertOpts).
 type StartOpts = workflow.StartOpts
 
-// Config is the step engine's part of stepwise.Config.
+// Config is the step engine's part of stepwise.Config. Zero fields take their defaults
+// (stepwise.Config.WithDefaults shows them): Lease LeaseDefault (30s), Heartbeat Lease/3,
+// Slice 1m, StallTimeout Lease, LockTimeout 250ms, MaintenanceInterval 1s, MaintenanceQueue
+// "default".
 type Config = workflow.Config
 
-// The defaults of Config.
-const (
-	LeaseDefault = workflow.LeaseDefault
-)
+// LeaseDefault is Config.Lease when it is zero: how long a worker keeps a run between
+// renewals.
+const LeaseDefault = workflow.LeaseDefault
 
 // Errors of runs and steps. A run key that does not exist is an error matching
 // stepwisetype.ErrNotFound (its message names the key); a decision on a run that moved since

@@ -119,9 +119,9 @@ func (p CatchUpAll) withDefaults() MisfirePolicy {
 func (p CatchUpAll) validate(time.Duration) error {
 	switch {
 	case p.Max < 0:
-		return fmt.Errorf("misfire policy CatchUpAll.Max is %d; it must be positive (0 means CatchUpMaxDefault, %d)", p.Max, CatchUpMaxDefault)
+		return fmt.Errorf("misfire policy CatchUpAll.Max is %d; it must be positive (0 means the default, %d)", p.Max, CatchUpMaxDefault)
 	case p.PerTick < 0:
-		return fmt.Errorf("misfire policy CatchUpAll.PerTick is %d; it must be positive (0 means CatchUpPerTickDefault, %d)", p.PerTick, CatchUpPerTickDefault)
+		return fmt.Errorf("misfire policy CatchUpAll.PerTick is %d; it must be positive (0 means the default, %d)", p.PerTick, CatchUpPerTickDefault)
 	}
 	return nil
 }
@@ -285,9 +285,9 @@ func ConfigWithDefaults(c *Config) *Config {
 func (c *Config) validate() error {
 	switch {
 	case c.TickInterval <= 0:
-		return fmt.Errorf("schedule.Config.TickInterval is %s; it must be positive (0 means TickIntervalDefault, %s)", c.TickInterval, TickIntervalDefault)
+		return fmt.Errorf("schedule.Config.TickInterval is %s; it must be positive (0 means the default, %s)", c.TickInterval, TickIntervalDefault)
 	case c.MaxSlotsPerTick < 1:
-		return fmt.Errorf("schedule.Config.MaxSlotsPerTick is %d; it must be positive (0 means MaxSlotsPerTickDefault, %d)", c.MaxSlotsPerTick, MaxSlotsPerTickDefault)
+		return fmt.Errorf("schedule.Config.MaxSlotsPerTick is %d; it must be positive (0 means the default, %d)", c.MaxSlotsPerTick, MaxSlotsPerTickDefault)
 	}
 	return nil
 }

@@ -125,7 +125,7 @@ func (c *Config) validate() error {
 	case c.Heartbeat <= 0 || c.Heartbeat >= c.Lease:
 		return fmt.Errorf("workflow.Config.Heartbeat is %s; it must be positive and shorter than Lease (%s), e.g. Lease/3", c.Heartbeat, c.Lease)
 	case c.Slice <= 0:
-		return fmt.Errorf("workflow.Config.Slice is %s; it must be positive (0 means SliceDefault, %s)", c.Slice, SliceDefault)
+		return fmt.Errorf("workflow.Config.Slice is %s; it must be positive (0 means the default, %s)", c.Slice, SliceDefault)
 	case c.StallTimeout <= 0:
 		return fmt.Errorf("workflow.Config.StallTimeout is %s; it must be positive (0 means Lease)", c.StallTimeout)
 	case c.MaintenanceInterval <= 0:

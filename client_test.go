@@ -403,6 +403,10 @@ func TestNewClientNamesTheKindConfigFieldThatIsWrong(t *testing.T) {
 	}
 	_, err := NewClient(pool, &Config{Logger: quiet, Kinds: map[string]*KindConfig{"k": {Sender: send}}, Outbox: &outbox.Config{PollInterval: time.Millisecond}})
 	require.ErrorContains(t, err, "stepwise: Config.Outbox.PollInterval 1ms is below River's minimum period of 1s")
+	// A scheduler config is checked without a schedule too: the deploy that adds the first
+	// schedule is not where a wrong tick interval should be found.
+	_, err = NewClient(pool, &Config{Logger: quiet, Scheduler: &schedule.Config{TickInterval: -time.Second}})
+	require.ErrorContains(t, err, "stepwise: schedule.Config.TickInterval is -1s; it must be positive")
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.

@@ -337,6 +337,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("stepwise: Config.Schedules[%d] is nil; give it a schedule.Schedule[A] value", i)
 		}
 	}
+	// The scheduler is built only when there are schedules; its config is checked either
+	// way, or a wrong value would be found only on the deploy that adds the first schedule.
+	if err := schedengine.CheckConfig(c.Scheduler); err != nil {
+		return fmt.Errorf("stepwise: %w", err)
+	}
 	return nil
 }
 

@@ -282,6 +282,10 @@ func ConfigWithDefaults(c *Config) *Config {
 	return &out
 }
 
+// CheckConfig refuses a Config (with its defaults applied) that New would refuse: for a
+// client with no schedules yet, whose scheduler is not built.
+func CheckConfig(c *Config) error { return c.validate() }
+
 func (c *Config) validate() error {
 	switch {
 	case c.TickInterval <= 0:

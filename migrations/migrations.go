@@ -235,9 +235,18 @@ func migrateStepwise(ctx context.Context, tx pgx.Tx) error {
 // through a pool or inside a transaction of the caller's (CheckNotNewer needs a pool, and
 // says River's version too).
 func Version(ctx context.Context, q stepwisetype.DBTX) (int, error) {
+	// A database never migrated has no stepwise_migration: that is version 0, not an error,
+	// and inside the caller's transaction an error would abort it. Two statements, as in
+	// CheckNotNewer: a statement naming a missing table fails when it is parsed.
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('stepwise_migration') IS NOT NULL`).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("looking for stepwise_migration: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
 	var v int
-	err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM stepwise_migration`).Scan(&v)
-	if err != nil {
+	if err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM stepwise_migration`).Scan(&v); err != nil {
 		return 0, fmt.Errorf("reading stepwise_migration: %w", err)
 	}
 	return v, nil

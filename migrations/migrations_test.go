@@ -185,3 +185,32 @@ func TestCheckNotNewerOnPartialSchemas(t *testing.T) {
 		})
 	}
 }
+
+// Version on a database nobody migrated is 0, through a pool and inside a caller's
+// transaction, which stays usable. Guards against: a deploy tool that reads the version in
+// its own transaction before the first migration getting "relation does not exist" and a
+// transaction aborted under it.
+func TestVersionOnADatabaseNobodyMigrated(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.EmptyDB(t)
+
+	v, err := migrations.Version(ctx, pool)
+	require.NoError(t, err)
+	require.Zero(t, v)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	v, err = migrations.Version(ctx, tx)
+	require.NoError(t, err)
+	require.Zero(t, v)
+	var one int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "the caller's transaction is still usable")
+
+	require.NoError(t, migrations.Migrate(ctx, pool))
+	all, err := migrations.All()
+	require.NoError(t, err)
+	v, err = migrations.Version(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, all[len(all)-1].Version, v)
+}

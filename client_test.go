@@ -407,6 +407,8 @@ func TestNewClientNamesTheKindConfigFieldThatIsWrong(t *testing.T) {
 	// schedule is not where a wrong tick interval should be found.
 	_, err = NewClient(pool, &Config{Logger: quiet, Scheduler: &schedule.Config{TickInterval: -time.Second}})
 	require.ErrorContains(t, err, "stepwise: schedule.Config.TickInterval is -1s; it must be positive")
+	_, err = NewClient(pool, &Config{Logger: quiet, Scheduler: &schedule.Config{MaxSlotsPerTick: -1}})
+	require.ErrorContains(t, err, "stepwise: schedule.Config.MaxSlotsPerTick is -1; it must be positive")
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.

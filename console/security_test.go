@@ -86,8 +86,9 @@ func TestUsersFile(t *testing.T) {
 		{good + good, `"alice" is listed twice`},
 		{"al ice:" + strings.SplitN(good, ":", 2)[1], "spaces or control characters"},
 	} {
-		_, err := console.ParseUsers(strings.NewReader(c.text), "users")
+		auth, err := console.ParseUsers(strings.NewReader(c.text), "users")
 		require.ErrorContains(t, err, c.want)
+		require.Nil(t, auth, "no Authenticate beside an error")
 		require.NotContains(t, err.Error(), "$2a$", "the hash is not repeated in the error")
 	}
 	_, err = console.LoadUsers(t.TempDir() + "/missing")

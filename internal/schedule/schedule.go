@@ -282,9 +282,9 @@ func ConfigWithDefaults(c *Config) *Config {
 	return &out
 }
 
-// CheckConfig refuses a Config (with its defaults applied) that New would refuse: for a
-// client with no schedules yet, whose scheduler is not built.
-func CheckConfig(c *Config) error { return c.validate() }
+// CheckConfig refuses a Config that New would refuse (zero fields take their defaults): for
+// a client with no schedules yet, whose scheduler is not built.
+func CheckConfig(c *Config) error { return ConfigWithDefaults(c).validate() }
 
 func (c *Config) validate() error {
 	switch {

@@ -25,13 +25,9 @@ import (
 
 // users is a list of operators, each with a name and a bcrypt hash of their password: one
 // identity per person, so that the audit trail says who resolved a payout, not which shared
-// account did. Its authenticate checks HTTP basic-auth credentials against the list.
-//
-// A check costs one bcrypt comparison (tens of milliseconds by design); a pair of name and
-// password that passed is remembered for a few minutes (as an HMAC under a per-process key,
-// never the password itself), so a page load does not pay it again. A failed check is never
-// remembered, and an unknown name costs the same comparison as a known one (no timing signal
-// for "this operator exists").
+// account did. Its authenticate checks HTTP basic-auth credentials against the list, at the
+// cost ParseUsers describes; an unknown name costs the same comparison as a known one (no
+// timing signal for "this operator exists").
 type users struct {
 	hashes map[string][]byte
 	dummy  []byte // a hash compared for unknown names

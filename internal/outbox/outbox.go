@@ -169,12 +169,19 @@ func (o *Outbox) InstallWithoutDelivery(rc *river.Config) error {
 	if rc == nil {
 		return errors.New("outbox: InstallWithoutDelivery: the River config is nil")
 	}
+	return o.installEnqueuing(rc)
+}
+
+// installEnqueuing adds to rc the dispatchers' worker and the Local's middleware: what
+// enqueuing and waking need, delivering or not.
+func (o *Outbox) installEnqueuing(rc *river.Config) error {
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
 	if err := o.addWorkers(rc.Workers); err != nil {
 		return err
 	}
+	// As a plugin, which River accepts beside either form of middleware config.
 	rc.Plugins = append(rc.Plugins, o.local.Middleware())
 	return nil
 }
@@ -194,15 +201,10 @@ func (o *Outbox) Install(rc *river.Config) error {
 	if rc == nil {
 		return errors.New("outbox: Install: the River config is nil; pass the *river.Config you give river.NewClient")
 	}
-	if rc.Workers == nil {
-		rc.Workers = river.NewWorkers()
-	}
-	if err := o.addWorkers(rc.Workers); err != nil {
+	if err := o.installEnqueuing(rc); err != nil {
 		return err
 	}
 	rc.PeriodicJobs = append(rc.PeriodicJobs, o.periodicJobs()...)
-	// As a plugin, which River accepts beside either form of middleware config.
-	rc.Plugins = append(rc.Plugins, o.local.Middleware())
 	if rc.Queues == nil {
 		rc.Queues = map[string]river.QueueConfig{}
 	}

@@ -66,6 +66,17 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (*EnqueueResu
 // business key, so that a step run twice names the same operations.
 func OperationID(kind, businessKey string) uuid.UUID { return outbox.OperationID(kind, businessKey) }
 
+// DatedOperationID is an operation_id for a ledger that will hold years: a UUID v8 whose first
+// 48 bits are the business date (its midnight, in Unix milliseconds) and the rest a hash of
+// kind and business key. A day's operations then sit together in every index keyed by the
+// id, where OperationID's random ids make each new operation write a page of a years-long
+// index that nobody wrote since the last checkpoint. Set EnqueueParams.ID to it; the date must
+// come from the step's input, never the clock, so that a step run twice names the same
+// operations.
+func DatedOperationID(date time.Time, kind, businessKey string) uuid.UUID {
+	return outbox.DatedOperationID(date, kind, businessKey)
+}
+
 // RegisterKinds records kinds in the database so that Enqueue accepts them, for a program
 // that enqueues before any stepwise.Client configured with those kinds has started (its
 // Start registers them too). actor names who registered them. It is idempotent.

@@ -109,7 +109,7 @@ func TestResolveFromStaleState(t *testing.T) {
 		     s AS (INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
 		           VALUES ((SELECT id FROM m), $1, 'pos', 'EUR', 1234, 1) RETURNING id)
 		SELECT (SELECT id FROM s), (SELECT code FROM m)`, testDate).Scan(&settlementID, new(string)))
-	op := outbox.EnqueueParams{Kind: settlement.PayoutKind, BusinessKey: "M999999/2026-03-01/pos/EUR", Amount: 1234, Currency: "EUR",
+	op := outbox.EnqueueParams{Kind: settlement.PayoutKind, BusinessKey: "2026-03-01/M999999/pos/EUR", Amount: 1234, Currency: "EUR",
 		Payload: []byte(`{"settlement_id": ` + itoa(settlementID) + `, "merchant": "M999999", "account": "X"}`)}
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)

@@ -27,7 +27,7 @@ func TestDatePayoutsReadOnlyTheDate(t *testing.T) {
 	require.NoError(t, err)
 	// A ledger with history: 20000 payouts of 50 older dates, then statistics.
 	_, err = pool.Exec(ctx, `INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state)
-		SELECT gen_random_uuid(), $1, (g % 400) || '/' || (date '2026-01-01' + g / 400)::text || '/merchant/EUR', '{}', '\x00',
+		SELECT gen_random_uuid(), $1, (date '2026-01-01' + g / 400)::text || '/' || (g % 400) || '/merchant/EUR', '{}', '\x00',
 		       'settle/' || (date '2026-01-01' + g / 400)::text || '/' || (g % 4), 'SUCCEEDED'
 		  FROM generate_series(1, 20000) g`, settlement.PayoutKind)
 	require.NoError(t, err)

@@ -72,5 +72,5 @@ func ExampleSettleBatch() {
 	// shard 1: 25 merchants after id 49, up to 98: 58 settlements
 	// shard 1: 1 merchants after id 98, up to 100: 3 settlements
 	// 241 settlements, 241 payouts enqueued, ledger balance 0
-	// M000042/2026-03-01/pos/EUR
+	// 2026-03-01/M000042/pos/EUR
 }

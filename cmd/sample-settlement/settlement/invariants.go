@@ -206,9 +206,8 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank Bank, pla
 				strangers = append(strangers, p.Reference+" under "+p.OperationID)
 			}
 		}
-		marker := "/" + res.Date + "/"
 		for ref, ks := range ledger.DuplicateReferences {
-			if strings.Contains(ref, marker) {
+			if referenceOfDate(ref, res.Date) {
 				dupRefs = append(dupRefs, fmt.Sprintf("%s under %d keys", ref, len(ks)))
 			}
 		}
@@ -225,10 +224,9 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank Bank, pla
 	} else if reqs, err := bankAudit.Requests(ctx); err != nil {
 		add(3, SendDiscipline, false, "cannot read the bank's request log: %v", err)
 	} else {
-		marker := "/" + res.Date + "/"
 		var mine []workflowtest.Request
 		for _, r := range reqs {
-			if _, ok := localByID[r.OperationID]; ok || strings.Contains(r.Reference, marker) {
+			if _, ok := localByID[r.OperationID]; ok || referenceOfDate(r.Reference, res.Date) {
 				mine = append(mine, r.Request)
 			}
 		}
@@ -324,14 +322,14 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank Bank, pla
 // the business key (which no index serves: a scan of every payout ever made).
 const invariant1bSQL = `
 		WITH p AS (SELECT (payload->>'settlement_id')::bigint AS sid FROM stepwise_operation
-			WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 2) = $2::date::text)
+			WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 1) = $2::date::text)
 		SELECT (SELECT count(*) FROM settlement WHERE settle_date = $2),
 			(SELECT count(DISTINCT s.id) FROM settlement s JOIN p ON p.sid = s.id WHERE s.settle_date = $2),
 			(SELECT count(*) FROM p WHERE NOT EXISTS (SELECT 1 FROM settlement s WHERE s.id = p.sid))`
 
 // invariant4LapsedSQL counts the date's payouts PROCESSING under a lapsed lease, by run key.
 const invariant4LapsedSQL = `SELECT count(*) FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND state = 'PROCESSING'
-		AND lease_until < now() AND split_part(business_key, '/', 2) = $2`
+		AND lease_until < now() AND split_part(business_key, '/', 1) = $2`
 
 // checkMoney checks invariant 6: transactions = settlements per currency; the ledger entries
 // balance and each settlement has exactly its own; settlement statuses agree with their

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -130,10 +129,10 @@ type payoutRow struct {
 // the whole ledger's history. Their business keys are "<merchant>/<date>/<type>/<currency>".
 // oldestUnknownSQL is the age of the date's oldest UNKNOWN_EXTERNAL payout, by run key.
 const oldestUnknownSQL = `SELECT extract(epoch FROM now() - min(unknown_since))::float8 FROM stepwise_operation
-		WHERE run_key = ANY($3) AND kind = $1 AND state = 'UNKNOWN_EXTERNAL' AND split_part(business_key, '/', 2) = $2`
+		WHERE run_key = ANY($3) AND kind = $1 AND state = 'UNKNOWN_EXTERNAL' AND split_part(business_key, '/', 1) = $2`
 
 const datePayoutsSQL = `SELECT operation_id::text, business_key, state, coalesce(amount, 0), coalesce(currency, '')
-		FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 2) = $2`
+		FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 1) = $2`
 
 // datePayouts reads the date's payouts from the operation ledger; see datePayoutsSQL.
 func datePayouts(ctx context.Context, q stepwisetype.DBTX, date time.Time, runKeys []string) ([]payoutRow, error) {
@@ -153,10 +152,9 @@ func datePayouts(ctx context.Context, q stepwisetype.DBTX, date time.Time, runKe
 
 // datePaymentsAt returns the bank's succeeded payments of the date (by reference).
 func datePaymentsAt(payments []BankPayment, date time.Time) []BankPayment {
-	marker := "/" + date.Format(time.DateOnly) + "/"
 	var out []BankPayment
 	for _, p := range payments {
-		if strings.Contains(p.Reference, marker) {
+		if referenceOfDate(p.Reference, date.Format(time.DateOnly)) {
 			out = append(out, p)
 		}
 	}
@@ -367,9 +365,8 @@ func (r *Report) compareWithBank(ctx context.Context, bank Bank, date time.Time,
 			r.DuplicatePayouts += n - 1
 		}
 	}
-	marker := "/" + date.Format(time.DateOnly) + "/"
 	for ref, keys := range ledger.DuplicateReferences {
-		if strings.Contains(ref, marker) {
+		if referenceOfDate(ref, date.Format(time.DateOnly)) {
 			r.DuplicatePayouts += len(keys) - 1
 		}
 	}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/outbox"
@@ -105,10 +107,25 @@ type PayoutPayload struct {
 	Account string `json:"account"`
 }
 
-// PayoutKey is the business key of a settlement's payout: "<merchant>/<date>/<type>/<currency>",
-// e.g. "M000042/2026-03-01/pos/EUR". It is also the payment's reference at the bank.
+// PayoutKey is the business key of a settlement's payout: "<date>/<merchant>/<type>/<currency>",
+// e.g. "2026-03-01/M000042/pos/EUR". It is also the payment's reference at the bank. The date
+// comes first so that a day's payouts sit together in the ledger's (kind, business_key) index,
+// as their ids (PayoutID) do in the others: a ledger of years then costs a new day what a new
+// ledger does (docs/design.md, *A long history*).
 func PayoutKey(merchant string, date time.Time, typ, currency string) string {
-	return merchant + "/" + date.Format(time.DateOnly) + "/" + typ + "/" + currency
+	return date.Format(time.DateOnly) + "/" + merchant + "/" + typ + "/" + currency
+}
+
+// referenceOfDate reports whether a bank reference (a payout's business key, PayoutKey) is of
+// the date, written YYYY-MM-DD.
+func referenceOfDate(reference, date string) bool {
+	return strings.HasPrefix(reference, date+"/")
+}
+
+// PayoutID is the operation id of the payout with key businessKey, settling date: a dated id
+// (outbox.DatedOperationID), the same on every run of the step that enqueues it.
+func PayoutID(date time.Time, businessKey string) uuid.UUID {
+	return outbox.DatedOperationID(date, PayoutKind, businessKey)
 }
 
 // SettleBatch settles one batch of merchants in tx: their settlements and ledger entries in
@@ -155,9 +172,11 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 			rows.Close()
 			return res, fmt.Errorf("encoding payout of settlement %d: %w", *id, err)
 		}
+		key := PayoutKey(*code, b.Date, *typ, *cur)
 		ops = append(ops, outbox.EnqueueParams{
+			ID:          PayoutID(b.Date, key),
 			Kind:        PayoutKind,
-			BusinessKey: PayoutKey(*code, b.Date, *typ, *cur),
+			BusinessKey: key,
 			Payload:     payload,
 			Amount:      *amount,
 			Currency:    *cur,

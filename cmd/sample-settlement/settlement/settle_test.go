@@ -89,7 +89,7 @@ func TestSettleBatchSettlesEveryGroupOnce(t *testing.T) {
 	var ops, opMismatch int
 	require.NoError(t, pool.QueryRow(ctx, `
 		SELECT count(*), count(*) FILTER (WHERE o.amount <> s.amount OR o.currency <> s.currency
-			OR o.business_key <> m.code || '/' || s.settle_date || '/' || s.type || '/' || s.currency)
+			OR o.business_key <> s.settle_date || '/' || m.code || '/' || s.type || '/' || s.currency)
 		FROM stepwise_operation o
 		JOIN settlement s ON s.id = (o.payload->>'settlement_id')::bigint
 		JOIN merchant m ON m.id = s.merchant_id

@@ -134,7 +134,8 @@ func (h *historyDB) verify(ctx context.Context, date time.Time, tag string, item
 
 // seedHistory writes a long finished history set-based (generate_series, as the console's
 // bench does), in chunks so that progress shows: runs (their checkpoints, one run.finish
-// event each), ops operations SUCCEEDED (10 per run, one op.transition event each), and 90%
+// event each), ops operations SUCCEEDED (10 per run, one request and one op.transition event
+// each), and 90%
 // of all of it older than the retention age, spread over the year before.
 func (r *runner) seedHistory(ctx context.Context, pool *pgxpool.Pool, ops, runs int) error {
 	old := runs * 9 / 10
@@ -166,30 +167,40 @@ func (r *runner) seedHistory(ctx context.Context, pool *pgxpool.Pool, ops, runs 
 	}
 	for lo := 0; lo < ops; lo += chunk {
 		hi := min(lo+chunk, ops)
-		// Operation i belongs to run i % runs and finished a minute after it; its delivery's
-		// last transition is its one event. Its business key has the sample's shape but not
-		// its separators, so that the settle rig's verify (payouts of a date) does not count it.
+		// Operation i belongs to run i % runs and finished a minute after it, with one
+		// request and one event (its last transition). It is a payout as the sample makes
+		// them: its business key starts with its business date and its id is dated
+		// (outbox.DatedOperationID's layout: the date's Unix milliseconds, version 8, a
+		// hash). Business dates end the day before the bench's first date (firstDate), so
+		// that the runs measured settle dates after every date of the history, as a service
+		// does, and the rig's verify (payouts of a date) counts none of these.
 		if _, err := pool.Exec(ctx, `
 			WITH ops AS (
 				INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key,
-					state, attempts, last_sent_at, external_ref, created_at, updated_at, finished_at)
-				SELECT gen_random_uuid(), 'payout', 'M' || lpad((i / $3)::text, 7, '0') || ':' || to_char(t, 'YYYY-MM-DD') || ':' || j, p,
-				       sha256(convert_to(p::text, 'UTF8')), 100 + i % 9900, 'EUR', 'hist/run/' || j,
-				       'SUCCEEDED', 1, t, 'bank-' || i, t - interval '1 minute', t, t
+					state, attempts, claims, claimed_at, last_sent_at, external_ref, created_at, updated_at, finished_at)
+				SELECT (lpad(to_hex((extract(epoch FROM bd::timestamp) * 1000)::bigint), 12, '0') || '8' || substr(h, 1, 3) || '9' || substr(h, 4, 15))::uuid,
+				       'payout', bk, p, sha256(convert_to(p::text, 'UTF8')), 100 + i % 9900, 'EUR', 'hist/run/' || j,
+				       'SUCCEEDED', 1, 1, t - interval '1 minute', t, 'bank-' || i, t - interval '1 minute', t, t
 				  FROM generate_series($1::int, $4::int - 1) i,
 				       LATERAL (SELECT i % $3 AS j) jj,
 				       LATERAL (SELECT `+at+` AS t) tt,
-				       LATERAL (SELECT jsonb_build_object('settlement_id', i, 'merchant', 'M' || lpad((i / $3)::text, 7, '0'),
+				       LATERAL (SELECT $5::date - (now()::date - t::date) AS bd) bb,
+				       LATERAL (SELECT to_char(bd, 'YYYY-MM-DD') || '/H' || lpad(i::text, 8, '0') || '/pos/EUR' AS bk) kk,
+				       LATERAL (SELECT md5('payout' || bk) AS h) hh,
+				       LATERAL (SELECT jsonb_build_object('settlement_id', i, 'merchant', 'H' || lpad(i::text, 8, '0'),
 				                                          'account', 'EU00-' || lpad(i::text, 10, '0')) AS p) pp
-				RETURNING operation_id, finished_at)
-			INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, attempt, at)
-			SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', 1, finished_at FROM ops`,
-			lo, old, runs, hi); err != nil {
+				RETURNING operation_id, last_sent_at, finished_at),
+			ev AS (
+				INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, attempt, at)
+				SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', 1, finished_at FROM ops)
+			INSERT INTO stepwise_operation_request (operation_id, claim, actor, started_at, ended_at, outcome, recorded_at)
+			SELECT operation_id, 1, 'outbox', last_sent_at, finished_at, 'SUCCEEDED', finished_at FROM ops`,
+			lo, old, runs, hi, firstDate.AddDate(0, 0, -1).Format(time.DateOnly)); err != nil {
 			return fmt.Errorf("seeding operations %d to %d: %w", lo, hi, err)
 		}
 		r.progress("history: seeded %s of %s operations (%s)", groupThousands(int64(hi)), groupThousands(int64(ops)), time.Since(began).Round(time.Second))
 	}
-	for _, t := range []string{"stepwise_checkpoint", "stepwise_run", "stepwise_operation", "stepwise_event"} {
+	for _, t := range []string{"stepwise_checkpoint", "stepwise_run", "stepwise_operation", "stepwise_event", "stepwise_operation_request"} {
 		if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) "+t); err != nil {
 			return fmt.Errorf("vacuuming %s: %w", t, err)
 		}
@@ -199,10 +210,12 @@ func (r *runner) seedHistory(ctx context.Context, pool *pgxpool.Pool, ops, runs 
 	return nil
 }
 
-// historyRandomIndexes are the indexes of the history that every write path maintains at a
-// random position (see "A long history" in docs/design.md): the operation's id (a hash) and
-// business key, and the events' subject.
-var historyRandomIndexes = []string{"stepwise_operation_pkey", "stepwise_operation_kind_business_key_key", "stepwise_event_subject_idx"}
+// historyRandomIndexes are the large indexes of the history that the write paths maintain:
+// the operation's id and business key, its requests' key and the events' subject. With
+// OperationID's random ids (the enqueue-random measure) each write lands at a random position
+// in them (see "A long history" in docs/design.md); with dated ids and date-first keys, at
+// their end.
+var historyRandomIndexes = []string{"stepwise_operation_pkey", "stepwise_operation_kind_business_key_key", "stepwise_event_subject_idx", "stepwise_operation_request_pkey"}
 
 // settleHistory brings the seeded history to the state of a ledger that grew over years on a
 // server that has been up: its seeding written out, and the indexes every write touches at a
@@ -237,7 +250,7 @@ func (r *runner) settleHistory(ctx context.Context, pool *pgxpool.Pool) {
 }
 
 // historyMeasures are the per-round measurements, in the order they run.
-var historyMeasures = []string{"step", "delivery", "enqueue", "claim"}
+var historyMeasures = []string{"step", "delivery", "enqueue", "enqueue-random", "claim"}
 
 // historyRound is one measurement on one database: a rate (higher is better) and its unit.
 type historyRound struct {
@@ -402,16 +415,17 @@ func (r *runner) historySection(ctx context.Context) error {
 	}
 	r.printf("server: shared_buffers %s, max_wal_size %s, checkpoint_timeout %s, wal_compression %s; %s\n",
 		ckpt1.sharedBuffers, ckpt1.maxWAL, ckpt1.timeout, ckpt1.compression, counts)
-	r.printf("%-9s %16s %16s %20s  %s\n", "measure", "fresh (best)", "history (best)", "history/fresh", "what")
+	r.printf("%-14s %16s %16s %20s  %s\n", "measure", "fresh (best)", "history (best)", "history/fresh", "what")
 	what := map[string]string{
-		"step":     fmt.Sprintf("steps of a Stepwise run settling %d merchants at B=%d (statements, payouts' Enqueue, fenced cursor, commit): B / median step", o.historyMerchants, historyBatch),
-		"delivery": "Outbox.Drain of that run's payouts to the zero-latency fake bank (claims, requests, outcomes)",
-		"enqueue":  fmt.Sprintf("outbox.Enqueue of %d operations in transactions of %d", historyEnqueueOps(o), historyBatch),
-		"claim":    fmt.Sprintf("checkpoint Ensure + Claim + Release of %d new keys", historyClaims(o)),
+		"step":           fmt.Sprintf("steps of a Stepwise run settling %d merchants at B=%d (statements, payouts' Enqueue, fenced cursor, commit): B / median step", o.historyMerchants, historyBatch),
+		"delivery":       "Outbox.Drain of that run's payouts to the zero-latency fake bank (claims, requests, outcomes)",
+		"enqueue":        fmt.Sprintf("outbox.Enqueue of %d operations in transactions of %d, dated ids and date-first keys (as the sample)", historyEnqueueOps(o), historyBatch),
+		"enqueue-random": "the same with OperationID's random ids and merchant-first keys",
+		"claim":          fmt.Sprintf("checkpoint Ensure + Claim + Release of %d new keys", historyClaims(o)),
 	}
 	for _, m := range historyMeasures {
 		ps := ratios[m]
-		r.printf("%-9s %16s %16s %20s  %s\n", m, fmtRate(best["fresh"][m])+" "+units[m], fmtRate(best["long"][m])+" "+units[m],
+		r.printf("%-14s %16s %16s %20s  %s\n", m, fmtRate(best["fresh"][m])+" "+units[m], fmtRate(best["long"][m])+" "+units[m],
 			fmt.Sprintf("%.2f [%.2f-%.2f]", median(ps), slices.Min(ps), slices.Max(ps)), what[m])
 	}
 	r.printf("WAL per item over every round (cluster-wide, between flush LSNs): all, and of it full-page images; fresh -> history\n")
@@ -425,9 +439,12 @@ func (r *runner) historySection(ctx context.Context) error {
 		if inspect {
 			fpi = fmt.Sprintf("FPI %8s -> %8s B", groupThousands(int64(f.fpi)), groupThousands(int64(l.fpi)))
 		}
-		r.printf("  %-9s %8s -> %8s B   %s\n", m, groupThousands(int64(f.bytes)), groupThousands(int64(l.bytes)), fpi)
+		r.printf("  %-14s %8s -> %8s B   %s\n", m, groupThousands(int64(f.bytes)), groupThousands(int64(l.bytes)), fpi)
 	}
 	for _, m := range historyMeasures {
+		if m == "enqueue-random" {
+			continue // what random ids cost, beside the target; not a target
+		}
 		ps := ratios[m]
 		r.check(median(ps) >= 0.90, "history/fresh >= 0.90 for %s with %s operations: %s", m, groupThousands(int64(o.historyOps)), ratioAgainst(median(ps), 0.90))
 	}
@@ -474,12 +491,22 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 			return historyRound{}, fmt.Errorf("history (%s database): delivered %d payouts, want the %d of the last run", h.label, n, o.historyMerchants)
 		}
 		return historyRound{rate: float64(n) / elapsed.Seconds(), unit: "payouts/s", items: n}, nil
-	case "enqueue":
+	case "enqueue", "enqueue-random":
+		// enqueue writes operations as the sample does: keys that start with a business date
+		// after every date of the history, dated ids. enqueue-random writes what a caller of
+		// OperationID with merchant-first keys does, the sample's shape before dated ids: a
+		// random position in the primary key, the requests' key and the events' subject.
+		date := h.rig.dates.take()
 		ops := make([]outbox.EnqueueParams, historyEnqueueOps(o))
 		for i := range ops {
-			ops[i] = outbox.EnqueueParams{Kind: historyEnqKind, BusinessKey: fmt.Sprintf("M%07d/%s/%d", i, tag, time.Now().UnixNano()),
+			ops[i] = outbox.EnqueueParams{Kind: historyEnqKind, BusinessKey: fmt.Sprintf("%s/M%07d/%s", date.Format(time.DateOnly), i, tag),
 				Payload: json.RawMessage(fmt.Sprintf(`{"settlement_id": %d, "merchant": "M%07d", "account": "EU00-%010d"}`, i, i, i)),
 				Amount:  int64(100 + i), Currency: "EUR"}
+			if m == "enqueue" {
+				ops[i].ID = outbox.DatedOperationID(date, historyEnqKind, ops[i].BusinessKey)
+			} else {
+				ops[i].BusinessKey = fmt.Sprintf("M%07d/%s/%s", i, date.Format(time.DateOnly), tag)
+			}
 		}
 		// A client's Local, as a step has: the kind is read from the registry once, not per
 		// call. No River client: nothing is woken, the ledger's insert is what is measured.

@@ -88,7 +88,7 @@ func (r *runner) scaleSection(ctx context.Context) error {
 			elapsed := time.Since(start)
 			res := row{procs: n, elapsed: elapsed}
 			if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM settlement WHERE settle_date = $1),
-				(SELECT count(*) FROM stepwise_operation WHERE state = 'SUCCEEDED' AND business_key LIKE '%/' || $2 || '/%')`,
+				(SELECT count(*) FROM stepwise_operation WHERE state = 'SUCCEEDED' AND business_key LIKE $2 || '/%')`,
 				date, date.Format(time.DateOnly)).Scan(&res.settled, &res.payouts); err != nil {
 				return row{}, err
 			}

@@ -178,7 +178,7 @@ func (r *settleRig) verify(ctx context.Context, date time.Time, items int) error
 	err := r.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM settlement WHERE settle_date = $1),
 		(SELECT count(*) FROM ledger_entry l JOIN settlement s ON s.id = l.settlement_id WHERE s.settle_date = $1),
-		(SELECT count(*) FROM stepwise_operation WHERE kind = $2 AND business_key LIKE '%/' || $3 || '/%')`,
+		(SELECT count(*) FROM stepwise_operation WHERE kind = $2 AND business_key LIKE $3 || '/%')`,
 		date, settlement.PayoutKind, date.Format(time.DateOnly)).Scan(&settlements, &entries, &payouts)
 	if err != nil {
 		return fmt.Errorf("verifying the run of %s: %w", date.Format(time.DateOnly), err)

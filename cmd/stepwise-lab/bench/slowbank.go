@@ -93,7 +93,7 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 		)
 		INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key,
 			state, attempts, claims, last_sent_at, claimed_at, external_ref, finished_at)
-		SELECT gen_random_uuid(), $4, code || '/' || $1::date || '/pos/EUR', payload,
+		SELECT gen_random_uuid(), $4, $1::date || '/' || code || '/pos/EUR', payload,
 			sha256(convert_to(payload::text, 'UTF8')), amount, 'EUR', run_key,
 			CASE WHEN status = 'PENDING' THEN 'PENDING' ELSE 'SUCCEEDED' END,
 			CASE WHEN status = 'PENDING' THEN 0 ELSE 1 END,

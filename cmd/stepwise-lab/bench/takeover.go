@@ -290,7 +290,7 @@ func (r *runner) deliveryTakeovers(ctx context.Context, pool *pgxpool.Pool, bank
 		for {
 			var done bool
 			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM stepwise_operation
-				WHERE kind = $1 AND state = 'SUCCEEDED' AND split_part(business_key, '/', 2) = $2)`,
+				WHERE kind = $1 AND state = 'SUCCEEDED' AND split_part(business_key, '/', 1) = $2)`,
 				settlement.PayoutKind, date.Format(time.DateOnly)).Scan(&done); err != nil {
 				return nil, fmt.Errorf("reading the payout of %s: %w", date.Format(time.DateOnly), err)
 			}

@@ -28,6 +28,9 @@ nothing is sent for a step that did not commit. The operation_id defaults to Ope
 runs twice enqueues the same operations twice, which is a no-op. The same id (or kind and
 business key) with a different payload, amount or currency is ErrOperationConflict: two pieces
 of code disagree about one external effect, and sending either could pay the wrong amount.
+For a ledger that will hold years, set ID to DatedOperationID(date, kind, business key) and
+put the date first in the business key: a day's operations then sit together in the ledger's
+indexes, and a new day costs what it costs on a new ledger.
 
 # States
 

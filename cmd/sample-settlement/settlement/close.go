@@ -104,7 +104,7 @@ func closeShard(ctx context.Context, s *workflow.Step[SettleArgs, SettleCursor],
 	// in this transaction, before stating that it is closed.
 	var open, unpaid int
 	if err := s.Tx.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM stepwise_operation WHERE run_key = ANY($2) AND kind = $3 AND split_part(business_key, '/', 1) = $4
+		(SELECT count(*) FROM stepwise_operation WHERE run_key = ANY($2) AND kind = $3 AND $4 IN (split_part(business_key, '/', 1), split_part(business_key, '/', 2))
 		    AND state NOT IN ('SUCCEEDED', 'FAILED_PERMANENT')),
 		(SELECT count(*) FROM settlement WHERE settle_date = $1 AND status NOT IN ('PAID', 'PAYOUT_FAILED'))`,
 		date, keys, PayoutKind, date.Format(time.DateOnly)).Scan(&open, &unpaid); err != nil {

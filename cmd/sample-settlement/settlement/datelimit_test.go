@@ -78,3 +78,41 @@ func TestDatePayoutsReadOnlyTheDate(t *testing.T) {
 		require.Contains(t, plan, q.want, "%s does not read the date through an index", name)
 	}
 }
+
+// Payout keys began with the merchant before they began with the date. A ledger from before
+// keeps its reports: a date's payouts are read in both shapes, and only that date's.
+func TestDatePayoutsReadBothKeyShapes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	require.NoError(t, settlement.ApplySchema(ctx, pool))
+	plan, err := settlement.Plan{Shards: 4}.Compile()
+	require.NoError(t, err)
+	keys, err := plan.RunKeys(testDate)
+	require.NoError(t, err)
+	date := testDate.Format("2006-01-02")
+	other := testDate.AddDate(0, 0, 1).Format("2006-01-02")
+	_, err = pool.Exec(ctx, `INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state)
+		SELECT gen_random_uuid(), $1, k, '{}', '\x00', $2, 'SUCCEEDED'
+		  FROM unnest($3::text[]) k`, settlement.PayoutKind, keys[0], []string{
+		date + "/M000001/pos/EUR", "M000002/" + date + "/pos/EUR", // the date's, in both shapes
+		other + "/M000003/pos/EUR", "M000004/" + other + "/pos/EUR", // another date's, under the same run key
+	})
+	require.NoError(t, err)
+	rows, err := pool.Query(ctx, settlement.DatePayoutsSQL, settlement.PayoutKind, date, keys)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var id, key, state, cur string
+		var amount int64
+		require.NoError(t, rows.Scan(&id, &key, &state, &amount, &cur))
+		got = append(got, key)
+	}
+	require.NoError(t, rows.Err())
+	require.ElementsMatch(t, []string{date + "/M000001/pos/EUR", "M000002/" + date + "/pos/EUR"}, got)
+
+	require.True(t, settlement.ReferenceOfDate(date+"/M000001/pos/EUR", date))
+	require.True(t, settlement.ReferenceOfDate("M000002/"+date+"/pos/EUR", date))
+	require.False(t, settlement.ReferenceOfDate(other+"/M000003/pos/EUR", date))
+	require.False(t, settlement.ReferenceOfDate("M000004/"+other+"/pos/EUR", date))
+}

@@ -12,3 +12,6 @@ const (
 
 // ClosedDateAtRest is the name of invariant 4's check on a closed date.
 const ClosedDateAtRest = closedDateAtRest
+
+// ReferenceOfDate is referenceOfDate, for the test of both key shapes.
+var ReferenceOfDate = referenceOfDate

@@ -322,14 +322,14 @@ func CheckInvariantsOpts(ctx context.Context, pool *pgxpool.Pool, bank Bank, pla
 // the business key (which no index serves: a scan of every payout ever made).
 const invariant1bSQL = `
 		WITH p AS (SELECT (payload->>'settlement_id')::bigint AS sid FROM stepwise_operation
-			WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 1) = $2::date::text)
+			WHERE run_key = ANY($3) AND kind = $1 AND $2::date::text IN (split_part(business_key, '/', 1), split_part(business_key, '/', 2)))
 		SELECT (SELECT count(*) FROM settlement WHERE settle_date = $2),
 			(SELECT count(DISTINCT s.id) FROM settlement s JOIN p ON p.sid = s.id WHERE s.settle_date = $2),
 			(SELECT count(*) FROM p WHERE NOT EXISTS (SELECT 1 FROM settlement s WHERE s.id = p.sid))`
 
 // invariant4LapsedSQL counts the date's payouts PROCESSING under a lapsed lease, by run key.
 const invariant4LapsedSQL = `SELECT count(*) FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND state = 'PROCESSING'
-		AND lease_until < now() AND split_part(business_key, '/', 1) = $2`
+		AND lease_until < now() AND $2 IN (split_part(business_key, '/', 1), split_part(business_key, '/', 2))`
 
 // checkMoney checks invariant 6: transactions = settlements per currency; the ledger entries
 // balance and each settlement has exactly its own; settlement statuses agree with their

@@ -129,10 +129,10 @@ type payoutRow struct {
 // the whole ledger's history. Their business keys are "<merchant>/<date>/<type>/<currency>".
 // oldestUnknownSQL is the age of the date's oldest UNKNOWN_EXTERNAL payout, by run key.
 const oldestUnknownSQL = `SELECT extract(epoch FROM now() - min(unknown_since))::float8 FROM stepwise_operation
-		WHERE run_key = ANY($3) AND kind = $1 AND state = 'UNKNOWN_EXTERNAL' AND split_part(business_key, '/', 1) = $2`
+		WHERE run_key = ANY($3) AND kind = $1 AND state = 'UNKNOWN_EXTERNAL' AND $2 IN (split_part(business_key, '/', 1), split_part(business_key, '/', 2))`
 
 const datePayoutsSQL = `SELECT operation_id::text, business_key, state, coalesce(amount, 0), coalesce(currency, '')
-		FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND split_part(business_key, '/', 1) = $2`
+		FROM stepwise_operation WHERE run_key = ANY($3) AND kind = $1 AND $2 IN (split_part(business_key, '/', 1), split_part(business_key, '/', 2))`
 
 // datePayouts reads the date's payouts from the operation ledger; see datePayoutsSQL.
 func datePayouts(ctx context.Context, q stepwisetype.DBTX, date time.Time, runKeys []string) ([]payoutRow, error) {

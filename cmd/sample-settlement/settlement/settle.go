@@ -117,9 +117,11 @@ func PayoutKey(merchant string, date time.Time, typ, currency string) string {
 }
 
 // referenceOfDate reports whether a bank reference (a payout's business key, PayoutKey) is of
-// the date, written YYYY-MM-DD.
+// the date, written YYYY-MM-DD. Keys made before the date came first (<merchant>/<date>/…)
+// count too, here and in the SQL that reads a date's payouts, so that a ledger from before
+// keeps its reports.
 func referenceOfDate(reference, date string) bool {
-	return strings.HasPrefix(reference, date+"/")
+	return strings.HasPrefix(reference, date+"/") || strings.Contains(reference, "/"+date+"/")
 }
 
 // PayoutID is the operation id of the payout with key businessKey, settling date: a dated id

@@ -70,9 +70,11 @@ func OperationID(kind, businessKey string) uuid.UUID { return outbox.OperationID
 // 48 bits are the business date (its midnight, in Unix milliseconds) and the rest a hash of
 // kind and business key. A day's operations then sit together in every index keyed by the
 // id, where OperationID's random ids make each new operation write a page of a years-long
-// index that nobody wrote since the last checkpoint. Set EnqueueParams.ID to it; the date must
-// come from the step's input, never the clock, so that a step run twice names the same
-// operations.
+// index that nobody wrote since the last checkpoint. Set EnqueueParams.ID to it; the date (its
+// UTC calendar day) must come from the step's input, never the clock, so that a step run twice
+// names the same operations. Switch a kind to it from a business date no running build has
+// enqueued yet, never for a date in progress: a step whose commit a failover lost would
+// enqueue again, under the new id, a payment the bank already has under the old one.
 func DatedOperationID(date time.Time, kind, businessKey string) uuid.UUID {
 	return outbox.DatedOperationID(date, kind, businessKey)
 }

@@ -35,12 +35,24 @@ func TestDatedOperationIDSortsByDate(t *testing.T) {
 	}
 	require.Equal(t, d.UnixMilli(), ms)
 
-	// Only the calendar date counts, in the time's own location: the same business date
-	// written as 23:59 in Tokyo (14:59 UTC) or as midnight gives the same id.
-	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	// Fixed forever, like OperationID's: ids already sent to a bank must come out the same
+	// from every later release. (Computed independently: SHA-1 of the namespace's bytes and
+	// "payout\x00" + key, the date's Unix milliseconds over the first six bytes, version 8.)
+	require.Equal(t, "019ca6b1-dc00-8d78-87a5-ac6f57c3b135", id.String())
+
+	// The instant decides, in UTC, whatever location it is shown in: midnight UTC read back
+	// from a timestamptz on a host in New York (19:00 the day before, local) is the same day,
+	// and so is any time of that UTC day.
+	newYork, err := time.LoadLocation("America/New_York")
 	require.NoError(t, err)
-	require.Equal(t, id, outbox.DatedOperationID(time.Date(2026, 3, 1, 23, 59, 0, 0, tokyo), "payout", "2026-03-01/M000042/pos/EUR"))
-	require.Equal(t, id, outbox.DatedOperationID(time.Date(2026, 3, 1, 0, 30, 0, 0, tokyo), "payout", "2026-03-01/M000042/pos/EUR"))
+	require.Equal(t, id, outbox.DatedOperationID(d.In(newYork), "payout", "2026-03-01/M000042/pos/EUR"))
+	require.Equal(t, id, outbox.DatedOperationID(d.Add(23*time.Hour+59*time.Minute), "payout", "2026-03-01/M000042/pos/EUR"))
+	require.NotEqual(t, id, outbox.DatedOperationID(d.Add(-time.Minute), "payout", "2026-03-01/M000042/pos/EUR"))
+
+	// Before 1970 the date part is zero; the hash still tells operations apart.
+	old := outbox.DatedOperationID(time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), "payout", "a")
+	require.Equal(t, "00000000-0000", old.String()[:13])
+	require.NotEqual(t, old, outbox.DatedOperationID(time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), "payout", "b"))
 
 	// Every id of a date sorts after every id of the date before, as bytes (PostgreSQL's uuid
 	// order) and as text (the audit events' subject, "op:" || id).

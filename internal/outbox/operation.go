@@ -107,24 +107,31 @@ var datedNamespace = uuid.MustParse("2f6c1b8e-9a47-5d0e-8c3b-4e1d7a9f0b62")
 // DatedOperationID derives the stable id of the operation of kind for businessKey that
 // belongs to the business day date, for ledgers that will hold years. It is a UUID version 8:
 // the first 48 bits are the Unix milliseconds of the date's midnight (UTC), as in a UUID v7,
-// and the rest a hash of kind and businessKey, as in OperationID. Only the calendar date of
-// date counts, read in date's own location; a date before 1970 counts as 1970-01-01.
+// and the rest a hash of kind and businessKey, as in OperationID. What counts of date is its
+// calendar day in UTC: pass the day's midnight UTC, as time.Parse(time.DateOnly, s) and a
+// PostgreSQL date column give it. The instant decides, not the location it is shown in,
+// because the location can differ between hosts (pgx reads a timestamptz in the host's local
+// zone) and the id must not. Dates before 1970 count as 1970-01-01.
 //
 // Why it exists: OperationID's ids are uniformly random, and so are the positions of a new
 // operation in every index keyed by its id (the ledger's primary key, its request rows, its
 // audit events). On a ledger of millions of operations each new one then writes to an index
 // page nobody wrote since the last checkpoint, and PostgreSQL logs that whole page: about 8 KB
 // of WAL per index per operation. Ids of one date sort together, so a day's operations fill
-// the same few pages at the end of each index (docs/design.md, *A long history*).
+// the end of each index (docs/design.md, *A long history*). Within a day they are random: a
+// day of a million operations still spreads over a few thousand pages of each index, written
+// once per checkpoint cycle rather than once per operation.
 //
 // The date is part of the identity, like the business key: a step that runs again must derive
 // the same id, so pass a date the step reads from its input (a settlement date), never the
-// clock. A kind can move from OperationID to DatedOperationID for new business keys; an
-// operation already in the ledger keeps its id, and enqueueing its kind and business key again
-// under another id is ErrOperationConflict, never a second operation.
+// clock. A kind moves from OperationID to DatedOperationID at a date no running build can have
+// enqueued yet (from tomorrow's business date, say), never for dates already in progress: a
+// step whose commit a failover lost would otherwise enqueue, under the new id, a payment the
+// bank already has under the old one. An operation still in the ledger is safe either way:
+// enqueueing its kind and business key under another id is ErrOperationConflict.
 func DatedOperationID(date time.Time, kind, businessKey string) uuid.UUID {
 	id := uuid.NewSHA1(datedNamespace, []byte(kind+"\x00"+businessKey))
-	y, m, d := date.Date()
+	y, m, d := date.UTC().Date()
 	ms := min(max(time.Date(y, m, d, 0, 0, 0, 0, time.UTC).UnixMilli(), 0), 1<<48-1)
 	for i := 5; i >= 0; i-- {
 		id[i] = byte(ms)

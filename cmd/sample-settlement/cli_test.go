@@ -109,14 +109,14 @@ func TestResolveFromStaleState(t *testing.T) {
 		     s AS (INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
 		           VALUES ((SELECT id FROM m), $1, 'pos', 'EUR', 1234, 1) RETURNING id)
 		SELECT (SELECT id FROM s), (SELECT code FROM m)`, testDate).Scan(&settlementID, new(string)))
-	op := outbox.EnqueueParams{Kind: settlement.PayoutKind, BusinessKey: "2026-03-01/M999999/pos/EUR", Amount: 1234, Currency: "EUR",
+	op := outbox.EnqueueParams{ID: settlement.PayoutID(testDate, "2026-03-01/M999999/pos/EUR"), Kind: settlement.PayoutKind, BusinessKey: "2026-03-01/M999999/pos/EUR", Amount: 1234, Currency: "EUR",
 		Payload: []byte(`{"settlement_id": ` + itoa(settlementID) + `, "merchant": "M999999", "account": "X"}`)}
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	_, err = outbox.Enqueue(ctx, tx, op)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	id = outbox.OperationID(op.Kind, op.BusinessKey)
+	id = op.ID
 	_, err = pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'MANUAL', manual_reason = 'test' WHERE operation_id = $1`, id)
 	require.NoError(t, err)
 	read, err := settlement.Resolvable(ctx, svc.Client, id, outbox.StateManual)

@@ -34,13 +34,13 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 		WITH m AS (SELECT id FROM merchant WHERE id IN (SELECT merchant_id FROM card_txn) ORDER BY id LIMIT 1)
 		INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
 		VALUES ((SELECT id FROM m), $1, 'pos', 'EUR', 1234, 1) RETURNING id`, testDate).Scan(&settlementID))
-	op := outbox.EnqueueParams{Kind: settlement.PayoutKind, BusinessKey: "2026-03-01/M999998/pos/EUR", Amount: 1234, Currency: "EUR",
+	op := outbox.EnqueueParams{ID: settlement.PayoutID(testDate, "2026-03-01/M999998/pos/EUR"), Kind: settlement.PayoutKind, BusinessKey: "2026-03-01/M999998/pos/EUR", Amount: 1234, Currency: "EUR",
 		Payload: []byte(`{"settlement_id": ` + itoa(settlementID) + `, "merchant": "M999998", "account": "X"}`)}
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := outbox.Enqueue(ctx, tx, op)
 		return err
 	}))
-	id := outbox.OperationID(op.Kind, op.BusinessKey)
+	id := op.ID
 	subject := "op:" + id.String()
 	_, err = pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'MANUAL', manual_reason = 'gave up: 5 checks' WHERE operation_id = $1`, id)
 	require.NoError(t, err)

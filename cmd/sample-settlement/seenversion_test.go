@@ -30,14 +30,14 @@ func TestSeenVersionOfResolveAndResume(t *testing.T) {
 		WITH m AS (SELECT id FROM merchant ORDER BY id LIMIT 1)
 		INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
 		VALUES ((SELECT id FROM m), $1, 'pos', 'EUR', 1000, 1) RETURNING id`, testDate).Scan(&settlementID))
-	op := outbox.EnqueueParams{Kind: settlement.PayoutKind, BusinessKey: "2026-03-01/M999998/pos/EUR", Amount: 1000, Currency: "EUR",
+	op := outbox.EnqueueParams{ID: settlement.PayoutID(testDate, "2026-03-01/M999998/pos/EUR"), Kind: settlement.PayoutKind, BusinessKey: "2026-03-01/M999998/pos/EUR", Amount: 1000, Currency: "EUR",
 		Payload: []byte(`{"settlement_id": ` + itoa(settlementID) + `, "merchant": "M999998", "account": "X"}`)}
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	_, err = outbox.Enqueue(ctx, tx, op)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	id := outbox.OperationID(op.Kind, op.BusinessKey)
+	id := op.ID
 	// MANUAL because never sent (test data: as the outbox leaves a payout it gave up on).
 	_, err = pool.Exec(ctx, `UPDATE stepwise_operation SET state = 'MANUAL', manual_reason = 'gave up: not sent after 25 attempts' WHERE operation_id = $1`, id)
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -111,8 +112,53 @@ func TestDatePayoutsReadBothKeyShapes(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.ElementsMatch(t, []string{date + "/M000001/pos/EUR", "M000002/" + date + "/pos/EUR"}, got)
 
+	// The lapsed leases of invariant 4 and the report's oldest unknown payout, in both shapes
+	// too: the old-shape payout is the oldest unknown, the other date's older still.
+	_, err = pool.Exec(ctx, `
+		INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state, lease_until, next_check_at, unknown_since)
+		SELECT gen_random_uuid(), $1, k, '{}', '\x00', $2, s, now() - interval '1 minute', now(), now() - a * interval '1 hour'
+		  FROM unnest($3::text[], $4::text[], $5::int[]) AS u(k, s, a)`, settlement.PayoutKind, keys[1],
+		[]string{date + "/M000005/pos/EUR", "M000006/" + date + "/pos/EUR", date + "/M000007/pos/EUR", "M000008/" + date + "/pos/EUR", other + "/M000009/pos/EUR"},
+		[]string{"PROCESSING", "PROCESSING", "UNKNOWN_EXTERNAL", "UNKNOWN_EXTERNAL", "UNKNOWN_EXTERNAL"},
+		[]int{0, 0, 1, 2, 3})
+	require.NoError(t, err)
+	var lapsed int
+	require.NoError(t, pool.QueryRow(ctx, settlement.Invariant4LapsedSQL, settlement.PayoutKind, date, keys).Scan(&lapsed))
+	require.Equal(t, 2, lapsed)
+	var oldest float64
+	require.NoError(t, pool.QueryRow(ctx, settlement.OldestUnknownSQL, settlement.PayoutKind, date, keys).Scan(&oldest))
+	require.InDelta(t, 7200, oldest, 60)
+
 	require.True(t, settlement.ReferenceOfDate(date+"/M000001/pos/EUR", date))
 	require.True(t, settlement.ReferenceOfDate("M000002/"+date+"/pos/EUR", date))
 	require.False(t, settlement.ReferenceOfDate(other+"/M000003/pos/EUR", date))
 	require.False(t, settlement.ReferenceOfDate("M000004/"+other+"/pos/EUR", date))
+}
+
+// ApplySchema records from which date payouts are dated, once: every date on a new database;
+// from tomorrow on one that already holds settlements, made by a build from before dated ids,
+// whose dates in progress must keep the ids their payouts may already have at the bank.
+func TestPayoutSchemeIsRecordedOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := seededDB(t)
+	var from time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from FROM payout_scheme`).Scan(&from))
+	require.Equal(t, 1, from.Year(), "a new database dates every payout")
+
+	// A database from before: settlements, no payout_scheme.
+	settleAll(t, pool, 1, 1000)
+	_, err := pool.Exec(ctx, `DROP TABLE payout_scheme`)
+	require.NoError(t, err)
+	require.NoError(t, settlement.ApplySchema(ctx, pool))
+	var tomorrow bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from = current_date + 1 FROM payout_scheme`).Scan(&tomorrow))
+	require.True(t, tomorrow, "a database with settlements dates payouts from tomorrow")
+
+	// Recorded once: applying the schema again a day later changes nothing.
+	_, err = pool.Exec(ctx, `UPDATE payout_scheme SET dated_from = date '2026-12-07'`)
+	require.NoError(t, err)
+	require.NoError(t, settlement.ApplySchema(ctx, pool))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from FROM payout_scheme`).Scan(&from))
+	require.Equal(t, "2026-12-07", from.Format(time.DateOnly))
 }

@@ -126,7 +126,8 @@ type payoutRow struct {
 
 // datePayoutsSQL reads the date's payouts: those its runs (runKeys) wrote, through the
 // run_key index, so that a report or an invariant check reads the date asked for and not
-// the whole ledger's history. Their business keys are "<merchant>/<date>/<type>/<currency>".
+// the whole ledger's history. Their business keys are PayoutKey's "<date>/<merchant>/…" or,
+// on dates before dated ids, LegacyPayoutKey's "<merchant>/<date>/…": the date is either part.
 // oldestUnknownSQL is the age of the date's oldest UNKNOWN_EXTERNAL payout, by run key.
 const oldestUnknownSQL = `SELECT extract(epoch FROM now() - min(unknown_since))::float8 FROM stepwise_operation
 		WHERE run_key = ANY($3) AND kind = $1 AND state = 'UNKNOWN_EXTERNAL' AND $2 IN (split_part(business_key, '/', 1), split_part(business_key, '/', 2))`

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 	"github.com/stepwise-go/stepwise/internal/workflow"
+	"github.com/stepwise-go/stepwise/outbox"
 	"github.com/stepwise-go/stepwise/schedule"
 	"github.com/stepwise-go/stepwise/workflowtest/fakebank"
 )
@@ -126,8 +129,24 @@ func waitAtRest(t *testing.T, pool *pgxpool.Pool, plan settlement.Plan, what str
 
 func TestServiceSettlesAndPaysADate(t *testing.T) {
 	t.Parallel()
+	settleAndPayADate(t, false)
+}
+
+// A database from before dated ids (payout_scheme set to a later date, as ApplySchema sets it
+// on a database that holds settlements) settles an earlier date under the old scheme, and the
+// report and the invariants, which read both key shapes, see every payout of it.
+func TestServiceSettlesADateOfTheSchemeBefore(t *testing.T) {
+	t.Parallel()
+	settleAndPayADate(t, true)
+}
+
+func settleAndPayADate(t *testing.T, legacy bool) {
 	ctx := context.Background()
 	pool := seededDB(t)
+	if legacy {
+		_, err := pool.Exec(ctx, `UPDATE payout_scheme SET dated_from = $1::date + 1`, testDate)
+		require.NoError(t, err)
+	}
 	bank, client := startBank(t, &fakebank.Config{Seed: 3})
 	svc := startService(t, pool, &settlement.ServiceConfig{Bank: client, Plan: settlement.Plan{Shards: 3}, BatchSize: 100})
 
@@ -180,6 +199,29 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	require.True(t, rep.TotalsMatch(), "%+v", rep)
 	require.Zero(t, rep.DuplicatePayouts)
 	require.Equal(t, paid, rep.Settlements[settlement.StatusPaid])
+
+	// Every payout of the date under the date's one scheme: date-first keys with dated ids, or
+	// the keys and ids of the builds before.
+	type payout struct {
+		ID  uuid.UUID
+		Key string
+	}
+	rows, err := pool.Query(ctx, `SELECT operation_id, business_key FROM stepwise_operation WHERE kind = $1`, settlement.PayoutKind)
+	require.NoError(t, err)
+	payouts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[payout]) // released before any assert can fail
+	require.NoError(t, err)
+	for _, p := range payouts {
+		id, key := p.ID, p.Key
+		if legacy {
+			require.Regexp(t, `^M\d{6}/2026-03-01/`, key)
+			require.Equal(t, outbox.OperationID(settlement.PayoutKind, key), id, key)
+		} else {
+			require.Regexp(t, `^2026-03-01/M\d{6}/`, key)
+			require.Equal(t, settlement.PayoutID(testDate, key), id, key)
+			require.Equal(t, uuid.Version(8), id.Version(), key)
+		}
+	}
+	require.Len(t, payouts, paid+failed)
 }
 
 func fmtMap(m map[string]int) string {

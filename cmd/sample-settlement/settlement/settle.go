@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/outbox"
+	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -39,6 +40,11 @@ type Batch struct {
 	// payout operations, so a run's batch status can be proven from its operations.
 	// Optional (a bench through plain pgx has no run).
 	RunKey string
+	// DatedFrom is the first business date whose payouts get date-first keys and dated ids
+	// (PayoutKey, PayoutID); an earlier Date gets LegacyPayoutKey and OperationID's ids, as
+	// the builds before dated ids gave them. Zero: every date. Service.Start reads it from the
+	// database (table payout_scheme).
+	DatedFrom time.Time
 }
 
 // BatchResult is what one SettleBatch call did.
@@ -116,6 +122,22 @@ func PayoutKey(merchant string, date time.Time, typ, currency string) string {
 	return date.Format(time.DateOnly) + "/" + merchant + "/" + typ + "/" + currency
 }
 
+// LegacyPayoutKey is the business key payouts had before dated ids,
+// "<merchant>/<date>/<type>/<currency>", under OperationID's ids. Payouts of dates before
+// Batch.DatedFrom keep it.
+func LegacyPayoutKey(merchant string, date time.Time, typ, currency string) string {
+	return merchant + "/" + date.Format(time.DateOnly) + "/" + typ + "/" + currency
+}
+
+// datedPayoutsFrom reads the first business date of dated payouts (schema.sql, payout_scheme).
+func datedPayoutsFrom(ctx context.Context, db stepwisetype.DBTX) (time.Time, error) {
+	var from time.Time
+	if err := db.QueryRow(ctx, `SELECT dated_from FROM payout_scheme`).Scan(&from); err != nil {
+		return time.Time{}, fmt.Errorf("reading the first date of dated payouts (table payout_scheme; settlement.Migrate creates it, as every command does at start): %w", err)
+	}
+	return from, nil
+}
+
 // referenceOfDate reports whether a bank reference (a payout's business key, PayoutKey) is of
 // the date, written YYYY-MM-DD. Keys made before the date came first (<merchant>/<date>/…)
 // count too, here and in the SQL that reads a date's payouts, so that a ledger from before
@@ -174,9 +196,16 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 			rows.Close()
 			return res, fmt.Errorf("encoding payout of settlement %d: %w", *id, err)
 		}
-		key := PayoutKey(*code, b.Date, *typ, *cur)
+		// A date keeps one scheme forever, whichever build settles it: a step re-run after a
+		// failover must name each payout as the first attempt may have sent it.
+		key, opID := PayoutKey(*code, b.Date, *typ, *cur), uuid.Nil
+		if b.Date.Before(b.DatedFrom) {
+			key = LegacyPayoutKey(*code, b.Date, *typ, *cur)
+		} else {
+			opID = PayoutID(b.Date, key)
+		}
 		ops = append(ops, outbox.EnqueueParams{
-			ID:          PayoutID(b.Date, key),
+			ID:          opID,
 			Kind:        PayoutKind,
 			BusinessKey: key,
 			Payload:     payload,
@@ -227,6 +256,10 @@ type SettleWorker struct {
 	// with its last batch and dates are not closed (the lab's benchmarks measure settling
 	// alone).
 	PayoutsAtRestTimeout time.Duration
+
+	// DatedPayoutsFrom is Batch.DatedFrom for every batch. Service.Start sets it from the
+	// database; zero dates every payout.
+	DatedPayoutsFrom time.Time
 }
 
 // Step settles the next batch of the run's shard.
@@ -241,7 +274,7 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 	}
 	res, err := SettleBatch(ctx, s.Tx, Batch{
 		Date: date, Shard: s.Args.Shard, Shards: s.Args.Shards,
-		AfterMerchant: s.Cursor.AfterMerchant, Size: w.BatchSize, RunKey: s.RunKey,
+		AfterMerchant: s.Cursor.AfterMerchant, Size: w.BatchSize, RunKey: s.RunKey, DatedFrom: w.DatedPayoutsFrom,
 	})
 	if err != nil {
 		return workflow.Next{}, err

@@ -133,3 +133,18 @@ CREATE TABLE IF NOT EXISTS settlement_day_currency (
 	reconciled_at   timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (settle_date, currency)
 );
+
+-- From which business date payouts are keyed date first with dated ids (PayoutKey, PayoutID);
+-- dates before it keep <merchant>/<date>/… keys and OperationID's ids. A database that already
+-- holds settlements, made by a build from before dated ids, switches from the day after the
+-- first build that knows the scheme applied this schema: a date that build may have in progress
+-- keeps the ids its payouts may already have reached the bank under, so that a step whose
+-- commit a failover lost enqueues them again under the same ids. A new database dates every
+-- payout. Recorded once; every later build reads it (Service.Start).
+CREATE TABLE IF NOT EXISTS payout_scheme (
+	one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+	dated_from date    NOT NULL
+);
+INSERT INTO payout_scheme (dated_from)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM settlement) THEN current_date + 1 ELSE date '0001-01-01' END
+ON CONFLICT DO NOTHING;

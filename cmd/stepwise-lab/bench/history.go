@@ -168,25 +168,34 @@ func (r *runner) seedHistory(ctx context.Context, pool *pgxpool.Pool, ops, runs 
 	for lo := 0; lo < ops; lo += chunk {
 		hi := min(lo+chunk, ops)
 		// Operation i belongs to run i % runs and finished a minute after it, with one
-		// request and one event (its last transition). It is a payout as the sample makes
-		// them: its business key starts with its business date and its id is dated
-		// (outbox.DatedOperationID's layout: the date's Unix milliseconds, version 8, a
-		// hash). Business dates end the day before the bench's first date (firstDate), so
-		// that the runs measured settle dates after every date of the history, as a service
-		// does, and the rig's verify (payouts of a date) counts none of these.
+		// request and one event (its last transition). The even ones are payouts as the
+		// sample makes them: keys that start with the business date, dated ids (the layout
+		// of outbox.DatedOperationID, not its values: the date's Unix milliseconds, version
+		// 8, an md5 where the function has a SHA-1). The odd ones are of the kind the enqueue
+		// measures write, as a caller of OperationID writes them: random ids, keys that start
+		// with one of the merchants those measures enqueue for. So the ledger is one that
+		// moved to dated ids halfway: its primary key, request key and event subjects hold
+		// 5M random ids each. Business dates end the day before the bench's first date
+		// (firstDate), so that the runs measured settle dates after every date of the
+		// history, as a service does, and the rig's verify (payouts of a date) counts none of
+		// these.
 		if _, err := pool.Exec(ctx, `
 			WITH ops AS (
 				INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key,
 					state, attempts, claims, claimed_at, last_sent_at, external_ref, created_at, updated_at, finished_at)
-				SELECT (lpad(to_hex((extract(epoch FROM bd::timestamp) * 1000)::bigint), 12, '0') || '8' || substr(h, 1, 3) || '9' || substr(h, 4, 15))::uuid,
-				       'payout', bk, p, sha256(convert_to(p::text, 'UTF8')), 100 + i % 9900, 'EUR', 'hist/run/' || j,
+				SELECT CASE WHEN i % 2 = 0
+				         THEN (lpad(to_hex((extract(epoch FROM bd::timestamp) * 1000)::bigint), 12, '0') || '8' || substr(h, 1, 3) || '9' || substr(h, 4, 15))::uuid
+				         ELSE gen_random_uuid() END,
+				       kind, bk, p, sha256(convert_to(p::text, 'UTF8')), 100 + i % 9900, 'EUR', 'hist/run/' || j,
 				       'SUCCEEDED', 1, 1, t - interval '1 minute', t, 'bank-' || i, t - interval '1 minute', t, t
 				  FROM generate_series($1::int, $4::int - 1) i,
 				       LATERAL (SELECT i % $3 AS j) jj,
 				       LATERAL (SELECT `+at+` AS t) tt,
 				       LATERAL (SELECT $5::date - (now()::date - t::date) AS bd) bb,
-				       LATERAL (SELECT to_char(bd, 'YYYY-MM-DD') || '/H' || lpad(i::text, 8, '0') || '/pos/EUR' AS bk) kk,
-				       LATERAL (SELECT md5('payout' || bk) AS h) hh,
+				       LATERAL (SELECT CASE WHEN i % 2 = 0 THEN 'payout' ELSE $7 END AS kind,
+				                       CASE WHEN i % 2 = 0 THEN to_char(bd, 'YYYY-MM-DD') || '/H' || lpad(i::text, 8, '0') || '/pos/EUR'
+				                            ELSE 'M' || lpad(((i / 2) % $6)::text, 7, '0') || '/' || to_char(bd, 'YYYY-MM-DD') || '/h' || i END AS bk) kk,
+				       LATERAL (SELECT md5(kind || bk) AS h) hh,
 				       LATERAL (SELECT jsonb_build_object('settlement_id', i, 'merchant', 'H' || lpad(i::text, 8, '0'),
 				                                          'account', 'EU00-' || lpad(i::text, 10, '0')) AS p) pp
 				RETURNING operation_id, last_sent_at, finished_at),
@@ -195,7 +204,7 @@ func (r *runner) seedHistory(ctx context.Context, pool *pgxpool.Pool, ops, runs 
 				SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', 1, finished_at FROM ops)
 			INSERT INTO stepwise_operation_request (operation_id, claim, actor, started_at, ended_at, outcome, recorded_at)
 			SELECT operation_id, 1, 'outbox', last_sent_at, finished_at, 'SUCCEEDED', finished_at FROM ops`,
-			lo, old, runs, hi, firstDate.AddDate(0, 0, -1).Format(time.DateOnly)); err != nil {
+			lo, old, runs, hi, firstDate.AddDate(0, 0, -1).Format(time.DateOnly), historyEnqueueOps(r.opts), historyEnqKind); err != nil {
 			return fmt.Errorf("seeding operations %d to %d: %w", lo, hi, err)
 		}
 		r.progress("history: seeded %s of %s operations (%s)", groupThousands(int64(hi)), groupThousands(int64(ops)), time.Since(began).Round(time.Second))
@@ -420,7 +429,7 @@ func (r *runner) historySection(ctx context.Context) error {
 		"step":           fmt.Sprintf("steps of a Stepwise run settling %d merchants at B=%d (statements, payouts' Enqueue, fenced cursor, commit): B / median step", o.historyMerchants, historyBatch),
 		"delivery":       "Outbox.Drain of that run's payouts to the zero-latency fake bank (claims, requests, outcomes)",
 		"enqueue":        fmt.Sprintf("outbox.Enqueue of %d operations in transactions of %d, dated ids and date-first keys (as the sample)", historyEnqueueOps(o), historyBatch),
-		"enqueue-random": "the same with OperationID's random ids and merchant-first keys",
+		"enqueue-random": "the same with OperationID's random ids and merchant-first keys, as the history's operations of its kind",
 		"claim":          fmt.Sprintf("checkpoint Ensure + Claim + Release of %d new keys", historyClaims(o)),
 	}
 	for _, m := range historyMeasures {
@@ -494,8 +503,10 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 	case "enqueue", "enqueue-random":
 		// enqueue writes operations as the sample does: keys that start with a business date
 		// after every date of the history, dated ids. enqueue-random writes what a caller of
-		// OperationID with merchant-first keys does, the sample's shape before dated ids: a
-		// random position in the primary key, the requests' key and the events' subject.
+		// OperationID with merchant-first keys does, as the history's operations of this kind
+		// were written: each lands at a random position of the primary key (5M random ids)
+		// and beside its merchant's older keys in the (kind, business_key) key. Enqueue writes
+		// no request and no event; the delivery measure has those.
 		date := h.rig.dates.take()
 		ops := make([]outbox.EnqueueParams, historyEnqueueOps(o))
 		for i := range ops {

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
 	"github.com/stepwise-go/stepwise/internal/testkit"
+	"github.com/stepwise-go/stepwise/outbox"
 )
 
 // report and invariants read the date asked for, not the whole ledger. The
@@ -136,8 +138,8 @@ func TestDatePayoutsReadBothKeyShapes(t *testing.T) {
 }
 
 // ApplySchema records from which date payouts are dated, once: every date on a new database;
-// from tomorrow on one that already holds settlements, made by a build from before dated ids,
-// whose dates in progress must keep the ids their payouts may already have at the bank.
+// on one a build from before dated ids used, from after the day after tomorrow and after every
+// date settled or started; never again once recorded.
 func TestPayoutSchemeIsRecordedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -146,19 +148,68 @@ func TestPayoutSchemeIsRecordedOnce(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from FROM payout_scheme`).Scan(&from))
 	require.Equal(t, 1, from.Year(), "a new database dates every payout")
 
-	// A database from before: settlements, no payout_scheme.
+	// Fixed: no update, delete or truncate.
+	for _, sql := range []string{`UPDATE payout_scheme SET dated_from = date '2030-01-01'`, `DELETE FROM payout_scheme`, `TRUNCATE payout_scheme`} {
+		_, err := pool.Exec(ctx, sql)
+		require.ErrorContains(t, err, "payout_scheme is fixed once recorded", sql)
+	}
+
+	// Its row lost on a ledger that holds dated payouts: recording a new date is refused.
 	settleAll(t, pool, 1, 1000)
 	_, err := pool.Exec(ctx, `DROP TABLE payout_scheme`)
 	require.NoError(t, err)
-	require.NoError(t, settlement.ApplySchema(ctx, pool))
-	var tomorrow bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from = current_date + 1 FROM payout_scheme`).Scan(&tomorrow))
-	require.True(t, tomorrow, "a database with settlements dates payouts from tomorrow")
+	require.ErrorContains(t, settlement.ApplySchema(ctx, pool), "restore the row")
 
-	// Recorded once: applying the schema again a day later changes nothing.
-	_, err = pool.Exec(ctx, `UPDATE payout_scheme SET dated_from = date '2026-12-07'`)
+	// A database from before dated ids, which settled a date ahead (2030-01-10): dated from
+	// the day after it.
+	_, err = pool.Exec(ctx, `DELETE FROM stepwise_operation WHERE kind = 'payout'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
+		SELECT id, date '2030-01-10', 'pos', 'EUR', 1, 1 FROM merchant ORDER BY id LIMIT 1`)
 	require.NoError(t, err)
 	require.NoError(t, settlement.ApplySchema(ctx, pool))
 	require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from FROM payout_scheme`).Scan(&from))
-	require.Equal(t, "2026-12-07", from.Format(time.DateOnly))
+	require.Equal(t, "2030-01-11", from.Format(time.DateOnly))
+	ok, err := settlement.SchemaApplied(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
+// A date on or after payout_scheme's date gets dated ids and date-first keys; a date before it,
+// the keys and ids of the builds before. The step reads the date in its own transaction.
+func TestPayoutSchemeDecidesByDate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		from   time.Time
+		legacy bool
+	}{{testDate, false}, {testDate.AddDate(0, 0, 1), true}} {
+		pool := seededDB(t)
+		setPayoutScheme(t, pool, c.from)
+		settleAll(t, pool, 1, 1000)
+		rows, err := pool.Query(ctx, `SELECT operation_id::text, business_key FROM stepwise_operation WHERE kind = $1`, settlement.PayoutKind)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ ID, Key string }])
+		require.NoError(t, err)
+		require.NotEmpty(t, got)
+		for _, p := range got {
+			if c.legacy {
+				require.Regexp(t, `^M\d{6}/2026-03-01/`, p.Key)
+				require.Equal(t, outbox.OperationID(settlement.PayoutKind, p.Key).String(), p.ID)
+			} else {
+				require.Regexp(t, `^2026-03-01/M\d{6}/`, p.Key)
+				require.Equal(t, settlement.PayoutID(testDate, p.Key).String(), p.ID)
+			}
+		}
+	}
+}
+
+// setPayoutScheme sets payout_scheme's date past its triggers, as no program may: a test's
+// stand-in for a database recorded with that date.
+func setPayoutScheme(t *testing.T, pool *pgxpool.Pool, from time.Time) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `ALTER TABLE payout_scheme DISABLE TRIGGER payout_scheme_is_fixed;
+		UPDATE payout_scheme SET dated_from = '`+from.Format(time.DateOnly)+`';
+		ALTER TABLE payout_scheme ENABLE TRIGGER payout_scheme_is_fixed`)
+	require.NoError(t, err)
 }

@@ -63,7 +63,7 @@ func SchemaApplied(ctx context.Context, db stepwisetype.DBTX) (bool, error) {
 	err := db.QueryRow(ctx, `SELECT to_regclass('merchant') IS NOT NULL AND to_regclass('card_txn') IS NOT NULL
 		AND to_regclass('settlement') IS NOT NULL AND to_regclass('ledger_entry') IS NOT NULL
 		AND to_regclass('settlement_day') IS NOT NULL AND to_regclass('settlement_day_shard') IS NOT NULL
-		AND to_regclass('settlement_day_currency') IS NOT NULL`).Scan(&ok)
+		AND to_regclass('settlement_day_currency') IS NOT NULL AND to_regclass('payout_scheme') IS NOT NULL`).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("looking for the settlement tables: %w", err)
 	}

@@ -155,8 +155,6 @@ type Service struct {
 	Client *stepwise.Client
 	Plan   Plan
 	Bank   Bank
-
-	settle *SettleWorker
 }
 
 // payoutKind is the payout kind's configuration: the bank pays under the operation id and
@@ -193,8 +191,7 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 		return nil, err
 	}
 	workers := river.NewWorkers()
-	settle := &SettleWorker{BatchSize: cfg.BatchSize, PayoutsAtRestTimeout: cfg.PayoutsAtRestTimeout}
-	if err := stepwise.AddWorkerSafely(workers, settle); err != nil {
+	if err := stepwise.AddWorkerSafely(workers, &SettleWorker{BatchSize: cfg.BatchSize, PayoutsAtRestTimeout: cfg.PayoutsAtRestTimeout}); err != nil {
 		return nil, err
 	}
 	if err := stepwise.AddWorkerSafely(workers, &reconcileWorker{pool: pool}); err != nil {
@@ -231,23 +228,13 @@ func NewService(pool *pgxpool.Pool, cfg *ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{Pool: pool, Client: client, Plan: plan, Bank: cfg.Bank, settle: settle}, nil
+	return &Service{Pool: pool, Client: client, Plan: plan, Bank: cfg.Bank}, nil
 }
 
 // Start starts the Client: settle runs, payout delivery, reconciliation, the maintenance
 // loop of this process (takeover, delivery and reconciliation passes never wait for River's
 // leader) and, if configured, the schedule are worked from now on.
-//
-// It reads first from which business date payouts are dated (payout_scheme): a setting of the
-// database, not of the build, so that every build settles a date under one scheme.
-func (s *Service) Start(ctx context.Context) error {
-	from, err := datedPayoutsFrom(ctx, s.Pool)
-	if err != nil {
-		return err
-	}
-	s.settle.DatedPayoutsFrom = from // before any worker runs
-	return s.Client.Start(ctx)
-}
+func (s *Service) Start(ctx context.Context) error { return s.Client.Start(ctx) }
 
 // Stop drains the Client (stepwise.Client.Stop), bounded by soft: no new step or send
 // begins, the step in flight commits and releases its run's lease, the sends in flight get

@@ -132,9 +132,9 @@ func TestServiceSettlesAndPaysADate(t *testing.T) {
 	settleAndPayADate(t, false)
 }
 
-// A database from before dated ids (payout_scheme set to a later date, as ApplySchema sets it
-// on a database that holds settlements) settles an earlier date under the old scheme, and the
-// report and the invariants, which read both key shapes, see every payout of it.
+// A database from before dated ids (payout_scheme at a later date, as ApplySchema records it
+// on a database a build from before used) settles an earlier date under the old scheme, and
+// the report and the invariants, which read both key shapes, see every payout of it.
 func TestServiceSettlesADateOfTheSchemeBefore(t *testing.T) {
 	t.Parallel()
 	settleAndPayADate(t, true)
@@ -144,8 +144,7 @@ func settleAndPayADate(t *testing.T, legacy bool) {
 	ctx := context.Background()
 	pool := seededDB(t)
 	if legacy {
-		_, err := pool.Exec(ctx, `UPDATE payout_scheme SET dated_from = $1::date + 1`, testDate)
-		require.NoError(t, err)
+		setPayoutScheme(t, pool, testDate.AddDate(0, 0, 1))
 	}
 	bank, client := startBank(t, &fakebank.Config{Seed: 3})
 	svc := startService(t, pool, &settlement.ServiceConfig{Bank: client, Plan: settlement.Plan{Shards: 3}, BatchSize: 100})

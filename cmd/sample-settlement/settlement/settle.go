@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stepwise-go/stepwise/outbox"
-	"github.com/stepwise-go/stepwise/stepwisetype"
 	"github.com/stepwise-go/stepwise/workflow"
 )
 
@@ -40,11 +39,6 @@ type Batch struct {
 	// payout operations, so a run's batch status can be proven from its operations.
 	// Optional (a bench through plain pgx has no run).
 	RunKey string
-	// DatedFrom is the first business date whose payouts get date-first keys and dated ids
-	// (PayoutKey, PayoutID); an earlier Date gets LegacyPayoutKey and OperationID's ids, as
-	// the builds before dated ids gave them. Zero: every date. Service.Start reads it from the
-	// database (table payout_scheme).
-	DatedFrom time.Time
 }
 
 // BatchResult is what one SettleBatch call did.
@@ -75,7 +69,9 @@ type BatchResult struct {
 //
 // The last SELECT returns the batch's size and last id on every row, and one row with NULL
 // settlement columns when nothing was created, so the cursor moves even over merchants
-// without transactions.
+// without transactions; and on every row the first business date of dated payouts
+// (payout_scheme), read in the step's own transaction: no process holds a copy that could
+// disagree with the database's.
 const settleSQL = `
 WITH batch AS MATERIALIZED (
 	SELECT id, code, bank_account FROM merchant
@@ -98,7 +94,7 @@ WITH batch AS MATERIALIZED (
 	FROM ins i JOIN batch b ON b.id = i.merchant_id
 	CROSS JOIN LATERAL (VALUES ('merchant_payable:' || b.code, 1), ('bank_clearing', -1)) AS e(account, sign)
 )
-SELECT s.n, s.last, i.id, b.code, b.bank_account, i.type, i.currency, i.amount
+SELECT s.n, s.last, (SELECT dated_from FROM payout_scheme), i.id, b.code, b.bank_account, i.type, i.currency, i.amount
 FROM (SELECT count(*)::int AS n, coalesce(max(id), $1) AS last FROM batch) s
 LEFT JOIN (ins i JOIN batch b ON b.id = i.merchant_id) ON true
 ORDER BY i.merchant_id, i.type, i.currency`
@@ -124,18 +120,9 @@ func PayoutKey(merchant string, date time.Time, typ, currency string) string {
 
 // LegacyPayoutKey is the business key payouts had before dated ids,
 // "<merchant>/<date>/<type>/<currency>", under OperationID's ids. Payouts of dates before
-// Batch.DatedFrom keep it.
+// payout_scheme's date keep it (schema.sql).
 func LegacyPayoutKey(merchant string, date time.Time, typ, currency string) string {
 	return merchant + "/" + date.Format(time.DateOnly) + "/" + typ + "/" + currency
-}
-
-// datedPayoutsFrom reads the first business date of dated payouts (schema.sql, payout_scheme).
-func datedPayoutsFrom(ctx context.Context, db stepwisetype.DBTX) (time.Time, error) {
-	var from time.Time
-	if err := db.QueryRow(ctx, `SELECT dated_from FROM payout_scheme`).Scan(&from); err != nil {
-		return time.Time{}, fmt.Errorf("reading the first date of dated payouts (table payout_scheme; settlement.Migrate creates it, as every command does at start): %w", err)
-	}
-	return from, nil
 }
 
 // referenceOfDate reports whether a bank reference (a payout's business key, PayoutKey) is of
@@ -183,10 +170,16 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 			id                      *int64
 			code, account, typ, cur *string
 			amount                  *int64
+			datedFrom               *time.Time
 		)
-		if err := rows.Scan(&res.Merchants, &res.LastMerchant, &id, &code, &account, &typ, &cur, &amount); err != nil {
+		if err := rows.Scan(&res.Merchants, &res.LastMerchant, &datedFrom, &id, &code, &account, &typ, &cur, &amount); err != nil {
 			rows.Close()
 			return res, fmt.Errorf("settling merchants after %d: reading result: %w", b.AfterMerchant, err)
+		}
+		if datedFrom == nil {
+			rows.Close()
+			return res, errors.New("settling: table payout_scheme is empty: restore its one row (the first business date of dated payouts) from a backup; " +
+				"migrating again would record a new date, and a date settled under one scheme would get payouts under the other")
 		}
 		if id == nil {
 			continue
@@ -199,7 +192,7 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 		// A date keeps one scheme forever, whichever build settles it: a step re-run after a
 		// failover must name each payout as the first attempt may have sent it.
 		key, opID := PayoutKey(*code, b.Date, *typ, *cur), uuid.Nil
-		if b.Date.Before(b.DatedFrom) {
+		if b.Date.Before(*datedFrom) {
 			key = LegacyPayoutKey(*code, b.Date, *typ, *cur)
 		} else {
 			opID = PayoutID(b.Date, key)
@@ -256,10 +249,6 @@ type SettleWorker struct {
 	// with its last batch and dates are not closed (the lab's benchmarks measure settling
 	// alone).
 	PayoutsAtRestTimeout time.Duration
-
-	// DatedPayoutsFrom is Batch.DatedFrom for every batch. Service.Start sets it from the
-	// database; zero dates every payout.
-	DatedPayoutsFrom time.Time
 }
 
 // Step settles the next batch of the run's shard.
@@ -274,7 +263,7 @@ func (w *SettleWorker) Step(ctx context.Context, s *workflow.Step[SettleArgs, Se
 	}
 	res, err := SettleBatch(ctx, s.Tx, Batch{
 		Date: date, Shard: s.Args.Shard, Shards: s.Args.Shards,
-		AfterMerchant: s.Cursor.AfterMerchant, Size: w.BatchSize, RunKey: s.RunKey, DatedFrom: w.DatedPayoutsFrom,
+		AfterMerchant: s.Cursor.AfterMerchant, Size: w.BatchSize, RunKey: s.RunKey,
 	})
 	if err != nil {
 		return workflow.Next{}, err

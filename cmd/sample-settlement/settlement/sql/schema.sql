@@ -135,16 +135,45 @@ CREATE TABLE IF NOT EXISTS settlement_day_currency (
 );
 
 -- From which business date payouts are keyed date first with dated ids (PayoutKey, PayoutID);
--- dates before it keep <merchant>/<date>/… keys and OperationID's ids. A database that already
--- holds settlements, made by a build from before dated ids, switches from the day after the
--- first build that knows the scheme applied this schema: a date that build may have in progress
--- keeps the ids its payouts may already have reached the bank under, so that a step whose
--- commit a failover lost enqueues them again under the same ids. A new database dates every
--- payout. Recorded once; every later build reads it (Service.Start).
+-- dates before it keep <merchant>/<date>/… keys and OperationID's ids (LegacyPayoutKey). Every
+-- settle step reads it in its own transaction (settleSQL), so that a date is settled under one
+-- scheme whichever build and process settles it: a step whose commit a failover lost runs
+-- again and must name its payouts as the bank may already have them.
+--
+-- Recorded once. A new database dates every payout. A database a build from before dated ids
+-- has used (settlements, payouts or settle runs in it) dates them from the day after the
+-- latest of: the day after tomorrow (whatever the server's zone and the plan's), the latest
+-- date settled, and the latest date a settle run was started for (a date settled ahead).
+-- Never rewritten: the triggers below refuse it, and recording it again on a ledger that
+-- already holds dated payouts is refused too (restore the row from a backup instead).
 CREATE TABLE IF NOT EXISTS payout_scheme (
 	one        boolean PRIMARY KEY DEFAULT true CHECK (one),
 	dated_from date    NOT NULL
 );
-INSERT INTO payout_scheme (dated_from)
-SELECT CASE WHEN EXISTS (SELECT 1 FROM settlement) THEN current_date + 1 ELSE date '0001-01-01' END
-ON CONFLICT DO NOTHING;
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM payout_scheme) THEN
+		IF EXISTS (SELECT 1 FROM stepwise_operation WHERE kind = 'payout' AND substr(operation_id::text, 15, 1) = '8') THEN
+			RAISE EXCEPTION 'payout_scheme has no row, but the ledger holds payouts with dated ids: restore the row (the first business date of dated payouts) from a backup; recording a new date would settle a date under two schemes';
+		END IF;
+		INSERT INTO payout_scheme (dated_from)
+		SELECT CASE
+			WHEN EXISTS (SELECT 1 FROM settlement)
+				OR EXISTS (SELECT 1 FROM stepwise_operation WHERE kind = 'payout')
+				OR EXISTS (SELECT 1 FROM stepwise_run WHERE workflow = 'settle_merchants')
+			THEN greatest(current_date + 2,
+				(SELECT max(settle_date) + 1 FROM settlement),
+				(SELECT max((input->>'date')::date) + 1 FROM stepwise_run WHERE workflow = 'settle_merchants'))
+			ELSE date '0001-01-01' END;
+	END IF;
+END $$;
+CREATE OR REPLACE FUNCTION payout_scheme_is_fixed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'payout_scheme is fixed once recorded: another date would give the payouts of a date settled under one scheme the other scheme''s ids';
+END $$;
+DROP TRIGGER IF EXISTS payout_scheme_is_fixed ON payout_scheme;
+CREATE TRIGGER payout_scheme_is_fixed BEFORE UPDATE OR DELETE ON payout_scheme
+	FOR EACH ROW EXECUTE FUNCTION payout_scheme_is_fixed();
+DROP TRIGGER IF EXISTS payout_scheme_is_fixed_truncate ON payout_scheme;
+CREATE TRIGGER payout_scheme_is_fixed_truncate BEFORE TRUNCATE ON payout_scheme
+	FOR EACH STATEMENT EXECUTE FUNCTION payout_scheme_is_fixed();

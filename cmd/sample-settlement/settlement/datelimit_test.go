@@ -2,6 +2,7 @@ package settlement_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -138,8 +139,8 @@ func TestDatePayoutsReadBothKeyShapes(t *testing.T) {
 }
 
 // ApplySchema records from which date payouts are dated, once: every date on a new database;
-// on one a build from before dated ids used, from after the day after tomorrow and after every
-// date settled or started; never again once recorded.
+// on one a build from before dated ids used, from the day after the latest of three days after
+// today and every date settled or started (a year ahead at most); never again once recorded.
 func TestPayoutSchemeIsRecordedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -160,16 +161,34 @@ func TestPayoutSchemeIsRecordedOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorContains(t, settlement.ApplySchema(ctx, pool), "restore the row")
 
-	// A database from before dated ids, which settled a date ahead (2030-01-10): dated from
-	// the day after it.
+	// A database from before dated ids: what it records, by what it holds.
 	_, err = pool.Exec(ctx, `DELETE FROM stepwise_operation WHERE kind = 'payout'`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
-		SELECT id, date '2030-01-10', 'pos', 'EUR', 1, 1 FROM merchant ORDER BY id LIMIT 1`)
-	require.NoError(t, err)
-	require.NoError(t, settlement.ApplySchema(ctx, pool))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from FROM payout_scheme`).Scan(&from))
-	require.Equal(t, "2030-01-11", from.Format(time.DateOnly))
+	recorded := func(setup string) int {
+		t.Helper()
+		_, err := pool.Exec(ctx, `DROP TABLE IF EXISTS payout_scheme; DELETE FROM ledger_entry; DELETE FROM settlement;
+			DELETE FROM stepwise_run WHERE workflow = 'settle_merchants'; `+setup)
+		require.NoError(t, err)
+		require.NoError(t, settlement.ApplySchema(ctx, pool))
+		var days int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from - current_date FROM payout_scheme`).Scan(&days))
+		return days
+	}
+	settlementOn := func(days int) string {
+		return fmt.Sprintf(`INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
+			SELECT id, current_date + %d, 'pos', 'EUR', 1, 1 FROM merchant ORDER BY id LIMIT 1;`, days)
+	}
+	runOn := func(key, date string) string {
+		return fmt.Sprintf(`INSERT INTO stepwise_checkpoint (key) VALUES ('%[1]s') ON CONFLICT DO NOTHING;
+			INSERT INTO stepwise_run (key, workflow, input, status) VALUES ('%[1]s', 'settle_merchants', jsonb_build_object('date', %[2]s), 'failed');`, key, date)
+	}
+	require.Equal(t, 4, recorded(settlementOn(-30)), "a settlement of the past: three days after today, and one")
+	require.Equal(t, 31, recorded(settlementOn(30)), "a date settled ahead: the day after it")
+	require.Equal(t, 4, recorded(settlementOn(400)), "more than a year ahead: a mistake, not a date in progress")
+	require.Equal(t, 11, recorded(
+		runOn("t/bad", "'2026-02-30'")+runOn("t/inf", "'infinity'")+runOn("t/text", "'today'")+
+			runOn("t/far", "(current_date + 400)::text")+runOn("t/ahead", "(current_date + 10)::text")),
+		"settle runs only: the latest plausible date started, one malformed input changing nothing")
 	ok, err := settlement.SchemaApplied(ctx, pool)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -212,4 +231,27 @@ func setPayoutScheme(t *testing.T, pool *pgxpool.Pool, from time.Time) {
 		UPDATE payout_scheme SET dated_from = '`+from.Format(time.DateOnly)+`';
 		ALTER TABLE payout_scheme ENABLE TRIGGER payout_scheme_is_fixed`)
 	require.NoError(t, err)
+}
+
+// A business date is one instant, midnight UTC: Berlin's midnight of the same date would name
+// its payouts by one day in the key and scheme and by another in the id.
+func TestSettleBatchRefusesADateThatIsNotMidnightUTC(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := seededDB(t)
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := settlement.SettleBatch(ctx, tx, settlement.Batch{Date: time.Date(2026, 3, 1, 0, 0, 0, 0, berlin), Shards: 1})
+		return err
+	})
+	require.ErrorContains(t, err, "is not a business date's midnight UTC; use ParseDate")
+	// The same instant shown in another zone is the same date.
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := settlement.SettleBatch(ctx, tx, settlement.Batch{Date: testDate.In(berlin), Shards: 1, Size: 10})
+		return err
+	}))
+	var keys int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation WHERE business_key LIKE '2026-03-01/%'`).Scan(&keys))
+	require.Positive(t, keys)
 }

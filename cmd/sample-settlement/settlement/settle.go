@@ -155,7 +155,11 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 		return res, fmt.Errorf("settling: batch size %d: want at least 1", b.Size)
 	case b.Date.IsZero():
 		return res, errors.New("settling: Batch.Date is zero; set the business date")
+	case !b.Date.Equal(b.Date.UTC().Truncate(24 * time.Hour)):
+		// The date names the payouts (key, id, scheme): one instant, read one way.
+		return res, fmt.Errorf("settling: Batch.Date %s is not a business date's midnight UTC; use ParseDate", b.Date)
 	}
+	b.Date = b.Date.UTC()
 	var runKey *string
 	if b.RunKey != "" {
 		runKey = &b.RunKey

@@ -141,15 +141,38 @@ CREATE TABLE IF NOT EXISTS settlement_day_currency (
 -- again and must name its payouts as the bank may already have them.
 --
 -- Recorded once. A new database dates every payout. A database a build from before dated ids
--- has used (settlements, payouts or settle runs in it) dates them from the day after the
--- latest of: the day after tomorrow (whatever the server's zone and the plan's), the latest
--- date settled, and the latest date a settle run was started for (a date settled ahead).
--- Never rewritten: the triggers below refuse it, and recording it again on a ledger that
--- already holds dated payouts is refused too (restore the row from a backup instead).
+-- has used (settlements, payouts or settle runs in it) dates them from the day after the latest
+-- of: three days after the server's today (business dates of any zone, UTC-12 to UTC+14, are at
+-- most a day off it), the latest date settled, and the latest date a settle run was started
+-- for (a date settled ahead). Dates more than a year ahead, and run inputs that are no date,
+-- count as mistakes, not as dates in progress. Never rewritten: the triggers below refuse it,
+-- and recording it again on a ledger that already holds dated payouts is refused too (restore
+-- the row from a backup instead).
 CREATE TABLE IF NOT EXISTS payout_scheme (
 	one        boolean PRIMARY KEY DEFAULT true CHECK (one),
-	dated_from date    NOT NULL
+	dated_from date    NOT NULL CHECK (isfinite(dated_from))
 );
+-- payout_scheme_date reads a settle run's input date, or NULL for anything that is not a
+-- plausible date, so that one malformed run cannot make the schema fail to apply.
+CREATE OR REPLACE FUNCTION payout_scheme_date(s text) RETURNS date LANGUAGE plpgsql AS $$
+DECLARE
+	d date;
+BEGIN
+	IF s IS NULL OR s !~ '^\d{4}-\d{2}-\d{2}$' THEN
+		RETURN NULL;
+	END IF;
+	d := s::date;
+	IF d > current_date + 366 THEN
+		RETURN NULL;
+	END IF;
+	RETURN d;
+EXCEPTION WHEN others THEN
+	RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION payout_scheme_is_fixed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'payout_scheme is fixed once recorded: another date would give the payouts of a date settled under one scheme the other scheme''s ids';
+END $$;
 DO $$
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM payout_scheme) THEN
@@ -161,19 +184,19 @@ BEGIN
 			WHEN EXISTS (SELECT 1 FROM settlement)
 				OR EXISTS (SELECT 1 FROM stepwise_operation WHERE kind = 'payout')
 				OR EXISTS (SELECT 1 FROM stepwise_run WHERE workflow = 'settle_merchants')
-			THEN greatest(current_date + 2,
-				(SELECT max(settle_date) + 1 FROM settlement),
-				(SELECT max((input->>'date')::date) + 1 FROM stepwise_run WHERE workflow = 'settle_merchants'))
+			THEN greatest(current_date + 3,
+				(SELECT max(settle_date) FROM settlement WHERE settle_date <= current_date + 366),
+				(SELECT max(payout_scheme_date(input->>'date')) FROM stepwise_run WHERE workflow = 'settle_merchants')) + 1
 			ELSE date '0001-01-01' END;
 	END IF;
+	-- Created once: dropping and creating them at every start would lock the table against the
+	-- settle steps that read it.
+	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'payout_scheme'::regclass AND tgname = 'payout_scheme_is_fixed') THEN
+		CREATE TRIGGER payout_scheme_is_fixed BEFORE UPDATE OR DELETE ON payout_scheme
+			FOR EACH ROW EXECUTE FUNCTION payout_scheme_is_fixed();
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'payout_scheme'::regclass AND tgname = 'payout_scheme_is_fixed_truncate') THEN
+		CREATE TRIGGER payout_scheme_is_fixed_truncate BEFORE TRUNCATE ON payout_scheme
+			FOR EACH STATEMENT EXECUTE FUNCTION payout_scheme_is_fixed();
+	END IF;
 END $$;
-CREATE OR REPLACE FUNCTION payout_scheme_is_fixed() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-	RAISE EXCEPTION 'payout_scheme is fixed once recorded: another date would give the payouts of a date settled under one scheme the other scheme''s ids';
-END $$;
-DROP TRIGGER IF EXISTS payout_scheme_is_fixed ON payout_scheme;
-CREATE TRIGGER payout_scheme_is_fixed BEFORE UPDATE OR DELETE ON payout_scheme
-	FOR EACH ROW EXECUTE FUNCTION payout_scheme_is_fixed();
-DROP TRIGGER IF EXISTS payout_scheme_is_fixed_truncate ON payout_scheme;
-CREATE TRIGGER payout_scheme_is_fixed_truncate BEFORE TRUNCATE ON payout_scheme
-	FOR EACH STATEMENT EXECUTE FUNCTION payout_scheme_is_fixed();

@@ -164,19 +164,28 @@ func TestPayoutSchemeIsRecordedOnce(t *testing.T) {
 	// A database from before dated ids: what it records, by what it holds.
 	_, err = pool.Exec(ctx, `DELETE FROM stepwise_operation WHERE kind = 'payout'`)
 	require.NoError(t, err)
+	// Days are counted from today in UTC, as the schema does; a midnight between the setup and
+	// the check would shift them, so that attempt is made again.
+	const today = `(now() AT TIME ZONE 'UTC')::date`
 	recorded := func(setup string) int {
 		t.Helper()
-		_, err := pool.Exec(ctx, `DROP TABLE IF EXISTS payout_scheme; DELETE FROM ledger_entry; DELETE FROM settlement;
-			DELETE FROM stepwise_run WHERE workflow = 'settle_merchants'; `+setup)
-		require.NoError(t, err)
-		require.NoError(t, settlement.ApplySchema(ctx, pool))
-		var days int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from - current_date FROM payout_scheme`).Scan(&days))
-		return days
+		for {
+			var before, after time.Time
+			require.NoError(t, pool.QueryRow(ctx, `SELECT `+today).Scan(&before))
+			_, err := pool.Exec(ctx, `DROP TABLE IF EXISTS payout_scheme; DELETE FROM ledger_entry; DELETE FROM settlement;
+				DELETE FROM stepwise_run WHERE workflow = 'settle_merchants'; `+setup)
+			require.NoError(t, err)
+			require.NoError(t, settlement.ApplySchema(ctx, pool))
+			var days int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT dated_from - `+today+`, `+today+` FROM payout_scheme`).Scan(&days, &after))
+			if after.Equal(before) {
+				return days
+			}
+		}
 	}
 	settlementOn := func(days int) string {
 		return fmt.Sprintf(`INSERT INTO settlement (merchant_id, settle_date, type, currency, amount, txn_count)
-			SELECT id, current_date + %d, 'pos', 'EUR', 1, 1 FROM merchant ORDER BY id LIMIT 1;`, days)
+			SELECT id, %s + %d, 'pos', 'EUR', 1, 1 FROM merchant ORDER BY id LIMIT 1;`, today, days)
 	}
 	runOn := func(key, date string) string {
 		return fmt.Sprintf(`INSERT INTO stepwise_checkpoint (key) VALUES ('%[1]s') ON CONFLICT DO NOTHING;
@@ -187,7 +196,7 @@ func TestPayoutSchemeIsRecordedOnce(t *testing.T) {
 	require.Equal(t, 4, recorded(settlementOn(400)), "more than a year ahead: a mistake, not a date in progress")
 	require.Equal(t, 11, recorded(
 		runOn("t/bad", "'2026-02-30'")+runOn("t/inf", "'infinity'")+runOn("t/text", "'today'")+
-			runOn("t/far", "(current_date + 400)::text")+runOn("t/ahead", "(current_date + 10)::text")),
+			runOn("t/far", "("+today+" + 400)::text")+runOn("t/ahead", "("+today+" + 10)::text")),
 		"settle runs only: the latest plausible date started, one malformed input changing nothing")
 	ok, err := settlement.SchemaApplied(ctx, pool)
 	require.NoError(t, err)
@@ -246,12 +255,19 @@ func TestSettleBatchRefusesADateThatIsNotMidnightUTC(t *testing.T) {
 		return err
 	})
 	require.ErrorContains(t, err, "is not a business date's midnight UTC; use ParseDate")
-	// The same instant shown in another zone is the same date.
+	// The same instant shown in another zone is the same date, even where that zone's calendar
+	// still reads the day before (New York: 2026-02-28, 19:00).
+	newYork, err := time.LoadLocation("America/New_York")
+	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := settlement.SettleBatch(ctx, tx, settlement.Batch{Date: testDate.In(berlin), Shards: 1, Size: 10})
+		_, err := settlement.SettleBatch(ctx, tx, settlement.Batch{Date: testDate.In(newYork), Shards: 1, Size: 10})
 		return err
 	}))
 	var keys int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_operation WHERE business_key LIKE '2026-03-01/%'`).Scan(&keys))
 	require.Positive(t, keys)
+	var settled, other int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE settle_date = '2026-03-01'), count(*) FILTER (WHERE settle_date <> '2026-03-01') FROM settlement`).Scan(&settled, &other))
+	require.Positive(t, settled)
+	require.Zero(t, other, "the settlements are of the date, not of New York's calendar day")
 }

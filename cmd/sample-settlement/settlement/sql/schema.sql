@@ -142,7 +142,7 @@ CREATE TABLE IF NOT EXISTS settlement_day_currency (
 --
 -- Recorded once. A new database dates every payout. A database a build from before dated ids
 -- has used (settlements, payouts or settle runs in it) dates them from the day after the latest
--- of: three days after the server's today (business dates of any zone, UTC-12 to UTC+14, are at
+-- of: three days after today in UTC (the business date of any zone, UTC-12 to UTC+14, is at
 -- most a day off it), the latest date settled, and the latest date a settle run was started
 -- for (a date settled ahead). Dates more than a year ahead, and run inputs that are no date,
 -- count as mistakes, not as dates in progress. Never rewritten: the triggers below refuse it,
@@ -158,11 +158,11 @@ CREATE OR REPLACE FUNCTION payout_scheme_date(s text) RETURNS date LANGUAGE plpg
 DECLARE
 	d date;
 BEGIN
-	IF s IS NULL OR s !~ '^\d{4}-\d{2}-\d{2}$' THEN
+	IF s IS NULL OR s !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}$' THEN
 		RETURN NULL;
 	END IF;
 	d := s::date;
-	IF d > current_date + 366 THEN
+	IF d > (now() AT TIME ZONE 'UTC')::date + 366 THEN
 		RETURN NULL;
 	END IF;
 	RETURN d;
@@ -184,10 +184,15 @@ BEGIN
 			WHEN EXISTS (SELECT 1 FROM settlement)
 				OR EXISTS (SELECT 1 FROM stepwise_operation WHERE kind = 'payout')
 				OR EXISTS (SELECT 1 FROM stepwise_run WHERE workflow = 'settle_merchants')
-			THEN greatest(current_date + 3,
-				(SELECT max(settle_date) FROM settlement WHERE settle_date <= current_date + 366),
+			THEN greatest((now() AT TIME ZONE 'UTC')::date + 3,
+				(SELECT max(settle_date) FROM settlement WHERE settle_date <= (now() AT TIME ZONE 'UTC')::date + 366),
 				(SELECT max(payout_scheme_date(input->>'date')) FROM stepwise_run WHERE workflow = 'settle_merchants')) + 1
 			ELSE date '0001-01-01' END;
+	END IF;
+	-- A table made by an earlier development build lacks the CHECK.
+	IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'payout_scheme'::regclass AND contype = 'c'
+			AND pg_get_constraintdef(oid) LIKE '%isfinite%') THEN
+		ALTER TABLE payout_scheme ADD CHECK (isfinite(dated_from));
 	END IF;
 	-- Created once: dropping and creating them at every start would lock the table against the
 	-- settle steps that read it.

@@ -16,6 +16,19 @@ import (
 	"github.com/stepwise-go/stepwise/outbox"
 )
 
+// dateLedger is a migrated database with the sample's schema and nothing settled, for tests
+// that write their own ledger, and the run keys of testDate under a plan of 4 shards.
+func dateLedger(t *testing.T) (*pgxpool.Pool, []string) {
+	t.Helper()
+	pool := testkit.DB(t)
+	require.NoError(t, settlement.ApplySchema(context.Background(), pool))
+	plan, err := settlement.Plan{Shards: 4}.Compile()
+	require.NoError(t, err)
+	keys, err := plan.RunKeys(testDate)
+	require.NoError(t, err)
+	return pool, keys
+}
+
 // report and invariants read the date asked for, not the whole ledger. The
 // query of a date's payouts must be able to use an index (the run_key index, through the
 // date's run keys) instead of scanning every payout ever made; on 616d8b1 it filtered on
@@ -23,14 +36,9 @@ import (
 func TestDatePayoutsReadOnlyTheDate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testkit.DB(t)
-	require.NoError(t, settlement.ApplySchema(ctx, pool))
-	plan, err := settlement.Plan{Shards: 4}.Compile()
-	require.NoError(t, err)
-	keys, err := plan.RunKeys(testDate)
-	require.NoError(t, err)
+	pool, keys := dateLedger(t)
 	// A ledger with history: 20000 payouts of 50 older dates, then statistics.
-	_, err = pool.Exec(ctx, `INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state)
+	_, err := pool.Exec(ctx, `INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state)
 		SELECT gen_random_uuid(), $1, (date '2026-01-01' + g / 400)::text || '/' || (g % 400) || '/merchant/EUR', '{}', '\x00',
 		       'settle/' || (date '2026-01-01' + g / 400)::text || '/' || (g % 4), 'SUCCEEDED'
 		  FROM generate_series(1, 20000) g`, settlement.PayoutKind)
@@ -88,15 +96,10 @@ func TestDatePayoutsReadOnlyTheDate(t *testing.T) {
 func TestDatePayoutsReadBothKeyShapes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testkit.DB(t)
-	require.NoError(t, settlement.ApplySchema(ctx, pool))
-	plan, err := settlement.Plan{Shards: 4}.Compile()
-	require.NoError(t, err)
-	keys, err := plan.RunKeys(testDate)
-	require.NoError(t, err)
+	pool, keys := dateLedger(t)
 	date := testDate.Format("2006-01-02")
 	other := testDate.AddDate(0, 0, 1).Format("2006-01-02")
-	_, err = pool.Exec(ctx, `INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state)
+	_, err := pool.Exec(ctx, `INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, run_key, state)
 		SELECT gen_random_uuid(), $1, k, '{}', '\x00', $2, 'SUCCEEDED'
 		  FROM unnest($3::text[]) k`, settlement.PayoutKind, keys[0], []string{
 		date + "/M000001/pos/EUR", "M000002/" + date + "/pos/EUR", // the date's, in both shapes

@@ -135,8 +135,7 @@ func (h *historyDB) verify(ctx context.Context, date time.Time, tag string, item
 // seedHistory writes a long finished history set-based (generate_series, as the console's
 // bench does), in chunks so that progress shows: runs (their checkpoints, one run.finish
 // event each), ops operations SUCCEEDED (10 per run, one request and one op.transition event
-// each), and 90%
-// of all of it older than the retention age, spread over the year before.
+// each), and 90% of all of it older than the retention age, spread over the year before.
 func (r *runner) seedHistory(ctx context.Context, pool *pgxpool.Pool, ops, runs int) error {
 	old := runs * 9 / 10
 	// at(j) is when run j finished: the old ones spread over 400 to 31 days ago, the rest

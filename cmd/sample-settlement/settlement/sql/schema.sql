@@ -189,11 +189,6 @@ BEGIN
 				(SELECT max(payout_scheme_date(input->>'date')) FROM stepwise_run WHERE workflow = 'settle_merchants')) + 1
 			ELSE date '0001-01-01' END;
 	END IF;
-	-- A table made by an earlier development build lacks the CHECK.
-	IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'payout_scheme'::regclass AND contype = 'c'
-			AND pg_get_constraintdef(oid) LIKE '%isfinite%') THEN
-		ALTER TABLE payout_scheme ADD CHECK (isfinite(dated_from));
-	END IF;
 	-- Created once: dropping and creating them at every start would lock the table against the
 	-- settle steps that read it.
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'payout_scheme'::regclass AND tgname = 'payout_scheme_is_fixed') THEN

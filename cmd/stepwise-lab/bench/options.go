@@ -78,7 +78,7 @@ How to read it: items/s are merchants settled per second, the best of --rounds r
 variant, every run on a fresh business date with identical data. b/a is stepwise over floor,
 the median of the rounds' paired ratios (in each round the two run back to back, so they met
 about the same load from the rest of the machine), with their range: 1.00 means Stepwise
-costs nothing over the hand-written loop; the target is >= 0.95 at every B, over 9 rounds; a wide
+costs nothing over the hand-written loop; the target is >= 0.95 at every B, over 15 rounds (at least 9); a wide
 range means a busy machine. b/c compares a Stepwise step of B
 merchants with one River job per merchant (target >= 10 at B=100). The last lines are
 "stepwise/floor B=<n>: <ratio>", one per batch size, and "stepwise/floor concurrent=8:
@@ -99,7 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxItemsB1, "max-items-b1", 2000, "cap on merchants per run at B=1 (one merchant per step is slow; the output says when it applied)")
 	fs.IntVar(&o.riverItems, "river-items", 3000, "merchants (= River jobs) per one-job-per-merchant run")
 	fs.IntVar(&o.riverWorkers, "river-workers", 100, "MaxWorkers of the one-job-per-merchant River queue")
-	fs.IntVar(&o.rounds, "rounds", 9, "rounds of the settle section: each runs the floor and Stepwise back to back at every batch size (and, in the first 3, River per merchant)")
+	fs.IntVar(&o.rounds, "rounds", defaultRounds, "rounds of the settle section: each runs the floor and Stepwise back to back at every batch size (and, in the first 3, River per merchant)")
 	fs.StringVar(&only, "only", "", "comma-separated sections to run, of "+strings.Join(Sections, ",")+" (default all)")
 	fs.StringVar(&sizes, "sizes", "10000,100000,1000000", "merchant counts of the size section (seeded set-based; 1M takes about a minute)")
 	fs.IntVar(&o.sizeBatch, "size-batch", 1000, "batch size of the size section")

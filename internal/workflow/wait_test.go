@@ -372,11 +372,11 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 	ctx := context.Background()
 	we.startFamily(t, "cp", 2)
 	require.NoError(t, workflow.CancelRun(ctx, pool, "cp", "test: stop the batch"))
-	// Nobody works a waiting run: maintenance ends it (and its children) as cancelled.
-	_, err := we.engine.Maintain(ctx, we.client)
-	require.NoError(t, err)
+	// Nobody works a waiting run: maintenance ends it (and its children) as cancelled. The
+	// passes run as the client runs them, not once (see below).
 	for _, k := range []string{"cp", "cp/child-0", "cp/child-1"} {
-		r := waitRun(t, pool, k, 10*time.Second, workflow.RunStatusCancelled)
+		maintainUntil(t, we, k, 10*time.Second, workflow.RunStatusCancelled)
+		r := waitRun(t, pool, k, 0, workflow.RunStatusCancelled)
 		if k != "cp" {
 			require.Contains(t, deref(r.LastError), "cancelled with its parent run cp")
 		}
@@ -418,16 +418,18 @@ func TestResumeOfAParentLeavesAChildThatChangedOnItsOwn(t *testing.T) {
 	we := newWaitEnv(t, pool, true)
 	ctx := context.Background()
 	we.startFamily(t, "ab", 2)
+	// Maintenance passes as the client runs them, not once: a run just resumed may still be
+	// in its step when the cancel lands (its wait committed, River's job not yet released),
+	// and a single pass then leaves it for the next (CI saw it under load: "ab/child-0" still
+	// running after 10 s).
 	cancelAll := func(key, reason string) {
 		t.Helper()
 		require.NoError(t, workflow.CancelRun(ctx, pool, key, reason))
-		_, err := we.engine.Maintain(ctx, we.client)
-		require.NoError(t, err)
-		waitRun(t, pool, key, 10*time.Second, workflow.RunStatusCancelled)
+		maintainUntil(t, we, key, 10*time.Second, workflow.RunStatusCancelled)
 	}
 	cancelAll("ab", "INC-1: the bank is down")
 	for i := range 2 {
-		waitRun(t, pool, fmt.Sprintf("ab/child-%d", i), 10*time.Second, workflow.RunStatusCancelled)
+		maintainUntil(t, we, fmt.Sprintf("ab/child-%d", i), 10*time.Second, workflow.RunStatusCancelled)
 	}
 	// Alice reads the parent: cancelled, with its two children.
 	seen, err := workflow.GetRun(ctx, pool, "ab")
@@ -478,27 +480,21 @@ func TestResumeOfAParentLeavesAChildThatStoppedAfterTheParentEnded(t *testing.T)
 	we := newWaitEnv(t, pool, true)
 	ctx := context.Background()
 	we.startFamily(t, "hb", 2)
-	maintain := func() {
-		t.Helper()
-		_, err := we.engine.Maintain(ctx, we.client)
-		require.NoError(t, err)
-	}
+	// Maintenance passes as the client runs them, not once (see
+	// TestResumeOfAParentLeavesAChildThatChangedOnItsOwn).
 	// Carol holds EUR; Alice stops the batch; Bob lets EUR go on before the batch has ended.
 	require.NoError(t, workflow.CancelRun(ctx, pool, "hb/child-0", "carol: hold EUR"))
-	maintain()
-	waitRun(t, pool, "hb/child-0", 10*time.Second, workflow.RunStatusCancelled)
+	maintainUntil(t, we, "hb/child-0", 10*time.Second, workflow.RunStatusCancelled)
 	require.NoError(t, workflow.CancelRun(ctx, pool, "hb", "INC-1: the bank is down"))
 	require.NoError(t, resumeNow(ctx, pool, we.client, "hb/child-0", "bob", "EUR is fine"))
 	waitingRun(t, pool, "hb/child-0")
-	maintain()
-	waitRun(t, pool, "hb", 10*time.Second, workflow.RunStatusCancelled)
-	waitRun(t, pool, "hb/child-1", 10*time.Second, workflow.RunStatusCancelled)
+	maintainUntil(t, we, "hb", 10*time.Second, workflow.RunStatusCancelled)
+	maintainUntil(t, we, "hb/child-1", 10*time.Second, workflow.RunStatusCancelled)
 	seen, err := workflow.GetRun(ctx, pool, "hb")
 	require.NoError(t, err)
 	// After Alice read the batch, EUR is stopped again, for another reason.
 	require.NoError(t, workflow.CancelRun(ctx, pool, "hb/child-0", "acct-9 frozen by compliance"))
-	maintain()
-	waitRun(t, pool, "hb/child-0", 10*time.Second, workflow.RunStatusCancelled)
+	maintainUntil(t, we, "hb/child-0", 10*time.Second, workflow.RunStatusCancelled)
 
 	require.NoError(t, resumeSeen(ctx, pool, we.client, "hb", seen.Version, "alice", "INC-1: the bank is back"))
 	r0, err := workflow.GetRun(ctx, pool, "hb/child-0")

@@ -372,10 +372,20 @@ func TestWaitCancelAndResumeReachChildren(t *testing.T) {
 	ctx := context.Background()
 	we.startFamily(t, "cp", 2)
 	require.NoError(t, workflow.CancelRun(ctx, pool, "cp", "test: stop the batch"))
-	// Nobody works a waiting run: maintenance ends it (and its children) as cancelled. The
-	// passes run as the client runs them, not once (see below).
+	// Nobody works a waiting run: once River has released the family's step jobs, one
+	// maintenance pass ends it and its children as cancelled. (Right after a step, River may
+	// not have released its job yet: the pass then leaves the run for the next one; see the
+	// second round below.)
+	require.Eventually(t, func() bool {
+		var running int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepwise_run r JOIN river_job j ON j.id = r.river_job_id
+			WHERE r.key IN ('cp', 'cp/child-0', 'cp/child-1') AND j.state = 'running'`).Scan(&running))
+		return running == 0
+	}, 10*time.Second, 20*time.Millisecond, "the family's step jobs are released")
+	res, err := we.engine.Maintain(ctx, we.client)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"cp", "cp/child-0", "cp/child-1"}, res.Cancelled, "one pass ends the waiting family")
 	for _, k := range []string{"cp", "cp/child-0", "cp/child-1"} {
-		maintainUntil(t, we, k, 10*time.Second, workflow.RunStatusCancelled)
 		r := waitRun(t, pool, k, 0, workflow.RunStatusCancelled)
 		if k != "cp" {
 			require.Contains(t, deref(r.LastError), "cancelled with its parent run cp")
@@ -490,6 +500,12 @@ func TestResumeOfAParentLeavesAChildThatStoppedAfterTheParentEnded(t *testing.T)
 	waitingRun(t, pool, "hb/child-0")
 	maintainUntil(t, we, "hb", 10*time.Second, workflow.RunStatusCancelled)
 	maintainUntil(t, we, "hb/child-1", 10*time.Second, workflow.RunStatusCancelled)
+	// The passes left Bob's EUR alone: it waits, asked to stop by nobody.
+	live := waitingRun(t, pool, "hb/child-0")
+	require.Equal(t, workflow.RunStatusRunning, live.Status)
+	var cancelAsked bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM stepwise_run WHERE key = 'hb/child-0'`).Scan(&cancelAsked))
+	require.False(t, cancelAsked, "the parent's cancel does not reach a child resumed after it")
 	seen, err := workflow.GetRun(ctx, pool, "hb")
 	require.NoError(t, err)
 	// After Alice read the batch, EUR is stopped again, for another reason.

@@ -524,9 +524,10 @@ const minPairedRounds = 9
 
 // defaultRounds is how many paired rounds the settle section runs unless told otherwise:
 // more than minPairedRounds, because on the shared 2-core machine single rounds range
-// 0.80-1.30 and the median of 9 still moved by 0.11 between two runs minutes apart (B=1000:
-// 1.02, then 0.91; the 18 rounds pooled: 0.97). The median's spread shrinks with the square
-// root of the rounds: 15 narrow it by a quarter, for about 3 minutes more.
+// 0.75-1.40 and the median of 9 still moved by 0.11 between two runs minutes apart (B=1000:
+// 1.02, then 0.91, the second at load 1.8-6.9, most of it the bench's own; the 18 rounds
+// pooled: 0.97). The median's spread shrinks with the square root of the rounds: 15 narrow it
+// by a quarter, for about 4 minutes more.
 const defaultRounds = 15
 
 // fewRounds warns beside a ratio measured over fewer than minPairedRounds rounds.

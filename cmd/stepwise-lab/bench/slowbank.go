@@ -259,8 +259,10 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 			// and again just after, so that the two bracket the load it met from the rest of
 			// the machine: what this process and database can do at all. Where their mean is
 			// below Concurrency / latency, it is the limit. (Measured only before, a second of
-			// zero latency against 8 of the slow bank, the rows at that limit read 0.83-1.07
-			// from run to run: the reference drifted as much as the measure.)
+			// zero latency against 8 of the slow bank, the rows at that limit read 0.83-1.11
+			// from run to run: the reference drifted as much as the measure. Bracketed, they
+			// still read up to 1.08: a second-long drain, its start-up included, may sit low
+			// against an 8 s measurement; a reference as long as the window is the next step.)
 			zeroN := max(c, int(math.Round(5000*o.window.Seconds()/8)))
 			zero, err := drainAt(0, c, zeroN)
 			if err != nil {

@@ -115,3 +115,50 @@ func TestSettleBatchRejectsBadShard(t *testing.T) {
 	})
 	require.ErrorContains(t, err, "shard 4 of 4")
 }
+
+// TestSettleBatchReadsOnlyItsBatch guards the settle statement's plan on a connection that
+// has not run it before. Such a connection plans a prepared statement afresh for the cursor
+// it is given (its first five executions), and the planner guesses that the shard filter
+// keeps 0.5% of merchants. At the first cursors, LIMIT 1000 then looked like the whole table:
+// it read every merchant and sorted them, in the first two steps of a run (60-80 ms a step at
+// 40,000 merchants instead of 2, and growing with the table). The test counts the merchant
+// rows each batch read, in the batch's own transaction (pg_stat_xact_user_tables).
+func TestSettleBatchReadsOnlyItsBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := schemaDB(t)
+	const merchants, size = 20_000, 1000
+	_, err := settlement.Seed(ctx, pool, &settlement.SeedConfig{Date: testDate, Merchants: merchants, Transactions: merchants})
+	require.NoError(t, err)
+
+	for _, shards := range []int{1, 4} {
+		// A connection of its own, as a pool opens one: no statement prepared on it yet.
+		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+		require.NoError(t, err)
+		var after int64
+		for batch := range 3 {
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			// The counts a backend has not reported yet, which may include its earlier
+			// transactions: the batch's are the difference.
+			counts := func() (seqRead, idxFetched int64) {
+				require.NoError(t, tx.QueryRow(ctx, `SELECT seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'merchant'`).Scan(&seqRead, &idxFetched))
+				return seqRead, idxFetched
+			}
+			seq0, idx0 := counts()
+			res, err := settlement.SettleBatch(ctx, tx, settlement.Batch{Date: testDate, Shard: 0, Shards: shards, AfterMerchant: after, Size: size})
+			require.NoError(t, err)
+			seq1, idx1 := counts()
+			require.NoError(t, tx.Rollback(ctx))
+			seqRead, read := seq1-seq0, seq1-seq0+idx1-idx0
+			// The shard's next size merchants lie within about shards × size ids of the
+			// cursor; a batch that read a quarter of the table read more than it needed.
+			require.Lessf(t, read, int64(merchants/4),
+				"batch %d of shard 0 of %d (after merchant %d, %d merchants a batch) read %d merchant rows (%d by a sequential scan) on a fresh connection",
+				batch+1, shards, after, size, read, seqRead)
+			require.Greater(t, res.LastMerchant, after)
+			after = res.LastMerchant
+		}
+		require.NoError(t, conn.Close(ctx))
+	}
+}

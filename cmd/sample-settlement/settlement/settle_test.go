@@ -117,26 +117,28 @@ func TestSettleBatchRejectsBadShard(t *testing.T) {
 }
 
 // TestSettleBatchReadsOnlyItsBatch guards the settle statement's plan on a connection that
-// has not run it before. Such a connection plans a prepared statement afresh for the cursor
-// it is given (its first five executions), and the planner guesses that the shard filter
-// keeps 0.5% of merchants. At the first cursors, LIMIT 1000 then looked like the whole table:
-// it read every merchant and sorted them, in the first two steps of a run (60-80 ms a step at
-// 40,000 merchants instead of 2, and growing with the table). The test counts the merchant
-// rows each batch read, in the batch's own transaction (pg_stat_xact_user_tables).
+// has not run it before. Such a connection plans a prepared statement for the values of its
+// first five executions, and the planner guesses that the shard filter keeps 0.5% of
+// merchants: a batch of 1,000 of 20,000 then looked like every merchant after the cursor, and
+// the plan read them all and sorted them. The test counts the merchant rows each batch read,
+// in the batch's own transaction (pg_stat_xact_user_tables), over enough batches to reach the
+// generic plan too.
 func TestSettleBatchReadsOnlyItsBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := schemaDB(t)
-	const merchants, size = 20_000, 1000
+	const merchants = 20_000
 	_, err := settlement.Seed(ctx, pool, &settlement.SeedConfig{Date: testDate, Merchants: merchants, Transactions: merchants})
 	require.NoError(t, err)
 
-	for _, shards := range []int{1, 4} {
+	check := func(t *testing.T, shards, size int) {
 		// A connection of its own, as a pool opens one: no statement prepared on it yet.
 		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
 		var after int64
-		for batch := range 3 {
+		// Seven batches: five planned for their own values, then the generic plan.
+		for batch := range 7 {
 			tx, err := conn.Begin(ctx)
 			require.NoError(t, err)
 			// The counts a backend has not reported yet, which may include its earlier
@@ -156,9 +158,15 @@ func TestSettleBatchReadsOnlyItsBatch(t *testing.T) {
 			require.Lessf(t, read, int64(merchants/4),
 				"batch %d of shard 0 of %d (after merchant %d, %d merchants a batch) read %d merchant rows (%d by a sequential scan) on a fresh connection",
 				batch+1, shards, after, size, read, seqRead)
+			require.Equal(t, size, res.Merchants, "batch %d: merchants settled", batch+1)
 			require.Greater(t, res.LastMerchant, after)
 			after = res.LastMerchant
 		}
-		require.NoError(t, conn.Close(ctx))
 	}
+	// The merchant table's rows lie in id order, as the seed (and a table appended by id and
+	// rarely updated) has them. Not covered, and not fixed: rows stored in another order (a
+	// CLUSTER by shard_hash, measured) make the generic plan, from the sixth execution on,
+	// read every merchant after the cursor by a bitmap scan and sort them (docs/design.md).
+	t.Run("1 shard", func(t *testing.T) { check(t, 1, 1000) })
+	t.Run("4 shards", func(t *testing.T) { check(t, 4, 500) })
 }

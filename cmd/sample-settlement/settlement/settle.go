@@ -62,7 +62,7 @@ type BatchResult struct {
 //     along the key is a subquery behind OFFSET 0, planned on its own, and the filter and
 //     LIMIT stop it once the batch is full. Guards against: a plan that read and sorted
 //     every merchant after the cursor. The planner cannot know that the filter keeps one
-//     merchant in Shards and guesses 0.5%; planned for the first cursors' values (a
+//     merchant in Shards and guesses 0.5%; planned for the first cursors' values (as a
 //     connection's first five executions of a prepared statement are), a batch of more than
 //     0.5% of the merchants after the cursor looked like all of them, so a sequential scan
 //     and a sort looked cheaper than the key. Measured at 40,000 merchants and batches of

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 )
 
 // heldClaim is what a dispatcher knows, on its own clock, about a claim it holds: the claim
@@ -104,7 +106,7 @@ func (o *Outbox) renew(ctx context.Context, ks *kindState, fresh time.Duration, 
 	var claims []int
 	var rid uuid.UUID
 	var rc int
-	_, err = pgx.ForEachRow(rows, []any{&rid, &rc}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{pgtx.UUIDDest(&rid), &rc}, func() error {
 		ids, claims = append(ids, rid), append(claims, rc)
 		return nil
 	})

@@ -91,7 +91,7 @@ func (o *Outbox) recoverExpired(ctx context.Context, ks *kindState) (int, error)
 				var t transition
 				var by string
 				var until time.Time
-				if err := rows.Scan(&t.OperationID, &t.Claim, &by, &until); err != nil {
+				if err := rows.Scan(pgtx.UUIDDest(&t.OperationID), &t.Claim, &by, &until); err != nil {
 					rows.Close()
 					return err
 				}

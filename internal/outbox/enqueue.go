@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/runctx"
 	"github.com/stepwise-go/stepwise/internal/tracing"
 )
@@ -130,7 +131,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueRe
 			AS n(id, kind, bk, payload, amount, currency, run_key)
 		ON CONFLICT DO NOTHING
 		RETURNING operation_id, pg_current_xact_id()::text`,
-		b.ids, b.kinds, b.keys, b.payloads, b.amounts, b.currencies, b.runKeys, traceParent)
+		pgtx.UUIDs(b.ids), b.kinds, b.keys, b.payloads, b.amounts, b.currencies, b.runKeys, traceParent)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d operations: %w", len(prepared), err)
 	}
@@ -139,7 +140,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueRe
 	var xid string
 	inserted, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (uuid.UUID, error) {
 		var id uuid.UUID
-		return id, r.Scan(&id, &xid)
+		return id, r.Scan(pgtx.UUIDDest(&id), &xid)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d operations: %w", len(prepared), err)
@@ -152,7 +153,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueRe
 			// Leave no row of this call behind: the caller may have a reason to carry on
 			// with tx (after a savepoint of its own), and must not send half a batch.
 			if len(inserted) > 0 {
-				if _, delErr := tx.Exec(ctx, `DELETE FROM stepwise_operation WHERE operation_id = ANY($1)`, inserted); delErr != nil {
+				if _, delErr := tx.Exec(ctx, `DELETE FROM stepwise_operation WHERE operation_id = ANY($1)`, pgtx.UUIDs(inserted)); delErr != nil {
 					return nil, errors.Join(err, fmt.Errorf("removing the operations inserted before the conflict: %w", delErr))
 				}
 			}
@@ -298,7 +299,7 @@ func checkExisting(ctx context.Context, tx pgx.Tx, ops []EnqueueParams, inserted
 			SELECT * FROM stepwise_operation WHERE kind = n.kind AND business_key = n.bk
 		) o ON true
 		ORDER BY n.ord`,
-		b.ids, b.kinds, b.keys, b.payloads, b.amounts, b.currencies)
+		pgtx.UUIDs(b.ids), b.kinds, b.keys, b.payloads, b.amounts, b.currencies)
 	if err != nil {
 		return nil, fmt.Errorf("reading the operations that already exist: %w", err)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 )
 
 // MaxPayloadBytes is the largest EnqueueParams.Payload Enqueue accepts. The payload travels in
@@ -271,7 +273,7 @@ var columns = Columns("stepwise_operation")
 func ScanOperation(row pgx.Row, extra ...any) (*Operation, error) {
 	var op Operation
 	var payload []byte
-	dest := []any{&op.ID, &op.Kind, &op.BusinessKey, &payload, &op.PayloadHash, &op.Amount, &op.Currency,
+	dest := []any{pgtx.UUIDDest(&op.ID), &op.Kind, &op.BusinessKey, &payload, &op.PayloadHash, &op.Amount, &op.Currency,
 		&op.RunKey, &op.State, &op.Attempts, &op.Checks, &op.LeaseUntil, &op.LeasedBy, &op.NextAttemptAt,
 		&op.NextCheckAt, &op.LastSentAt, &op.UnknownSince, &op.ExternalRef, &op.LastError,
 		&op.LastLookup, &op.ManualReason, &op.CreatedAt, &op.UpdatedAt, &op.FinishedAt,

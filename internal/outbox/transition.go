@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/runwait"
 )
 
@@ -189,7 +190,7 @@ func (o *Outbox) transitionTx(ctx context.Context, tx pgx.Tx, ts []transition) (
 			details[i] = &s
 		}
 	}
-	rows, err := tx.Query(ctx, transitionSQL, ids, froms, tos, claims, checks, refs, errs, reasons, lookups, nextAts, actors, details,
+	rows, err := tx.Query(ctx, transitionSQL, pgtx.UUIDs(ids), froms, tos, claims, checks, refs, errs, reasons, lookups, nextAts, actors, details,
 		reqs, startAgo, endAgo, timeouts)
 	if err != nil {
 		return nil, fmt.Errorf("recording %d operation transitions: %w", n, err)

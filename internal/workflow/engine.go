@@ -178,6 +178,8 @@ type Engine struct {
 type stepFence interface {
 	Begin(ctx context.Context, l *checkpoint.Lease) (pgx.Tx, error)
 	Advance(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error
+	// AdvanceCommit is Advance and the COMMIT of tx in one round trip.
+	AdvanceCommit(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error
 	// Enforced is false only for the fault suite's broken build: a lost lease goes unnoticed.
 	Enforced() bool
 }

@@ -33,6 +33,13 @@ func (n noFence) Advance(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cu
 	return n.s.Advance(ctx, tx, l, cursor, opts)
 }
 
+func (n noFence) AdvanceCommit(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error {
+	if err := n.Advance(ctx, tx, l, cursor, opts); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
 func (noFence) Enforced() bool { return false }
 
 // MaintenanceInsertOptsForTest are the options the periodic maintenance job is inserted with.

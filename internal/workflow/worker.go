@@ -370,10 +370,26 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 		}
 	}
 	release := next.kind != nextContinue || time.Now().After(deadline) || e.draining.Load()
-	if err := e.fence.Advance(ctx, tx, a.lease, cursor, &checkpoint.AdvanceOpts{Release: release, CursorVersion: cursorVersionOf(a.sw.w)}); err != nil {
+	advance := &checkpoint.AdvanceOpts{Release: release, CursorVersion: cursorVersionOf(a.sw.w)}
+	res = stepResult{next: next, released: release}
+	if next.kind == nextContinue && !release {
+		// The common step writes nothing after the fenced write, so the write and the
+		// COMMIT go to the server together, one round trip instead of two; a refused write
+		// aborts the transaction and the COMMIT behind it (checkpoint.AdvanceCommit).
+		if err := faultpoint.Hit(faultpoint.StepBeforeCommit); err != nil {
+			return stepResult{}, err
+		}
+		if err := a.advanceCommit(ctx, tx, cursor, advance); err != nil {
+			if errors.Is(err, checkpoint.ErrFenced) {
+				return stepResult{}, err
+			}
+			return stepResult{}, fmt.Errorf("committing step %d of run %q: %w", s.Number, a.key, err)
+		}
+		return a.committed(next, res)
+	}
+	if err := e.fence.Advance(ctx, tx, a.lease, cursor, advance); err != nil {
 		return stepResult{}, err
 	}
-	res = stepResult{next: next, released: release}
 
 	switch next.kind {
 	case nextContinue, nextSleep:
@@ -427,6 +443,12 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 	if err := a.commit(ctx, tx); err != nil {
 		return stepResult{}, fmt.Errorf("committing step %d of run %q: %w", s.Number, a.key, err)
 	}
+	return a.committed(next, res)
+}
+
+// committed is the bookkeeping after a step's commit landed.
+func (a *attempt[A, C]) committed(next Next, res stepResult) (stepResult, error) {
+	e := a.sw.e
 	a.waitOpen, a.waitHeld = a.waitHeld, false
 	e.metrics.steps.WithLabelValues(a.job.Kind).Inc()
 	switch next.kind {
@@ -465,16 +487,54 @@ func (a *attempt[A, C]) commit(ctx context.Context, tx pgx.Tx) error {
 			return nil
 		}
 	}
-	// Its own deadline: a COMMIT that used up the bound above must still be looked up.
+	if !a.landed(ctx, err, a.lease.Steps) {
+		return err
+	}
+	return nil
+}
+
+// advanceCommit is the fenced write and the COMMIT of a step that writes nothing after the
+// write, sent together (checkpoint.AdvanceCommit), under commit's rules: not cancelled with
+// the step, bounded, and an error other than the fence's followed by a read of the checkpoint,
+// since the COMMIT may have landed with its answer lost.
+func (a *attempt[A, C]) advanceCommit(ctx context.Context, tx pgx.Tx, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error {
+	e := a.sw.e
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StallTimeout+5*time.Second)
+	defer cancel()
+	err := e.fence.AdvanceCommit(cctx, tx, a.lease, cursor, opts)
+	if err == nil {
+		if err = faultpoint.Hit(faultpoint.CommitAnswerLost); err == nil {
+			return nil
+		}
+		// The fault point's answer lost after the step was counted in the lease.
+		if !a.landed(ctx, err, a.lease.Steps) {
+			return err
+		}
+		return nil
+	}
+	if errors.Is(err, checkpoint.ErrFenced) || !a.landed(ctx, err, a.lease.Steps+1) {
+		return err
+	}
+	a.lease.Landed(cursor, opts)
+	return nil
+}
+
+// landed reports whether the step whose COMMIT reported err landed anyway: our token still
+// current, with steps counted. Only the token's holder advances the checkpoint and any claim
+// moves the token on, so that is our commit. Anything else, or a failed read, is a step that
+// did not commit.
+func (a *attempt[A, C]) landed(ctx context.Context, err error, steps int64) bool {
+	e := a.sw.e
+	// Its own deadline: a COMMIT that used up its bound must still be looked up.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer rcancel()
 	st, gerr := e.store.Get(rctx, a.key)
-	if gerr != nil || st.Token != a.lease.Token || st.Steps != a.lease.Steps {
-		return err
+	if gerr != nil || st.Token != a.lease.Token || st.Steps != steps {
+		return false
 	}
 	e.logger.WarnContext(ctx, "stepwise: COMMIT reported an error but the step landed; the run goes on from it",
-		"run", a.key, "step", a.lease.Steps, "error", err)
-	return nil
+		"run", a.key, "step", steps, "error", err)
+	return true
 }
 
 // sleepsOn is how long the run key still sleeps (its wake_at ahead of the database's clock),

@@ -86,8 +86,20 @@ func TestAdvanceCommitCommitsAndReturnsTheConnection(t *testing.T) {
 		_, err = tx.Exec(ctx, `INSERT INTO business VALUES ($1)`, i)
 		require.NoError(t, err)
 		require.NoError(t, s.AdvanceCommit(ctx, tx, l, json.RawMessage(`{"n":`+string(rune('0'+i))+`}`), nil))
+		// The transaction is over: nothing more may run on it, above all not on the
+		// connection it handed back (now idle in the pool, or another step's).
 		require.ErrorIs(t, tx.Commit(ctx), pgx.ErrTxClosed)
 		require.ErrorIs(t, tx.Rollback(ctx), pgx.ErrTxClosed)
+		_, err = tx.Exec(ctx, `INSERT INTO business VALUES (100)`)
+		require.ErrorIs(t, err, pgx.ErrTxClosed)
+		_, err = tx.Query(ctx, `INSERT INTO business VALUES (101)`)
+		require.ErrorIs(t, err, pgx.ErrTxClosed)
+		require.ErrorIs(t, tx.QueryRow(ctx, `INSERT INTO business VALUES (102) RETURNING n`).Scan(new(int)), pgx.ErrTxClosed)
+		batch := &pgx.Batch{}
+		batch.Queue(`INSERT INTO business VALUES (103)`)
+		require.ErrorIs(t, tx.SendBatch(ctx, batch).Close(), pgx.ErrTxClosed)
+		_, err = tx.Begin(ctx)
+		require.ErrorIs(t, err, pgx.ErrTxClosed)
 	}
 
 	var n int

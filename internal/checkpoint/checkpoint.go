@@ -11,8 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepwise-go/stepwise/internal/faultpoint"
 	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/stepwisetype"
 )
@@ -403,10 +405,18 @@ func (s *Store) advanced(l *Lease, cursor json.RawMessage, version int, release 
 func (s *Store) AdvanceCommit(ctx context.Context, tx pgx.Tx, l *Lease, cursor json.RawMessage, opts *AdvanceOpts) error {
 	t, ok := tx.(*connTx)
 	if !ok {
+		// Not from Begin: Advance, then the COMMIT on its own. A COMMIT that failed leaves l as
+		// before the step, as the pipelined path does, so that the caller's check for a commit
+		// that landed anyway looks for one more step, not two.
+		before := l.progress()
 		if err := s.Advance(ctx, tx, l, cursor, opts); err != nil {
 			return err
 		}
-		return tx.Commit(ctx)
+		if err := tx.Commit(ctx); err != nil {
+			l.restore(before)
+			return err
+		}
+		return nil
 	}
 	if t.ended {
 		return fmt.Errorf("advancing checkpoint %q: %w", l.Key, pgx.ErrTxClosed)
@@ -442,8 +452,29 @@ func (s *Store) AdvanceCommit(ctx context.Context, tx pgx.Tx, l *Lease, cursor j
 	// Committed: pgx's transaction still believes itself open (the COMMIT was not its own),
 	// so the connection is handed back here, without the ROLLBACK a Rollback would send.
 	t.end()
+	// Fault point: the COMMIT landed and its answer is taken for an error, l not advanced,
+	// as when the connection is cut while the answer is on its way.
+	if err := faultpoint.Hit(faultpoint.CommitAnswerLost); err != nil {
+		return fmt.Errorf("advancing and committing checkpoint %q: %w", l.Key, err)
+	}
 	s.advanced(l, cursor, version, release, left)
 	return nil
+}
+
+// leaseProgress is what a step's commit changes in a Lease.
+type leaseProgress struct {
+	steps       int64
+	cursor      json.RawMessage
+	version     int
+	confirmedAt time.Time
+}
+
+func (l *Lease) progress() leaseProgress {
+	return leaseProgress{steps: l.Steps, cursor: l.Cursor, version: l.CursorVersion, confirmedAt: l.confirmedAt}
+}
+
+func (l *Lease) restore(p leaseProgress) {
+	l.Steps, l.Cursor, l.CursorVersion, l.confirmedAt = p.steps, p.cursor, p.version, p.confirmedAt
 }
 
 // Landed records in l a step whose commit reported an error and was then found to have
@@ -462,7 +493,11 @@ func (l *Lease) Landed(cursor json.RawMessage, opts *AdvanceOpts) {
 // connTx is a step's transaction on a pool connection that Begin acquired itself, rather than
 // a pgxpool.Tx: after AdvanceCommit's COMMIT, pgx's transaction object still believes itself
 // open, and a pgxpool.Tx would send a ROLLBACK (a round trip, and a warning in the server's
-// log) before handing the connection back. Commit and Rollback otherwise behave as pgx's.
+// log) before handing the connection back. Once ended, every method refuses with
+// pgx.ErrTxClosed, as pgx's own transaction does after its Commit. Guards against: a step
+// that kept its Step.Tx and used it after returning, whose statement would otherwise run,
+// unfenced, on a connection back in the pool, perhaps inside another step's transaction.
+// (LargeObjects, which pgx builds on its own transaction, is the one method not guarded.)
 type connTx struct {
 	pgx.Tx
 	conn  *pgxpool.Conn
@@ -478,14 +513,93 @@ func (t *connTx) Commit(ctx context.Context) error {
 	return err
 }
 
+// Rollback rolls back, unless the server already ended the transaction (a COMMIT sent with
+// AdvanceCommit that failed, say on a deferred constraint): a ROLLBACK then would only earn
+// a warning.
 func (t *connTx) Rollback(ctx context.Context) error {
 	if t.ended {
 		return pgx.ErrTxClosed
 	}
-	err := t.Tx.Rollback(ctx)
+	var err error
+	if pc := t.Tx.Conn().PgConn(); pc.IsClosed() || pc.TxStatus() != 'I' {
+		err = t.Tx.Rollback(ctx)
+	}
 	t.end()
 	return err
 }
+
+func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.ended {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.Tx.Begin(ctx)
+}
+
+func (t *connTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if t.ended {
+		return 0, pgx.ErrTxClosed
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *connTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.ended {
+		return closedBatch{}
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *connTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.ended {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+func (t *connTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.ended {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *connTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.ended {
+		return closedRows{}, pgx.ErrTxClosed
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *connTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.ended {
+		return closedRows{}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+// closedRows are the rows, and the row, of a query on an ended connTx: no rows, and
+// pgx.ErrTxClosed.
+type closedRows struct{}
+
+func (closedRows) Close()                                       {}
+func (closedRows) Err() error                                   { return pgx.ErrTxClosed }
+func (closedRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (closedRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (closedRows) Next() bool                                   { return false }
+func (closedRows) Scan(...any) error                            { return pgx.ErrTxClosed }
+func (closedRows) Values() ([]any, error)                       { return nil, pgx.ErrTxClosed }
+func (closedRows) RawValues() [][]byte                          { return nil }
+func (closedRows) Conn() *pgx.Conn                              { return nil }
+func (closedRows) TypeMap() *pgtype.Map                         { return nil }
+
+// closedBatch is the result of a batch sent on an ended connTx.
+type closedBatch struct{}
+
+func (closedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, pgx.ErrTxClosed }
+func (closedBatch) Query() (pgx.Rows, error)         { return closedRows{}, pgx.ErrTxClosed }
+func (closedBatch) QueryRow() pgx.Row                { return closedRows{} }
+func (closedBatch) Close() error                     { return pgx.ErrTxClosed }
+func (closedBatch) Tx() pgx.Tx                       { return nil }
 
 // end hands the connection back to the pool (which closes it if a transaction is still open
 // on it, as after a failed ROLLBACK).

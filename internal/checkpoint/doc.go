@@ -12,6 +12,9 @@
 //     same round trip, and checks (without locking) that the token is still current.
 //  3. The caller writes its business rows in that transaction; Advance then stores the new
 //     cursor WHERE fencing_token = ours. Zero rows means ErrFenced: roll back, stop.
+//     AdvanceCommit sends that write and the COMMIT together, for a step that writes
+//     nothing after it: there the write raises (stepwise_fenced, migration 017) instead of
+//     matching no row, so that the server skips the COMMIT behind it.
 //  4. Heartbeat renews the lease from the claim until the attempt ends, on a connection of
 //     the store's own outside the pool, so a busy pool never makes a live owner look dead
 //     (one more connection per process while leases are held); Release gives it up.

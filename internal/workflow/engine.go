@@ -172,6 +172,10 @@ type Engine struct {
 
 	// draining is set by Quiesce: attempts release their run at the next step boundary.
 	draining atomic.Bool
+
+	// fencedCommit is whether the database has stepwise_fenced (migration 017), which the
+	// one-round-trip commit needs: 0 not yet asked, 1 yes, -1 no (see pipelineCommit).
+	fencedCommit atomic.Int32
 }
 
 // stepFence is the seam for the step protocol's fencing.

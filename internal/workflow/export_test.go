@@ -34,10 +34,12 @@ func (n noFence) Advance(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cu
 }
 
 func (n noFence) AdvanceCommit(ctx context.Context, tx pgx.Tx, l *checkpoint.Lease, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error {
-	if err := n.Advance(ctx, tx, l, cursor, opts); err != nil {
+	st, err := n.s.Get(ctx, l.Key)
+	if err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	l.Token = st.Token
+	return n.s.AdvanceCommit(ctx, tx, l, cursor, opts) // tx is not Begin's: Advance, then COMMIT
 }
 
 func (noFence) Enforced() bool { return false }

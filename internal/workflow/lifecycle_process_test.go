@@ -228,3 +228,27 @@ func TestCommitWhoseAnswerIsLostIsFoundLanded(t *testing.T) {
 	require.Zero(t, run.Failures)
 	require.Greater(t, time.Until(*run.WakeAt), 55*time.Minute)
 }
+
+// The same for a step that continues, whose fenced write and COMMIT travel together
+// (checkpoint.AdvanceCommit): the COMMIT lands, its answer is lost before the lease counted
+// the step, and the attempt finds it landed and goes on from it, with no step error, no
+// item twice and none lost.
+func TestPipelinedCommitWhoseAnswerIsLostIsFoundLanded(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	url, e := processEnv(t, lease, 50*time.Millisecond)
+
+	w := workflowtest.Start(t, "wf-worker", workerEnv(url, lease, 10*time.Second,
+		"STEPWISE_FAULTS=commit-answer-lost:error@n=2")...)
+	defer w.Kill()
+	startRun(t, e, "lost-answer", countArgs{Total: 10, Batch: 1, Table: "items"})
+	_, err := w.WaitForLine(waitCtx(t, 30*time.Second), "COMMIT reported an error but the step landed")
+	require.NoError(t, err)
+	run := waitRun(t, e.pool, "lost-answer", 30*time.Second, workflow.RunStatusSucceeded, workflow.RunStatusFailed)
+	require.Equal(t, workflow.RunStatusSucceeded, run.Status)
+	perN, _ := itemCounts(t, e.pool, "items", "lost-answer")
+	requireExactlyOnce(t, perN, 10)
+	stepErrors := queryInt(t, e.pool, `SELECT count(*) FROM stepwise_event WHERE subject = 'lost-answer' AND kind IN ('run.step_error', 'lease.fenced')`)
+	require.Zero(t, stepErrors, "a step that committed was recorded as failed")
+	require.Zero(t, run.Failures)
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
@@ -372,7 +373,13 @@ func (a *attempt[A, C]) step(ctx context.Context, deadline time.Time) (res stepR
 	release := next.kind != nextContinue || time.Now().After(deadline) || e.draining.Load()
 	advance := &checkpoint.AdvanceOpts{Release: release, CursorVersion: cursorVersionOf(a.sw.w)}
 	res = stepResult{next: next, released: release}
+	pipeline := false
 	if next.kind == nextContinue && !release {
+		if pipeline, err = e.pipelineCommit(ctx, tx); err != nil {
+			return stepResult{}, err
+		}
+	}
+	if pipeline {
 		// The common step writes nothing after the fenced write, so the write and the
 		// COMMIT go to the server together, one round trip instead of two; a refused write
 		// aborts the transaction and the COMMIT behind it (checkpoint.AdvanceCommit).
@@ -493,26 +500,65 @@ func (a *attempt[A, C]) commit(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// pipelineCommit reports whether steps may send the fenced write and COMMIT together: the
+// database must have stepwise_fenced (migration 017), which the write calls when it is
+// refused. Asked once per engine, in the first such step's transaction. Guards against: a
+// build deployed before its migration ran failing every step with "function stepwise_fenced
+// does not exist"; such a database gets the two round trips of earlier builds and a warning,
+// until migrations.Migrate has run and the process restarts.
+func (e *Engine) pipelineCommit(ctx context.Context, tx pgx.Tx) (bool, error) {
+	switch e.fencedCommit.Load() {
+	case 1:
+		return true, nil
+	case -1:
+		return false, nil
+	}
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT to_regprocedure('stepwise_fenced(text,bigint)') IS NOT NULL`).Scan(&ok); err != nil {
+		return false, fmt.Errorf("looking for function stepwise_fenced (migration 017): %w", err)
+	}
+	if !ok {
+		if e.fencedCommit.CompareAndSwap(0, -1) {
+			e.logger.WarnContext(ctx, "stepwise: the database lacks migration 017 (function stepwise_fenced); "+
+				"steps commit in two round trips instead of one until migrations.Migrate has run and this process restarts")
+		}
+		return false, nil
+	}
+	e.fencedCommit.Store(1)
+	return true, nil
+}
+
 // advanceCommit is the fenced write and the COMMIT of a step that writes nothing after the
 // write, sent together (checkpoint.AdvanceCommit), under commit's rules: not cancelled with
 // the step, bounded, and an error other than the fence's followed by a read of the checkpoint,
 // since the COMMIT may have landed with its answer lost.
 func (a *attempt[A, C]) advanceCommit(ctx context.Context, tx pgx.Tx, cursor json.RawMessage, opts *checkpoint.AdvanceOpts) error {
 	e := a.sw.e
+	// Guards against: a step whose context ended before its write (an operator's cancel, a
+	// lease the heartbeat could not renew in time, the job's timeout) committing because the
+	// write now goes out with the COMMIT, on a context that is not cancelled. Before, the
+	// write ran on the step's context and was refused; so it is here. A cancel that comes
+	// once the write is on its way is the same race as one during a separate COMMIT.
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("advancing checkpoint %q: %w", a.key, err)
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.StallTimeout+5*time.Second)
 	defer cancel()
 	err := e.fence.AdvanceCommit(cctx, tx, a.lease, cursor, opts)
 	if err == nil {
-		if err = faultpoint.Hit(faultpoint.CommitAnswerLost); err == nil {
-			return nil
-		}
-		// The fault point's answer lost after the step was counted in the lease.
-		if !a.landed(ctx, err, a.lease.Steps) {
-			return err
-		}
 		return nil
 	}
-	if errors.Is(err, checkpoint.ErrFenced) || !a.landed(ctx, err, a.lease.Steps+1) {
+	if errors.Is(err, checkpoint.ErrFenced) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
+		// stepwise_fenced is gone (a restore of an older schema, say): ask again, and fall
+		// back, from the next step on. Nothing of this one ran.
+		e.fencedCommit.Store(0)
+	}
+	// The lease is as before the step: one more step counted means ours landed.
+	if !a.landed(ctx, err, a.lease.Steps+1) {
 		return err
 	}
 	a.lease.Landed(cursor, opts)

@@ -58,6 +58,29 @@ func (t *statementTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.
 	st.total += d
 }
 
+// TraceBatchStart and TraceBatchEnd count a batch as one round trip under one label naming
+// its statements in order ("batch: WITH advanced AS ( UPDATE stepwise_checkpoint SET... +
+// COMMIT"): a step that continues sends its
+// fenced write and COMMIT that way (checkpoint.AdvanceCommit), and without these the trace
+// showed neither.
+func (t *statementTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	labels := make([]string, 0, data.Batch.Len())
+	for _, q := range data.Batch.QueuedQueries {
+		l := statementLabel(q.SQL)
+		if len(l) > 55 { // so that the whole batch fits a label
+			l = l[:52] + "..."
+		}
+		labels = append(labels, l)
+	}
+	return context.WithValue(ctx, traceKey{}, traceStart{sql: "batch: " + strings.Join(labels, " + "), start: time.Now()})
+}
+
+func (t *statementTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (t *statementTracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchEndData) {
+	t.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{})
+}
+
 // reset returns the statistics gathered so far and starts afresh.
 func (t *statementTracer) reset() map[string]*stmtStat {
 	t.mu.Lock()

@@ -100,6 +100,7 @@ func TestAdvanceCommitCommitsAndReturnsTheConnection(t *testing.T) {
 		require.ErrorIs(t, tx.SendBatch(ctx, batch).Close(), pgx.ErrTxClosed)
 		_, err = tx.Begin(ctx)
 		require.ErrorIs(t, err, pgx.ErrTxClosed)
+		require.Nil(t, tx.Conn(), "the connection is the pool's again")
 	}
 
 	var n int

@@ -494,10 +494,11 @@ func (l *Lease) Landed(cursor json.RawMessage, opts *AdvanceOpts) {
 // a pgxpool.Tx: after AdvanceCommit's COMMIT, pgx's transaction object still believes itself
 // open, and a pgxpool.Tx would send a ROLLBACK (a round trip, and a warning in the server's
 // log) before handing the connection back. Once ended, every method refuses with
-// pgx.ErrTxClosed, as pgx's own transaction does after its Commit. Guards against: a step
-// that kept its Step.Tx and used it after returning, whose statement would otherwise run,
-// unfenced, on a connection back in the pool, perhaps inside another step's transaction.
-// (LargeObjects, which pgx builds on its own transaction, is the one method not guarded.)
+// pgx.ErrTxClosed, as pgx's own transaction does after its Commit, and Conn returns nil.
+// Guards against: a step that kept its Step.Tx and used it after returning, whose statement
+// would otherwise run, unfenced, on a connection back in the pool, perhaps inside another
+// step's transaction. (LargeObjects, which pgx builds on its own transaction, is the one
+// method not guarded.)
 type connTx struct {
 	pgx.Tx
 	conn  *pgxpool.Conn
@@ -526,6 +527,14 @@ func (t *connTx) Rollback(ctx context.Context) error {
 	}
 	t.end()
 	return err
+}
+
+// Conn is nil once the transaction ended: its connection belongs to the pool again.
+func (t *connTx) Conn() *pgx.Conn {
+	if t.ended {
+		return nil
+	}
+	return t.Tx.Conn()
 }
 
 func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {

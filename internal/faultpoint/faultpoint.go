@@ -46,7 +46,7 @@ import (
 // Names of the fault points built into Stepwise's protocol code.
 const (
 	AfterClaim         = "after-claim"          // lease taken, no step begun
-	StepBeforeCommit   = "step-before-commit"   // user writes done and fenced write issued, COMMIT not sent
+	StepBeforeCommit   = "step-before-commit"   // user writes done, COMMIT not sent (fenced write issued, or for a step that continues about to go with the COMMIT)
 	AfterStepCommit    = "after-step-commit"    // a step committed, the next not begun
 	CommitAnswerLost   = "commit-answer-lost"   // a step's COMMIT landed; error: its answer is taken for an error
 	AfterProcessing    = "after-processing"     // operation marked PROCESSING, not yet sent

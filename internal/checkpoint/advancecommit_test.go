@@ -23,21 +23,21 @@ func TestAdvanceCommitRefusesZombie(t *testing.T) {
 	_, err := b.pool.Exec(ctx, `CREATE TABLE business (who text)`)
 	require.NoError(t, err)
 
-	zombie, err := s.Claim(ctx, "k", "zombie", 1)
-	require.NoError(t, err)
-	ztx, err := s.Begin(ctx, zombie)
-	require.NoError(t, err)
-	_, err = ztx.Exec(ctx, `INSERT INTO business VALUES ('zombie')`)
-	require.NoError(t, err)
+	// claimAndWrite claims "k" for owner and begins a step that writes its business row.
+	claimAndWrite := func(owner string) (*checkpoint.Lease, pgx.Tx) {
+		l, err := s.Claim(ctx, "k", owner, 1)
+		require.NoError(t, err)
+		tx, err := s.Begin(ctx, l)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `INSERT INTO business VALUES ($1)`, owner)
+		require.NoError(t, err)
+		return l, tx
+	}
+	zombie, ztx := claimAndWrite("zombie")
 
 	// The zombie is paused past its lease; another owner claims and commits a step.
 	time.Sleep(80 * time.Millisecond)
-	next, err := s.Claim(ctx, "k", "next", 1)
-	require.NoError(t, err)
-	ntx, err := s.Begin(ctx, next)
-	require.NoError(t, err)
-	_, err = ntx.Exec(ctx, `INSERT INTO business VALUES ('next')`)
-	require.NoError(t, err)
+	next, ntx := claimAndWrite("next")
 	require.NoError(t, s.AdvanceCommit(ctx, ntx, next, json.RawMessage(`{"by":"next"}`), nil))
 
 	// The zombie wakes and sends its write and COMMIT together: refused, nothing lands.

@@ -357,10 +357,7 @@ func advanceArgs(l *Lease, cursor json.RawMessage, release bool, lease time.Dura
 // has left by the time a step commits: always renewed).
 func (s *Store) advanceOpts(l *Lease, opts *AdvanceOpts) (release bool, version int, keepAbove time.Duration, err error) {
 	release = opts != nil && opts.Release
-	version = 1
-	if opts != nil && opts.CursorVersion != 0 {
-		version = opts.CursorVersion
-	}
+	version = opts.cursorVersion()
 	if version < 1 {
 		return false, 0, 0, fmt.Errorf("advancing checkpoint %q: AdvanceOpts.CursorVersion is %d; versions start at 1 (0 means 1)", l.Key, version)
 	}
@@ -483,11 +480,16 @@ func (l *Lease) restore(p leaseProgress) {
 func (l *Lease) Landed(cursor json.RawMessage, opts *AdvanceOpts) {
 	l.Steps++
 	l.Cursor = cursor
-	l.CursorVersion = 1
-	if opts != nil && opts.CursorVersion != 0 {
-		l.CursorVersion = opts.CursorVersion
-	}
+	l.CursorVersion = opts.cursorVersion()
 	l.confirmedAt = time.Time{}
+}
+
+// cursorVersion is the version to store: 0 (or no opts) means 1.
+func (o *AdvanceOpts) cursorVersion() int {
+	if o == nil || o.CursorVersion == 0 {
+		return 1
+	}
+	return o.CursorVersion
 }
 
 // connTx is a step's transaction on a pool connection that Begin acquired itself, rather than

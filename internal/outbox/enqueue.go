@@ -131,7 +131,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, ops ...EnqueueParams) (_ *EnqueueRe
 			AS n(id, kind, bk, payload, amount, currency, run_key)
 		ON CONFLICT DO NOTHING
 		RETURNING operation_id, pg_current_xact_id()::text`,
-		pgtx.UUIDs(b.ids), b.kinds, b.keys, b.payloads, b.amounts, b.currencies, b.runKeys, traceParent)
+		b.ids, b.kinds, b.keys, b.payloads, b.amounts, b.currencies, b.runKeys, traceParent)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d operations: %w", len(prepared), err)
 	}
@@ -241,9 +241,10 @@ func sameJSON(a, b json.RawMessage) bool {
 	return reflect.DeepEqual(va, vb)
 }
 
-// opArrays holds operations column-wise for unnest.
+// opArrays holds operations column-wise for unnest; ids as bytes, which pgx sends natively
+// (see pgtx.UUIDs).
 type opArrays struct {
-	ids        []uuid.UUID
+	ids        [][16]byte
 	kinds      []string
 	keys       []string
 	payloads   []string
@@ -254,7 +255,7 @@ type opArrays struct {
 
 func newOpArrays(ops []EnqueueParams) *opArrays {
 	b := &opArrays{
-		ids:        make([]uuid.UUID, len(ops)),
+		ids:        make([][16]byte, len(ops)),
 		kinds:      make([]string, len(ops)),
 		keys:       make([]string, len(ops)),
 		payloads:   make([]string, len(ops)),
@@ -299,7 +300,7 @@ func checkExisting(ctx context.Context, tx pgx.Tx, ops []EnqueueParams, inserted
 			SELECT * FROM stepwise_operation WHERE kind = n.kind AND business_key = n.bk
 		) o ON true
 		ORDER BY n.ord`,
-		pgtx.UUIDs(b.ids), b.kinds, b.keys, b.payloads, b.amounts, b.currencies)
+		b.ids, b.kinds, b.keys, b.payloads, b.amounts, b.currencies)
 	if err != nil {
 		return nil, fmt.Errorf("reading the operations that already exist: %w", err)
 	}

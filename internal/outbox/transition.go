@@ -9,7 +9,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/stepwise-go/stepwise/internal/pgtx"
 	"github.com/stepwise-go/stepwise/internal/runwait"
 )
 
@@ -135,7 +134,7 @@ func (o *Outbox) transitionTx(ctx context.Context, tx pgx.Tx, ts []transition) (
 	}
 	n := len(ts)
 	var (
-		ids      = make([]uuid.UUID, n)
+		ids      = make([][16]byte, n) // bytes, which pgx sends natively (see pgtx.UUIDs)
 		froms    = make([]string, n)
 		tos      = make([]string, n)
 		claims   = make([]int32, n)
@@ -190,7 +189,7 @@ func (o *Outbox) transitionTx(ctx context.Context, tx pgx.Tx, ts []transition) (
 			details[i] = &s
 		}
 	}
-	rows, err := tx.Query(ctx, transitionSQL, pgtx.UUIDs(ids), froms, tos, claims, checks, refs, errs, reasons, lookups, nextAts, actors, details,
+	rows, err := tx.Query(ctx, transitionSQL, ids, froms, tos, claims, checks, refs, errs, reasons, lookups, nextAts, actors, details,
 		reqs, startAgo, endAgo, timeouts)
 	if err != nil {
 		return nil, fmt.Errorf("recording %d operation transitions: %w", n, err)

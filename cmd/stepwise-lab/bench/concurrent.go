@@ -170,8 +170,7 @@ func (r *settleRig) stepwiseShards(ctx context.Context, date time.Time, shards, 
 	check := time.NewTicker(statusCheck)
 	defer check.Stop()
 	for {
-		ended := r.timing.allEnded(jobs, t0)
-		if ended {
+		if r.timing.allEnded(jobs, t0) {
 			// A run is "succeeded" before its Work returns, so the last return is when the
 			// date was durably settled; confirm that every run did succeed.
 			done, failed, err := r.shardStatus(ctx, keys)

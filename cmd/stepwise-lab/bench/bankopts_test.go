@@ -64,7 +64,12 @@ func TestBankSectionsQuick(t *testing.T) {
 	require.Regexp(t, `slowbank peak RSS: \d+ MiB`, report)
 	require.Contains(t, report, "== bigday: reconciling one date of 5,000 payouts, 100 UNKNOWN_EXTERNAL")
 	require.Regexp(t, `(?m)^\s+8\s+100\s+\d+\s+\S+\s+(80|[\d,]+\*)\s+\d\.\d\d`, report, "the reconciler's row shows the limit Concurrency / latency")
-	require.Contains(t, report, "CompareTotals of the day")
+	// The day's totals: every payout compared, the planted differences found (else Main
+	// fails), the whole day beside a tenth of it.
+	require.Contains(t, report, "CompareTotals of the day: 5,000 payouts against a statement of 5,002 entries")
+	require.Regexp(t, `(?m)^  whole day\s+5,000 payouts\s+median \S+ \[\S+-\S+\] of 3 \(target <= 2s\), heap beyond the statement \d+\.\d MiB$`, report)
+	require.Regexp(t, `(?m)^  tenth\s+[\d,]+ payouts\s+median \S+`, report)
+	require.Regexp(t, `(?m)^  [\d,]+ more payouts add -?\d+\.\d\d MiB beyond the statement`, report)
 	require.Regexp(t, `bigday peak RSS: \d+ MiB`, report)
 	require.Contains(t, errw.String(), "bench: slowbank: latency 50ms, concurrency 16: ")
 	require.Contains(t, errw.String(), "bench: bigday: concurrency 8, batch 100: ")

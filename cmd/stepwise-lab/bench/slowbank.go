@@ -87,7 +87,9 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 			FROM generate_series(1, $2::bigint) g
 			RETURNING id, merchant_id, amount, status, run_key
 		), p AS (
-			SELECT s.*, m.code,
+			-- A day's payouts are sent over the day: the SUCCEEDED ones' send times spread
+			-- over the 24 hours before the seed, so a totals period can hold part of the day.
+			SELECT s.*, m.code, now() - interval '1 day' + s.merchant_id * (interval '1 day' / $2::bigint) AS sent,
 				jsonb_build_object('settlement_id', s.id, 'merchant', m.code,
 					'account', 'EU' || lpad((s.merchant_id % 97)::text, 2, '0') || '-' || lpad(s.merchant_id::text, 10, '0')) AS payload
 			-- settlement.MerchantCode: "M" and at least six digits (lpad alone would cut a
@@ -101,10 +103,10 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 			CASE WHEN status = 'PENDING' THEN 'PENDING' ELSE 'SUCCEEDED' END,
 			CASE WHEN status = 'PENDING' THEN 0 ELSE 1 END,
 			CASE WHEN status = 'PENDING' THEN 0 ELSE 1 END,
-			CASE WHEN status = 'PENDING' THEN NULL ELSE now() END,
-			CASE WHEN status = 'PENDING' THEN NULL ELSE now() END,
+			CASE WHEN status = 'PENDING' THEN NULL ELSE sent END,
+			CASE WHEN status = 'PENDING' THEN NULL ELSE sent - interval '5 ms' END,
 			CASE WHEN status = 'PENDING' THEN NULL ELSE 'seed-' || id END,
-			CASE WHEN status = 'PENDING' THEN NULL ELSE now() END
+			CASE WHEN status = 'PENDING' THEN NULL ELSE sent + interval '50 ms' END
 		FROM p`, date, n, pendingEvery, settlement.PayoutKind)
 	if err != nil {
 		return 0, fmt.Errorf("seeding %d payouts of %s: %w", n, date.Format(time.DateOnly), err)

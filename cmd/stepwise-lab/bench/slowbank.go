@@ -300,8 +300,15 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 			x := row{latency: lat, c: c, ideal: ideal, zero: zero, after: after, d: d}
 			rows = append(rows, x)
 			limit, _ = limitOf(x)
-			r.progress("slowbank: latency %s, concurrency %d: %s payouts/s of a limit of %s (%.2f; %d payouts in %s; zero latency %s/s before, %s/s after; load %s)",
-				lat, c, fmtRate(d.rate()), fmtRate(limit), d.rate()/limit, n, fmtDur(d.elapsed), fmtRate(zero.rate()), fmtRate(after.rate()), d.load)
+			// The probe's own rate, and whether it served as the reference (it does where it
+			// was at least twice Concurrency / latency: then that is the limit anyway).
+			probeUse := "the references ran the probe's rate × the window"
+			if zeroN == probeN && probe.rate() >= 2*ideal {
+				probeUse = "at least twice Concurrency / latency, so it served as the reference before"
+			}
+			r.progress("slowbank: latency %s, concurrency %d: %s payouts/s of a limit of %s (%.2f; %d payouts in %s; zero latency %s/s before, %s/s after; probe %s/s over %d payouts, %s; load %s)",
+				lat, c, fmtRate(d.rate()), fmtRate(limit), d.rate()/limit, n, fmtDur(d.elapsed), fmtRate(zero.rate()), fmtRate(after.rate()),
+				fmtRate(probe.rate()), probeN, probeUse, d.load)
 		}
 	}
 

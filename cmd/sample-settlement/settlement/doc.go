@@ -12,7 +12,7 @@ schedule.ShardOf(code, N), computed in SQL by merchant_shard from a stored hash.
 run is one SettleBatch: one statement settles the next batch of merchants after the cursor —
 sums per (merchant, type, currency), a settlement per group (unique business key, ON CONFLICT
 DO NOTHING) and its two ledger entries — and one outbox.Enqueue writes the payouts, all in the
-step's transaction, committed with the cursor (the last merchant id) or not at all:
+step's transaction, committed with the cursor (the last merchant id walked past) or not at all:
 
 	res, err := settlement.SettleBatch(ctx, tx, settlement.Batch{
 		Date: date, Shard: 3, Shards: 8, AfterMerchant: cursor, Size: 500, RunKey: runKey,

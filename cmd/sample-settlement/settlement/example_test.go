@@ -35,7 +35,7 @@ func ExampleSettleBatch() {
 	const shards = 2
 	total := 0
 	for shard := range shards {
-		var after int64 // the cursor: the last merchant settled
+		var after int64 // the cursor: the last merchant walked past
 		for {
 			var res settlement.BatchResult
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -66,8 +66,9 @@ func ExampleSettleBatch() {
 	fmt.Println(settlement.PayoutKey("M000042", date, "pos", "EUR"))
 	// Output:
 	// transactions: 1000
-	// shard 0: 25 merchants after id 0, up to 51: 66 settlements
-	// shard 0: 24 merchants after id 51, up to 99: 47 settlements
+	// shard 0: 24 merchants after id 0, up to 50: 64 settlements
+	// shard 0: 25 merchants after id 50, up to 99: 49 settlements
+	// shard 0: 0 merchants after id 99, up to 100: 0 settlements
 	// shard 1: 25 merchants after id 0, up to 49: 67 settlements
 	// shard 1: 25 merchants after id 49, up to 98: 58 settlements
 	// shard 1: 1 merchants after id 98, up to 100: 3 settlements

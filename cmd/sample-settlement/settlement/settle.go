@@ -23,17 +23,20 @@ const PayoutKind = "payout"
 // 1,000 about 19,000/s; 500 keeps each step's transaction short while staying close.
 const BatchSizeDefault = 500
 
-// Batch selects the merchants one SettleBatch call settles: the first Size merchants of
-// shard Shard (of Shards) whose id is after AfterMerchant.
+// Batch selects the merchants one SettleBatch call settles: of the next Size × Shards
+// merchants by id after AfterMerchant (the walk), at most the first Size of shard Shard (of
+// Shards).
 type Batch struct {
 	// Date is the business date settled (midnight UTC, as ParseDate returns).
 	Date time.Time
 	// Shard and Shards select the merchants with merchant_shard(hash, Shards) = Shard, which
 	// is schedule.ShardOf(code, Shards).
 	Shard, Shards int
-	// AfterMerchant is the cursor: the last merchant id a previous batch covered, 0 at first.
+	// AfterMerchant is the cursor: the last merchant id a previous batch walked past, 0 at
+	// first. Every merchant of the shard up to it is settled.
 	AfterMerchant int64
-	// Size is the most merchants the batch covers. Defaults to BatchSizeDefault.
+	// Size is the most merchants the batch covers. Defaults to BatchSizeDefault. A batch walks
+	// Size × Shards merchant ids (at most maxWalk), about Size of them in its shard.
 	Size int
 	// RunKey is the workflow run settling the batch; it is stored on settlements and on the
 	// payout operations, so a run's batch status can be proven from its operations.
@@ -43,35 +46,38 @@ type Batch struct {
 
 // BatchResult is what one SettleBatch call did.
 type BatchResult struct {
-	// LastMerchant is the last merchant id the batch covered: the next cursor. It equals
-	// AfterMerchant when the batch covered none.
+	// LastMerchant is the next cursor: the last merchant id the batch walked past, settled or
+	// of another shard. It equals AfterMerchant when there were no merchants after it.
 	LastMerchant int64
 	// Merchants is how many merchants the batch covered.
 	Merchants int
 	// Settlements is how many settlements it created, each with two ledger entries and a
 	// payout. Fewer than the groups found means some existed already (a replay).
 	Settlements int
-	// Done is true when the shard has no merchants after LastMerchant.
+	// Done is true when the shard has no merchants after LastMerchant (the walk reached the
+	// end of the merchant table).
 	Done bool
 }
 
+// maxWalk bounds the merchant ids one batch walks (Size × Shards), so that a run of many
+// shards keeps its steps short; its batches then cover fewer than Size merchants.
+const maxWalk = 100_000
+
 // settleSQL settles a batch of merchants in one statement: no round trip per merchant.
 //
-//   - batch: the next merchants of the shard after the cursor, in id order (the primary key
-//     is the cursor's index; the shard filter costs a hash modulo per row skipped). The walk
-//     along the key is a subquery behind OFFSET 0, planned on its own, and the filter and
-//     LIMIT stop it once the batch is full. Guards against: a plan that read and sorted
-//     every merchant after the cursor. The planner cannot know that the filter keeps one
-//     merchant in Shards and guesses 0.5%; planned for the first cursors' values (as a
-//     connection's first five executions of a prepared statement are), a batch of more than
-//     0.5% of the merchants after the cursor looked like all of them, so a sequential scan
-//     and a sort looked cheaper than the key. Measured at 40,000 merchants and batches of
-//     1,000: the statement took 74-96 ms instead of 15-19, in a run's first two steps on a
-//     connection new to it. (Beyond 200 merchants per batch item, 200,000 for batches of
-//     1,000, the guess exceeds the batch and the old plan used the key too.) Not guarded:
-//     with the merchant rows stored out of id order, the generic plan (a connection's sixth
-//     execution on) reads the rest by a bitmap scan and sorts it; keep the table in id order
-//     (CLUSTER merchant USING merchant_pkey) or see docs/design.md.
+//   - walk: the next merchant ids after the cursor, at most $7 (Size × Shards), along the
+//     primary key. Guards against: a plan that read and sorted every merchant after the
+//     cursor. The LIMIT inside the walk is what keeps the key: told it needs the first $7
+//     rows in id order, the planner walks the index whatever the statement's values (a
+//     connection's first five executions are planned for them) and wherever the rows lie on
+//     disk (the generic plan, from the sixth on, with a table stored out of id order after a
+//     CLUSTER or years of updates). An unbounded walk filtered by shard afterwards cost the
+//     planner a guess it could not make: that the filter keeps one merchant in Shards (it
+//     assumes 0.5%). Measured at 20,000 merchants, the generic plan of the unbounded walk
+//     read 15,000 merchant rows for a batch of 1,000 once the table was clustered by shard
+//     (TestSettleBatchReadsOnlyItsBatch); at 40,000 merchants in id order, the custom plans
+//     of a fence-less walk took 74-96 ms instead of 15-19.
+//   - batch: the walk's merchants of the shard, at most Size ($4), in id order.
 //   - sums: their transactions of the date, per (merchant, type, currency), read from
 //     card_txn_settle_idx alone.
 //   - ins: one settlement per group. ON CONFLICT on the business key DO NOTHING: a step that
@@ -80,16 +86,18 @@ type BatchResult struct {
 //   - entries: two ledger entries per settlement just created (and only those, so a replay
 //     posts nothing), debit merchant payable, credit bank clearing: they sum to zero.
 //
-// The last SELECT returns the batch's size and last id on every row, and one row with NULL
-// settlement columns when nothing was created, so the cursor moves even over merchants
-// without transactions; and on every row the first business date of dated payouts
-// (payout_scheme), read in the step's own transaction: no process holds a copy that could
-// disagree with the database's.
+// The last SELECT returns on every row the batch's size, the next cursor and how many ids
+// were walked, and one row with NULL settlement columns when nothing was created, so the
+// cursor moves even over merchants without transactions; and on every row the first business
+// date of dated payouts (payout_scheme), read in the step's own transaction: no process holds
+// a copy that could disagree with the database's. The next cursor is the batch's last
+// merchant when the batch is full (the walk may hold more of the shard beyond it), else the
+// walk's last id: every merchant of the shard up to it is in the batch.
 const settleSQL = `
-WITH batch AS MATERIALIZED (
-	SELECT id, code, bank_account FROM (
-		SELECT id, code, bank_account, shard_hash FROM merchant WHERE id > $1 ORDER BY id OFFSET 0
-	) walk
+WITH walk AS MATERIALIZED (
+	SELECT id, code, bank_account, shard_hash FROM merchant WHERE id > $1 ORDER BY id LIMIT $7
+), batch AS MATERIALIZED (
+	SELECT id, code, bank_account FROM walk
 	WHERE merchant_shard(shard_hash, $2) = $3
 	ORDER BY id
 	LIMIT $4
@@ -109,8 +117,10 @@ WITH batch AS MATERIALIZED (
 	FROM ins i JOIN batch b ON b.id = i.merchant_id
 	CROSS JOIN LATERAL (VALUES ('merchant_payable:' || b.code, 1), ('bank_clearing', -1)) AS e(account, sign)
 )
-SELECT s.n, s.last, (SELECT dated_from FROM payout_scheme), i.id, b.code, b.bank_account, i.type, i.currency, i.amount
-FROM (SELECT count(*)::int AS n, coalesce(max(id), $1) AS last FROM batch) s
+SELECT s.n, CASE WHEN s.n = $4 THEN s.last ELSE s.walked_to END, s.walked, (SELECT dated_from FROM payout_scheme),
+	i.id, b.code, b.bank_account, i.type, i.currency, i.amount
+FROM (SELECT count(*)::int AS n, coalesce(max(id), $1) AS last FROM batch) s0
+CROSS JOIN LATERAL (SELECT s0.n, s0.last, count(*)::int AS walked, coalesce(max(id), $1) AS walked_to FROM walk) s
 LEFT JOIN (ins i JOIN batch b ON b.id = i.merchant_id) ON true
 ORDER BY i.merchant_id, i.type, i.currency`
 
@@ -179,11 +189,13 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 	if b.RunKey != "" {
 		runKey = &b.RunKey
 	}
-	rows, err := tx.Query(ctx, settleSQL, b.AfterMerchant, b.Shards, b.Shard, b.Size, b.Date, runKey)
+	walk := min(b.Size*b.Shards, max(maxWalk, b.Size))
+	rows, err := tx.Query(ctx, settleSQL, b.AfterMerchant, b.Shards, b.Shard, b.Size, b.Date, runKey, walk)
 	if err != nil {
 		return res, fmt.Errorf("settling merchants after %d (shard %d/%d): %w", b.AfterMerchant, b.Shard, b.Shards, err)
 	}
 	var ops []outbox.EnqueueParams
+	walked := 0
 	for rows.Next() {
 		var (
 			id                      *int64
@@ -191,7 +203,7 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 			amount                  *int64
 			datedFrom               *time.Time
 		)
-		if err := rows.Scan(&res.Merchants, &res.LastMerchant, &datedFrom, &id, &code, &account, &typ, &cur, &amount); err != nil {
+		if err := rows.Scan(&res.Merchants, &res.LastMerchant, &walked, &datedFrom, &id, &code, &account, &typ, &cur, &amount); err != nil {
 			rows.Close()
 			return res, fmt.Errorf("settling merchants after %d: reading result: %w", b.AfterMerchant, err)
 		}
@@ -230,7 +242,9 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 		return res, fmt.Errorf("settling merchants after %d (shard %d/%d): %w", b.AfterMerchant, b.Shard, b.Shards, err)
 	}
 	res.Settlements = len(ops)
-	res.Done = res.Merchants < b.Size
+	// A full batch may have more of the shard after it; a walk shorter than asked reached
+	// the end of the table.
+	res.Done = res.Merchants < b.Size && walked < walk
 	if len(ops) > 0 {
 		if _, err := outbox.Enqueue(ctx, tx, ops...); err != nil {
 			return res, fmt.Errorf("enqueuing %d payouts: %w", len(ops), err)
@@ -249,7 +263,8 @@ type SettleArgs struct {
 // Kind is the River job kind.
 func (SettleArgs) Kind() string { return "settle_merchants" }
 
-// SettleCursor is what survives a crash: the last merchant id settled.
+// SettleCursor is what survives a crash: the last merchant id walked past (every merchant
+// of the shard up to it is settled).
 type SettleCursor struct {
 	AfterMerchant int64 `json:"after_merchant"`
 }

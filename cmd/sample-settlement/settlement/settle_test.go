@@ -153,20 +153,38 @@ func TestSettleBatchReadsOnlyItsBatch(t *testing.T) {
 			seq1, idx1 := counts()
 			require.NoError(t, tx.Rollback(ctx))
 			seqRead, read := seq1-seq0, seq1-seq0+idx1-idx0
+			t.Logf("batch %d of shard 0 of %d: %d merchants settled, %d merchant rows read (%d by a sequential scan)", batch+1, shards, res.Merchants, read, seqRead)
 			// The shard's next size merchants lie within about shards × size ids of the
 			// cursor; a batch that read a quarter of the table read more than it needed.
 			require.Lessf(t, read, int64(merchants/4),
 				"batch %d of shard 0 of %d (after merchant %d, %d merchants a batch) read %d merchant rows (%d by a sequential scan) on a fresh connection",
 				batch+1, shards, after, size, read, seqRead)
-			require.Equal(t, size, res.Merchants, "batch %d: merchants settled", batch+1)
+			// A batch walks shards × size ids: with one shard exactly size merchants, with
+			// more about size, never more.
+			if shards == 1 {
+				require.Equal(t, size, res.Merchants, "batch %d: merchants settled", batch+1)
+			} else {
+				require.InDelta(t, size, res.Merchants, float64(size)/4, "batch %d: merchants settled", batch+1)
+				require.LessOrEqual(t, res.Merchants, size, "batch %d: merchants settled", batch+1)
+			}
 			require.Greater(t, res.LastMerchant, after)
 			after = res.LastMerchant
 		}
 	}
 	// The merchant table's rows lie in id order, as the seed (and a table appended by id and
-	// rarely updated) has them. Not covered, and not fixed: rows stored in another order (a
-	// CLUSTER by shard_hash, measured) make the generic plan, from the sixth execution on,
-	// read every merchant after the cursor by a bitmap scan and sort them (docs/design.md).
+	// rarely updated) has them.
 	t.Run("1 shard", func(t *testing.T) { check(t, 1, 1000) })
 	t.Run("4 shards", func(t *testing.T) { check(t, 4, 500) })
+	// Rows stored in another order: a table rewritten by shard (CLUSTER), or one whose
+	// merchants were updated over the years. The heap order no longer follows the key, so the
+	// planner prices a walk along the key as random reads.
+	t.Run("rows out of id order", func(t *testing.T) {
+		for _, q := range []string{`CREATE INDEX merchant_by_shard ON merchant (shard_hash)`,
+			`CLUSTER merchant USING merchant_by_shard`, `DROP INDEX merchant_by_shard`, `VACUUM ANALYZE merchant`} {
+			_, err := pool.Exec(ctx, q)
+			require.NoError(t, err)
+		}
+		check(t, 1, 1000)
+		check(t, 4, 500)
+	})
 }

@@ -23,7 +23,7 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
 $$;
 
 CREATE TABLE IF NOT EXISTS merchant (
-	-- Dense ids in seed order: the settle step's cursor is the last merchant id it settled.
+	-- Dense ids in seed order: the settle step's cursor is the last merchant id it walked past.
 	id           bigint      PRIMARY KEY,
 	-- The business key ("M000042"); shards are derived from it, never from id, so that a
 	-- merchant keeps its shard whatever ids a migration gives it.

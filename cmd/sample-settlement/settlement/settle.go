@@ -36,7 +36,8 @@ type Batch struct {
 	// first. Every merchant of the shard up to it is settled.
 	AfterMerchant int64
 	// Size is the most merchants the batch covers. Defaults to BatchSizeDefault. A batch walks
-	// Size × Shards merchant ids (at most maxWalk), about Size of them in its shard.
+	// Size × Shards merchant ids, about Size of them in its shard (at most 100,000 ids, or Size
+	// where that is more: a batch of many shards then covers fewer than Size).
 	Size int
 	// RunKey is the workflow run settling the batch; it is stored on settlements and on the
 	// payout operations, so a run's batch status can be proven from its operations.
@@ -60,18 +61,33 @@ type BatchResult struct {
 }
 
 // maxWalk bounds the merchant ids one batch walks (Size × Shards), so that a run of many
-// shards keeps its steps short; its batches then cover fewer than Size merchants.
+// shards keeps its steps short; its batches then cover fewer than Size merchants. A Size
+// above it is walked as Size.
 const maxWalk = 100_000
+
+// walkSize is how many merchant ids a batch of size of one of shards walks: size × shards,
+// at most maxWalk, never less than size. No product is formed that could overflow: a walk
+// that wrapped to 0 would never move the cursor (nor finish the shard), one that wrapped
+// negative is an error from PostgreSQL.
+func walkSize(size, shards int) int {
+	if size >= maxWalk/shards {
+		return max(size, maxWalk)
+	}
+	return size * shards
+}
 
 // settleSQL settles a batch of merchants in one statement: no round trip per merchant.
 //
-//   - walk: the next merchant ids after the cursor, at most $7 (Size × Shards), along the
+//   - walk: the next merchant ids after the cursor, at most $7 (walkSize), along the
 //     primary key. Guards against: a plan that read and sorted every merchant after the
 //     cursor. The LIMIT inside the walk is what keeps the key: told it needs the first $7
-//     rows in id order, the planner walks the index whatever the statement's values (a
+//     rows in id order, the planner walks the index for the first cursors' values (a
 //     connection's first five executions are planned for them) and wherever the rows lie on
 //     disk (the generic plan, from the sixth on, with a table stored out of id order after a
-//     CLUSTER or years of updates). An unbounded walk filtered by shard afterwards cost the
+//     CLUSTER or years of updates). One exception, bounded: where the window is most of what
+//     is left after the cursor (a shard's last step on a small table stored out of id
+//     order), reading the table once and sorting is cheaper than that many random reads,
+//     and the planner may do so. An unbounded walk filtered by shard afterwards cost the
 //     planner a guess it could not make: that the filter keeps one merchant in Shards (it
 //     assumes 0.5%). Measured at 20,000 merchants, the generic plan of the unbounded walk
 //     read 15,000 merchant rows for a batch of 1,000 once the table was clustered by shard
@@ -189,7 +205,7 @@ func SettleBatch(ctx context.Context, tx pgx.Tx, b Batch) (BatchResult, error) {
 	if b.RunKey != "" {
 		runKey = &b.RunKey
 	}
-	walk := min(b.Size*b.Shards, max(maxWalk, b.Size))
+	walk := walkSize(b.Size, b.Shards)
 	rows, err := tx.Query(ctx, settleSQL, b.AfterMerchant, b.Shards, b.Shard, b.Size, b.Date, runKey, walk)
 	if err != nil {
 		return res, fmt.Errorf("settling merchants after %d (shard %d/%d): %w", b.AfterMerchant, b.Shard, b.Shards, err)

@@ -2,6 +2,7 @@ package settlement_test
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -123,6 +124,29 @@ func TestSettleBatchRejectsBadShard(t *testing.T) {
 // the plan read them all and sorted them. The test counts the merchant rows each batch read,
 // in the batch's own transaction (pg_stat_xact_user_tables), over enough batches to reach the
 // generic plan too.
+// TestSettleBatchHugeSize: a Size whose walk (Size × Shards) would overflow an int still
+// settles the shard and finishes it. A walk that wrapped to 0 never moved the cursor nor
+// finished the shard (an endless run), one that wrapped negative was an error.
+func TestSettleBatchHugeSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := seededDB(t)
+	for _, c := range []struct{ size, shards int }{{1 << 62, 4}, {math.MaxInt, 2}, {math.MaxInt, 1}} {
+		for shard := range c.shards {
+			var res settlement.BatchResult
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				res, err = settlement.SettleBatch(ctx, tx, settlement.Batch{Date: testDate, Shard: shard, Shards: c.shards, Size: c.size})
+				return err
+			})
+			require.NoError(t, err, "size %d, shard %d of %d", c.size, shard, c.shards)
+			require.True(t, res.Done, "size %d, shard %d of %d: one batch covers the shard", c.size, shard, c.shards)
+			require.Positive(t, res.Merchants, "size %d, shard %d of %d", c.size, shard, c.shards)
+			require.Equal(t, int64(testSeed.Merchants), res.LastMerchant, "size %d, shard %d of %d: walked to the last merchant", c.size, shard, c.shards)
+		}
+	}
+}
+
 func TestSettleBatchReadsOnlyItsBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -196,9 +196,10 @@ func (r *runner) compareTotals(ctx context.Context, pool *pgxpool.Pool, entries 
 	return m, nil
 }
 
-// heapPeak samples the live heap every millisecond while f runs and returns its peak above
-// what was live before f (after a GC): what f itself holds at its worst, the statement handed
-// to it not included when the caller holds it already.
+// heapPeak samples the heap's objects every millisecond while f runs and returns their peak
+// above what was live before f (after a GC): what f itself allocated and still held, or had
+// not yet been swept, at its worst (so it can over-state, never under-state, what f holds),
+// the statement handed to it not included when the caller holds it already.
 func heapPeak(f func()) uint64 {
 	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
 	read := func() uint64 { metrics.Read(sample); return sample[0].Value.Uint64() }
@@ -222,12 +223,12 @@ func heapPeak(f func()) uint64 {
 		}
 	}()
 	f()
-	if v := read(); v > peak.Load() {
-		peak.Store(v)
-	}
+	// The sampler stops before the last read, so that a sample it took earlier cannot
+	// overwrite it.
 	close(done)
 	<-stopped
-	if p := peak.Load(); p > base {
+	p := max(peak.Load(), read())
+	if p > base {
 		return p - base
 	}
 	return 0

@@ -58,8 +58,9 @@ func (r *runner) sizeSection(ctx context.Context) error {
 		// The seeding's pages written out before the run, so that a checkpoint the seeding's
 		// WAL requests does not land in the largest size's run alone, with the full-page
 		// images that follow it: that would be the seeding's cost, not the table's size. (The
-		// whole section writes about 4.8 GB of WAL; with the default max_wal_size of 1 GB the
-		// server took 13 requested checkpoints in it.) The runs' own checkpoints remain, in
+		// whole section wrote 4.8 GB of WAL in one run measured by its WAL positions; with the
+		// default max_wal_size of 1 GB the server counted 13 requested checkpoints in it, 3 of
+		// them these.) The runs' own checkpoints remain, in
 		// proportion to their work. Best effort, as in the history section.
 		if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
 			r.progress("size: CHECKPOINT refused (%v): the seeding's pages may be written during the run", err)

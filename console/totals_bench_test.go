@@ -4,11 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
-	"runtime/metrics"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/console"
+	"github.com/stepwise-go/stepwise/internal/memwatch"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
 	"github.com/stepwise-go/stepwise/internal/testkit"
 )
@@ -84,40 +82,6 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// heapPeak samples the live heap every millisecond while f runs and returns the peak above
-// what was live before (after a GC): what f itself holds at its worst.
-func heapPeak(f func()) uint64 {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	read := func() uint64 { metrics.Read(sample); return sample[0].Value.Uint64() }
-	runtime.GC()
-	base := read()
-	var peak atomic.Uint64
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			if v := read(); v > peak.Load() {
-				peak.Store(v)
-			}
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	f()
-	close(done)
-	<-stopped
-	if p := peak.Load(); p > base {
-		return p - base
-	}
-	return 0
-}
-
 // BenchmarkTotalsOfADay: the console's Totals page for a day of 1,000,000 payouts, of
 // 100,000, and of none, on a ledger holding all three (and a day before them): time per page
 // and the peak heap the comparison adds on top of the statement the bank returned. Target:
@@ -148,7 +112,7 @@ func BenchmarkTotalsOfADay(b *testing.B) {
 			stmt := reconcile.StatementFunc(func(context.Context, time.Time, time.Time) ([]reconcile.StatementEntry, error) {
 				return slices.Clone(entries), nil
 			})
-			stmtBytes := heapPeak(func() { keep = slices.Clone(entries) })
+			stmtBytes := memwatch.HeapPeak(func() { keep = slices.Clone(entries) })
 			keep = nil
 			target := "/console/totals?kind=payout&date=" + c.day.Format(time.DateOnly)
 			page := func() string {
@@ -176,7 +140,7 @@ func BenchmarkTotalsOfADay(b *testing.B) {
 			runs := 0
 			for b.Loop() {
 				var took time.Duration
-				p := heapPeak(func() {
+				p := memwatch.HeapPeak(func() {
 					start, cpu0 := time.Now(), processCPU()
 					page()
 					took = time.Since(start)

@@ -3,18 +3,16 @@ package bench
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"runtime/metrics"
 	"slices"
 	"sort"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/settlement"
+	"github.com/stepwise-go/stepwise/internal/memwatch"
 	"github.com/stepwise-go/stepwise/internal/reconcile"
 )
 
@@ -169,7 +167,7 @@ func (r *runner) compareTotals(ctx context.Context, pool *pgxpool.Pool, entries 
 		var t *reconcile.Totals
 		var err error
 		var took time.Duration
-		peak := heapPeak(func() {
+		peak := memwatch.HeapPeak(func() {
 			start := time.Now()
 			t, err = reconcile.CompareTotals(ctx, pool, reconcile.StatementFunc(func(context.Context, time.Time, time.Time) ([]reconcile.StatementEntry, error) {
 				return stmt, nil
@@ -189,47 +187,8 @@ func (r *runner) compareTotals(ctx context.Context, pool *pgxpool.Pool, entries 
 		m.payouts = t.Here["EUR"].Count
 		m.took = append(m.took, took)
 		m.beyond = max(m.beyond, peak)
-		runtime.KeepAlive(stmt)
 		r.progress("bigday: CompareTotals of %d payouts in %s, heap +%.1f MiB beyond the statement", m.payouts, fmtDur(took), mib(peak))
 	}
 	sort.Slice(m.took, func(i, j int) bool { return m.took[i] < m.took[j] })
 	return m, nil
-}
-
-// heapPeak samples the heap's objects every millisecond while f runs and returns their peak
-// above what was live before f (after a GC): what f itself allocated and still held, or had
-// not yet been swept, at its worst (so it can over-state, never under-state, what f holds),
-// the statement handed to it not included when the caller holds it already.
-func heapPeak(f func()) uint64 {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	read := func() uint64 { metrics.Read(sample); return sample[0].Value.Uint64() }
-	runtime.GC()
-	base := read()
-	var peak atomic.Uint64
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for {
-			if v := read(); v > peak.Load() {
-				peak.Store(v)
-			}
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	f()
-	// The sampler stops before the last read, so that a sample it took earlier cannot
-	// overwrite it.
-	close(done)
-	<-stopped
-	p := max(peak.Load(), read())
-	if p > base {
-		return p - base
-	}
-	return 0
 }

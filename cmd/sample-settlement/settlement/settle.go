@@ -133,10 +133,10 @@ WITH walk AS MATERIALIZED (
 	FROM ins i JOIN batch b ON b.id = i.merchant_id
 	CROSS JOIN LATERAL (VALUES ('merchant_payable:' || b.code, 1), ('bank_clearing', -1)) AS e(account, sign)
 )
-SELECT s.n, CASE WHEN s.n = $4 THEN s.last ELSE s.walked_to END, s.walked, (SELECT dated_from FROM payout_scheme),
+SELECT s.n, CASE WHEN s.n = $4 THEN s.last ELSE w.last END, w.n, (SELECT dated_from FROM payout_scheme),
 	i.id, b.code, b.bank_account, i.type, i.currency, i.amount
-FROM (SELECT count(*)::int AS n, coalesce(max(id), $1) AS last FROM batch) s0
-CROSS JOIN LATERAL (SELECT s0.n, s0.last, count(*)::int AS walked, coalesce(max(id), $1) AS walked_to FROM walk) s
+FROM (SELECT count(*)::int AS n, coalesce(max(id), $1) AS last FROM batch) s
+CROSS JOIN (SELECT count(*)::int AS n, coalesce(max(id), $1) AS last FROM walk) w
 LEFT JOIN (ins i JOIN batch b ON b.id = i.merchant_id) ON true
 ORDER BY i.merchant_id, i.type, i.currency`
 

@@ -173,6 +173,17 @@ func TestReadmeBenchCommand(t *testing.T) {
 	require.Regexp(t, `bench: settle: round \d+/\d+ B=100: floor `, out)
 	require.Regexp(t, `bench: settle: concurrent round \d+/\d+: 8 loops `, out)
 	require.Regexp(t, `Index (Only )?Scan using merchant_pkey on merchant`, out, "the settle statement's plan must reach merchants by their primary key")
+	// The database's CPU beside each rate, for the figures per database core, where the
+	// server runs on this host (as the tests' own server or throwaway cluster does).
+	require.Regexp(t, `(?m)^database CPU: (read from /proc|not measured)`, out)
+	if strings.Contains(out, "database CPU: read from /proc") {
+		perCore := `\S+ a (merchant|payout|lookup), [\d,]+ per db core, \d+\.\d\d cores`
+		require.Regexp(t, `(?m)^B=100\s+floor `+perCore+` · stepwise `+perCore+`$`, out, "the settle section's database CPU")
+		require.Regexp(t, `(?m)^database CPU, median of the rounds: a8 `+perCore+` · b8 `, out, "the concurrent part's")
+		require.Regexp(t, `(?m)^database CPU, median of the 2 drains: `+perCore+`$`, out, "the delivery section's")
+		require.Regexp(t, `(?m)^database CPU: `+perCore+`$`, out, "the reconcile section's")
+		require.Regexp(t, `(?m)^1\s+[\d,]+\s+\S+\s+\d+\s+[\d,]+\s+\d+\.\d\d$`, out, "the scale section's row of 1 process")
+	}
 	// The lines for scripts: one per batch size, then concurrent=8, in that order.
 	var last []string
 	for _, l := range strings.Split(out, "\n") {

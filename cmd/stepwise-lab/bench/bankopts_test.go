@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +63,12 @@ func TestBankSectionsQuick(t *testing.T) {
 	// just before and just after where a loaded machine made that lower (marked *).
 	require.Regexp(t, `(?m)^50ms\s+16\s+\d+\s+\S+\s+(320|[\d,]+\*)\s+\d\.\d\d`, report, "the slow bank's row shows the limit Concurrency / latency")
 	require.Regexp(t, `slowbank peak RSS: \d+ MiB`, report)
+	if strings.Contains(report, "database CPU: read from /proc") {
+		// The server's CPU per payout, payouts per second of it and its cores, beside this
+		// process's.
+		require.Regexp(t, `(?m)^50ms\s+16\s+.*\s\d+%\s+\S+\s+[\d,]+\s+\d+\.\d\d\s+\S+$`, report, "the slow bank's row shows the database's CPU")
+		require.Regexp(t, `(?m)^\s+8\s+100\s+.*\s\d+%\s+\S+\s+[\d,]+\s+\d+\.\d\d\s+\S+$`, report, "the reconciler's row shows the database's CPU")
+	}
 	require.Contains(t, report, "== bigday: reconciling one date of 5,000 payouts, 100 UNKNOWN_EXTERNAL")
 	require.Regexp(t, `(?m)^\s+8\s+100\s+\d+\s+\S+\s+(80|[\d,]+\*)\s+\d\.\d\d`, report, "the reconciler's row shows the limit Concurrency / latency")
 	// The day's totals: every payout compared, the planted differences found (else Main

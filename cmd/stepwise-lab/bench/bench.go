@@ -53,6 +53,8 @@ type runner struct {
 	concurrent float64
 	// targets are the bench's targets as this run measured them, in the order checked.
 	targets []target
+	// serverCPU reads the database's CPU time (nil: the server is not on this host).
+	serverCPU *serverCPU
 
 	// progressMu serializes progress lines (see progressTicker).
 	progressMu sync.Mutex
@@ -115,12 +117,22 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		return fmt.Errorf("bench: %w", err)
 	}
 	desc, err := machine(ctx, pool)
+	var noServerCPU string
+	if err == nil {
+		r.serverCPU, noServerCPU = findServerCPU(ctx, pool)
+	}
 	pool.Close()
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	r.printf("stepwise bench: %s\n", desc)
 	r.printf("server: %s; every section runs on its own fresh database, cloned from one with %d merchants\n", source, r.templateMerchants())
+	if r.serverCPU != nil {
+		r.printf("database CPU: read from /proc (the server's postmaster, pid %d, and its children, on this host: every database's work,\n"+
+			"so it holds only while nothing else uses the server); \"per db core\" is items per second of it\n", r.serverCPU.postmaster)
+	} else {
+		r.printf("database CPU: not measured (%s); the figures per database core read \"-\"\n", noServerCPU)
+	}
 	if opts.quick {
 		r.printf("mode: --quick (every section small; numbers are indicative, run without --quick for the table)\n")
 	}
@@ -381,6 +393,7 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 					return err
 				}
 				var m measurement
+				db := r.dbCPU()
 				if v == "floor" {
 					m, err = rig.floor(ctx, date, b, items)
 				} else {
@@ -389,6 +402,7 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 				if err != nil {
 					return err
 				}
+				m.db = db.used()
 				if err := rig.verify(ctx, date, m.items); err != nil {
 					return err
 				}
@@ -491,6 +505,12 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 	if capped {
 		r.printf("* B=1 runs settle the first %d merchants only (--max-items-b1)\n", o.maxItemsB1)
 	}
+	if r.serverCPU != nil {
+		r.printf("database CPU, median of the rounds: per merchant, merchants per second of it (per db core), and the cores it kept busy\n")
+		for _, b := range o.batches {
+			r.printf("B=%-5d floor %s · stepwise %s\n", b, dbCPULine(results[key{"floor", b}], "merchant"), dbCPULine(results[key{"stepwise", b}], "merchant"))
+		}
+	}
 	if fresh.items > 0 {
 		r.printf("fresh tables (first run on the new database: empty output tables, cold caches): floor B=%d %s/s; steady state above: %s/s\n",
 			probeB, fmtRate(fresh.rate()), fmtRate(bestRate(results[key{"floor", probeB}])))
@@ -513,6 +533,10 @@ func (r *runner) reportConcurrent(c *concurrentResult) {
 		concurrentRuns, fmtRate(c.best["floor8"]), concurrentRuns, fmtRate(c.best["stepwise8"]), fmtRate(c.best["stepwise1"]))
 	r.printf("b8/a8 %.2f [%.2f-%.2f] · b8/b1 %.2f [%.2f-%.2f]\n",
 		median(c.vsFloor), slices.Min(c.vsFloor), slices.Max(c.vsFloor), median(c.vsSingle), slices.Min(c.vsSingle), slices.Max(c.vsSingle))
+	if r.serverCPU != nil {
+		r.printf("database CPU, median of the rounds: a8 %s · b8 %s · b1 %s\n",
+			dbCPULine(c.runs["floor8"], "merchant"), dbCPULine(c.runs["stepwise8"], "merchant"), dbCPULine(c.runs["stepwise1"], "merchant"))
+	}
 	r.check(median(c.vsFloor) >= 0.95, "stepwise/floor >= 0.95 with %d runs at once: %s (median of %d paired rounds%s)",
 		concurrentRuns, ratioAgainst(median(c.vsFloor), 0.95), len(c.vsFloor), fewRounds(len(c.vsFloor)))
 	r.check(median(c.vsSingle) >= 1, "%d runs at once at least as fast as 1 run: %s", concurrentRuns, ratioAgainst(median(c.vsSingle), 1))

@@ -94,6 +94,7 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 		elapsed  time.Duration
 		db       dbUse
 		cpu      time.Duration
+		dbCPU    time.Duration
 		load     string
 	}
 	var rows []row
@@ -147,9 +148,10 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 		}
 		tracer.reset()
 		cpu0 := cpuTime()
+		db := r.dbCPU()
 		start := time.Now()
 		res, err := rec.RunOnce(ctx, &reconcile.RunOpts{Kind: settlement.PayoutKind})
-		x := row{c: cf.c, batch: cf.batch, k: k, elapsed: time.Since(start), db: dbUseOf(tracer.reset()), cpu: cpuTime() - cpu0, load: loadAvg()}
+		x := row{c: cf.c, batch: cf.batch, k: k, elapsed: time.Since(start), db: dbUseOf(tracer.reset()), cpu: cpuTime() - cpu0, dbCPU: db.used(), load: loadAvg()}
 		if err != nil {
 			return fmt.Errorf("reconciling %d payouts at concurrency %d: %w", k, cf.c, err)
 		}
@@ -176,19 +178,21 @@ func (r *runner) bigdaySection(ctx context.Context) error {
 	r.printf("\n== bigday: reconciling one date of %s payouts, %d UNKNOWN_EXTERNAL, at a bank answering lookups in %s ==\n",
 		groupThousands(int64(n)), unknown, o.bigdayLat)
 	r.printf("seeded set-based in %s; limit = Concurrency / latency; each row is one reconcile pass over that many due payouts\n", fmtDur(seeded))
-	r.printf("%5s %6s %8s %10s %8s %6s %8s %9s %6s %6s %8s %5s %5s\n", "conc", "batch", "lookups", "lookups/s", "limit", "ratio",
-		"stmts/op", "ops/claim", "claim", "record", "cpu/op", "cpu%", "load")
+	r.printf("%5s %6s %8s %10s %8s %6s %8s %9s %6s %6s %8s %5s %8s %8s %5s %5s\n", "conc", "batch", "lookups", "lookups/s", "limit", "ratio",
+		"stmts/op", "ops/claim", "claim", "record", "cpu/op", "cpu%", "db/op", "/db core", "db", "load")
 	for _, x := range rows {
 		limit := float64(x.c) / o.bigdayLat.Seconds()
 		rate := float64(x.k) / x.elapsed.Seconds()
-		r.printf("%5d %6d %8d %10s %8s %6.2f %8.2f %9.0f %5.0f%% %5.0f%% %8s %4.0f%% %5s\n", x.c, x.batch, x.k, fmtRate(rate), fmtRate(limit), rate/limit,
+		r.printf("%5d %6d %8d %10s %8s %6.2f %8.2f %9.0f %5.0f%% %5.0f%% %8s %4.0f%% %8s %8s %5s %5s\n", x.c, x.batch, x.k, fmtRate(rate), fmtRate(limit), rate/limit,
 			float64(x.db.stmts)/float64(x.k), float64(x.k)/float64(max(x.db.claims, 1)),
 			100*x.db.claimWait.Seconds()/x.elapsed.Seconds(), 100*(x.db.wait-x.db.claimWait).Seconds()/x.elapsed.Seconds(),
-			fmtDur(x.cpu/time.Duration(x.k)), 100*x.cpu.Seconds()/x.elapsed.Seconds()/float64(runtime.NumCPU()), x.load)
+			fmtDur(x.cpu/time.Duration(x.k)), 100*x.cpu.Seconds()/x.elapsed.Seconds()/float64(runtime.NumCPU()),
+			fmtDur(x.dbCPU/time.Duration(x.k)), fmtPerCore(x.k, x.dbCPU), fmtCores(x.dbCPU, x.elapsed), x.load)
 	}
 	r.printf("a pass claims BatchSize at a time while the last batch is looked up (Concurrency at once) and records decisions as they\n" +
 		"arrive; an unset BatchSize is 4 × Concurrency (at least 100), the last row sets the smallest; claim and record are the\n" +
-		"shares of the pass's time its claims and recording transactions took (they overlap the lookups)\n")
+		"shares of the pass's time its claims and recording transactions took (they overlap the lookups); db/op, /db core, db: the\n" +
+		"database server's CPU time per lookup, lookups per second of it, and the cores it kept busy (\"-\": not measured)\n")
 	// The reconciler's peak, before the totals hold the day's statement (twice: the one read
 	// and the copy handed to each comparison).
 	r.printf("bigday peak RSS before the totals: %s\n", rss.peak())

@@ -39,8 +39,9 @@ var concurrentOrders = [][]string{
 // concurrentResult is what the concurrent rounds measured.
 type concurrentResult struct {
 	best         map[string]float64 // best items/s of each variant
-	vsFloor      []float64          // per round: stepwise8 / floor8
-	vsSingle     []float64          // per round: stepwise8 / stepwise1
+	runs         map[string][]measurement
+	vsFloor      []float64 // per round: stepwise8 / floor8
+	vsSingle     []float64 // per round: stepwise8 / stepwise1
 	items, round int
 }
 
@@ -49,7 +50,7 @@ type concurrentResult struct {
 func (r *runner) concurrentRounds(ctx context.Context, rig *settleRig) (*concurrentResult, error) {
 	o := r.opts
 	items := o.merchants
-	res := &concurrentResult{best: map[string]float64{}, items: items}
+	res := &concurrentResult{best: map[string]float64{}, runs: map[string][]measurement{}, items: items}
 	// Warm-up: one of each, not counted.
 	for _, v := range concurrentVariants {
 		if _, err := r.concurrentRun(ctx, rig, v, items, "warmup"); err != nil {
@@ -65,6 +66,7 @@ func (r *runner) concurrentRounds(ctx context.Context, rig *settleRig) (*concurr
 				return nil, err
 			}
 			got[v] = m.rate()
+			res.runs[v] = append(res.runs[v], m)
 			res.best[v] = max(res.best[v], m.rate())
 		}
 		res.vsFloor = append(res.vsFloor, got["stepwise8"]/got["floor8"])
@@ -84,6 +86,7 @@ func (r *runner) concurrentRun(ctx context.Context, rig *settleRig, v string, it
 		return measurement{}, err
 	}
 	var m measurement
+	db := r.dbCPU()
 	switch v {
 	case "floor8":
 		m, err = floorConcurrent(ctx, rig, date, concurrentBatch, items)
@@ -95,6 +98,7 @@ func (r *runner) concurrentRun(ctx context.Context, rig *settleRig, v string, it
 	if err != nil {
 		return measurement{}, fmt.Errorf("concurrent %s: %w", v, err)
 	}
+	m.db = db.used()
 	if err := rig.verify(ctx, date, items); err != nil {
 		return measurement{}, fmt.Errorf("concurrent %s: %w", v, err)
 	}

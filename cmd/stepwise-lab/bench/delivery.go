@@ -127,11 +127,15 @@ func (r *runner) deliverySection(ctx context.Context) error {
 	kc := svc.Outbox.KindConfig(settlement.PayoutKind)
 	dates := newDateSeq()
 	n := r.opts.deliveryOps
-	var rates []float64
+	var (
+		rates  []float64
+		drains []measurement
+	)
 	for range 2 {
 		if _, err := pendingPayouts(ctx, pool, dates, n); err != nil {
 			return err
 		}
+		db := r.dbCPU()
 		start := time.Now()
 		got, err := svc.Outbox.Drain(ctx, settlement.PayoutKind)
 		elapsed := time.Since(start)
@@ -142,6 +146,7 @@ func (r *runner) deliverySection(ctx context.Context) error {
 			return fmt.Errorf("delivered %d payouts, want %d", got, n)
 		}
 		rates = append(rates, float64(n)/elapsed.Seconds())
+		drains = append(drains, measurement{items: n, elapsed: elapsed, db: db.used()})
 	}
 	var succeeded, paid int
 	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM stepwise_operation WHERE state = 'SUCCEEDED'),
@@ -155,6 +160,9 @@ func (r *runner) deliverySection(ctx context.Context) error {
 	r.check(max(rates[0], rates[1]) >= 5000, "delivery >= 5,000 ops/s: %s", fmtRate(max(rates[0], rates[1])))
 	r.printf("%s ops/s (best of 2 drains of %d payouts; %s and %s): batch %d, concurrency %d, fakebank.Sender and OnPayoutOutcomes\n",
 		fmtRate(max(rates[0], rates[1])), n, fmtRate(rates[0]), fmtRate(rates[1]), kc.BatchSize, kc.Concurrency)
+	if r.serverCPU != nil {
+		r.printf("database CPU, median of the 2 drains: %s\n", dbCPULine(drains, "payout"))
+	}
 	return nil
 }
 
@@ -186,9 +194,11 @@ func (r *runner) reconcileSection(ctx context.Context) error {
 	if unknown != n {
 		return fmt.Errorf("%d payouts UNKNOWN_EXTERNAL after the 5xx drain, want %d", unknown, n)
 	}
+	db := r.dbCPU()
 	start := time.Now()
 	res, err := svc.Reconciler.RunOnce(ctx, &reconcile.RunOpts{Kind: settlement.PayoutKind, Force: true})
 	elapsed := time.Since(start)
+	dbUsed := db.used()
 	if err != nil {
 		return fmt.Errorf("reconciling: %w", err)
 	}
@@ -198,5 +208,8 @@ func (r *runner) reconcileSection(ctx context.Context) error {
 	r.printf("\n== reconcile: UNKNOWN_EXTERNAL payouts looked up at the bank by operation id and recorded SUCCEEDED (settlement PAID in the same tx) ==\n")
 	r.printf("%s lookups/s (%d payouts in one forced pass, %s), fakebank.Checker and reconcile defaults\n",
 		fmtRate(float64(n)/elapsed.Seconds()), n, fmtDur(elapsed))
+	if r.serverCPU != nil {
+		r.printf("database CPU: %s\n", dbCPULine([]measurement{{items: n, elapsed: elapsed, db: dbUsed}}, "lookup"))
+	}
 	return nil
 }

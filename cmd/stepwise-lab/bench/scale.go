@@ -29,6 +29,7 @@ func (r *runner) scaleSection(ctx context.Context) error {
 		elapsed time.Duration
 		payouts int
 		settled int
+		db      time.Duration // the database server's CPU time over the run (0 or less: not measured)
 	}
 	var rows []row
 	for _, n := range o.scaleProcs {
@@ -65,6 +66,7 @@ func (r *runner) scaleSection(ctx context.Context) error {
 			if err := seedDate(ctx, pool, date, o.scaleItems); err != nil {
 				return row{}, err
 			}
+			db := r.dbCPU()
 			start := time.Now()
 			keys, err := startDate(ctx, pool, inserter, plan, date, 0)
 			if err != nil {
@@ -86,7 +88,7 @@ func (r *runner) scaleSection(ctx context.Context) error {
 				time.Sleep(10 * time.Millisecond)
 			}
 			elapsed := time.Since(start)
-			res := row{procs: n, elapsed: elapsed}
+			res := row{procs: n, elapsed: elapsed, db: db.used()}
 			if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM settlement WHERE settle_date = $1),
 				(SELECT count(*) FROM stepwise_operation WHERE state = 'SUCCEEDED' AND business_key LIKE $2 || '/%')`,
 				date, date.Format(time.DateOnly)).Scan(&res.settled, &res.payouts); err != nil {
@@ -105,9 +107,12 @@ func (r *runner) scaleSection(ctx context.Context) error {
 	}
 	r.printf("\n== scale: %d merchants in %d shards (runs), B=%d, worker processes each the sample's Service (payout delivery runs beside, as in serve) ==\n",
 		o.scaleItems, o.scaleShards, scaleBatch)
-	r.printf("%-10s %12s %10s %22s\n", "processes", "merchants/s", "time", "payouts paid meanwhile")
+	r.printf("%-10s %12s %10s %22s %10s %6s\n", "processes", "merchants/s", "time", "payouts paid meanwhile", "/db core", "db")
 	for _, x := range rows {
-		r.printf("%-10d %12s %10s %22d\n", x.procs, fmtRate(float64(x.settled)/x.elapsed.Seconds()), fmtDur(x.elapsed), x.payouts)
+		r.printf("%-10d %12s %10s %22d %10s %6s\n", x.procs, fmtRate(float64(x.settled)/x.elapsed.Seconds()), fmtDur(x.elapsed), x.payouts,
+			fmtPerCore(x.settled, x.db), fmtCores(x.db, x.elapsed))
 	}
+	r.printf("/db core, db: merchants settled per second of the database server's CPU time (the payouts delivered meanwhile included), and\n" +
+		"the cores it kept busy (\"-\": not measured)\n")
 	return nil
 }

@@ -40,6 +40,9 @@ type measurement struct {
 	// pickup is, for Stepwise, the time from workflow.Start's commit to the first Work
 	// call: River's fetch latency, once per run. Shown beside the rate; elapsed includes it.
 	pickup time.Duration
+	// db is the database server's CPU time over the run, where the bench can read it (see
+	// dbcpu.go; 0 or less: not measured).
+	db time.Duration
 }
 
 func (m measurement) rate() float64 { return float64(m.items) / m.elapsed.Seconds() }

@@ -128,6 +128,7 @@ type drainResult struct {
 	rtt     time.Duration // mean send, Send called to returned, from the request rows
 	db      dbUse
 	cpu     time.Duration
+	dbCPU   time.Duration // the database server's (0 or less: not measured)
 	load    string
 }
 
@@ -161,17 +162,19 @@ func dbUseOf(stats map[string]*stmtStat) dbUse {
 func (d drainResult) rate() float64 { return float64(d.n) / d.elapsed.Seconds() }
 
 // timedDrain seeds n PENDING payouts of a fresh date and drains them through ob, counting
-// statements and this process's CPU time, and checks that every one SUCCEEDED.
-func timedDrain(ctx context.Context, pool *pgxpool.Pool, tracer *statementTracer, ob *outbox.Outbox, dates *dateSeq, n int) (drainResult, error) {
+// statements, this process's CPU time and the server's (srv, when not nil), and checks that
+// every one SUCCEEDED.
+func timedDrain(ctx context.Context, pool *pgxpool.Pool, tracer *statementTracer, srv *serverCPU, ob *outbox.Outbox, dates *dateSeq, n int) (drainResult, error) {
 	date := dates.take()
 	if _, err := seedPayouts(ctx, pool, date, n, 1); err != nil {
 		return drainResult{}, err
 	}
 	tracer.reset()
 	cpu0 := cpuTime()
+	db := srv.meter()
 	start := time.Now()
 	got, err := ob.Drain(ctx, settlement.PayoutKind)
-	res := drainResult{n: n, elapsed: time.Since(start), db: dbUseOf(tracer.reset()), cpu: cpuTime() - cpu0, load: loadAvg()}
+	res := drainResult{n: n, elapsed: time.Since(start), db: dbUseOf(tracer.reset()), cpu: cpuTime() - cpu0, dbCPU: db.used(), load: loadAvg()}
 	if err != nil {
 		return res, fmt.Errorf("draining %d payouts: %w", n, err)
 	}
@@ -238,7 +241,7 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 		if err != nil {
 			return drainResult{}, err
 		}
-		return timedDrain(ctx, pool, tracer, ob, dates, n)
+		return timedDrain(ctx, pool, tracer, r.serverCPU, ob, dates, n)
 	}
 
 	type row struct {
@@ -315,14 +318,16 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 	r.printf("\n== slowbank: payouts delivered to a fake bank answering in 50-500ms (±10%%), one process, outbox BatchSize %d, pool %d ==\n", batch, slowBankPool)
 	r.printf("limit = Concurrency / latency (no more sends can be in flight), or the zero-latency rate where that is lower (*): the mean\n" +
 		"of the rows \"0\" around it, run just before and just after\n")
-	r.printf("%-8s %5s %7s %10s %9s %6s %8s %6s %8s %9s %7s %6s %6s %8s %5s %5s\n",
-		"latency", "conc", "payouts", "payouts/s", "limit", "ratio", "rtt", "busy", "stmts/op", "ops/claim", "ops/tx", "claim", "record", "cpu/op", "cpu%", "load")
+	r.printf("%-8s %5s %7s %10s %9s %6s %8s %6s %8s %9s %7s %6s %6s %8s %5s %8s %8s %5s %5s\n",
+		"latency", "conc", "payouts", "payouts/s", "limit", "ratio", "rtt", "busy", "stmts/op", "ops/claim", "ops/tx", "claim", "record", "cpu/op", "cpu%",
+		"db/op", "/db core", "db", "load")
 	line := func(lat string, c int, d drainResult, limit string, ratio string) {
-		r.printf("%-8s %5d %7d %10s %9s %6s %8s %5.0f%% %8.2f %9.0f %7.0f %5.0f%% %5.0f%% %8s %4.0f%% %5s\n", lat, c, d.n, fmtRate(d.rate()), limit, ratio,
+		r.printf("%-8s %5d %7d %10s %9s %6s %8s %5.0f%% %8.2f %9.0f %7.0f %5.0f%% %5.0f%% %8s %4.0f%% %8s %8s %5s %5s\n", lat, c, d.n, fmtRate(d.rate()), limit, ratio,
 			fmtDur(d.rtt), 100*d.rate()*d.rtt.Seconds()/float64(c),
 			float64(d.db.stmts)/float64(d.n), float64(d.n)/float64(max(d.db.claims, 1)), float64(d.n)/float64(max(d.db.txs, 1)),
 			100*d.db.claimWait.Seconds()/d.elapsed.Seconds(), 100*(d.db.wait-d.db.claimWait).Seconds()/d.elapsed.Seconds(),
-			fmtDur(d.cpu/time.Duration(d.n)), 100*d.cpu.Seconds()/d.elapsed.Seconds()/float64(runtime.NumCPU()), d.load)
+			fmtDur(d.cpu/time.Duration(d.n)), 100*d.cpu.Seconds()/d.elapsed.Seconds()/float64(runtime.NumCPU()),
+			fmtDur(d.dbCPU/time.Duration(d.n)), fmtPerCore(d.n, d.dbCPU), fmtCores(d.dbCPU, d.elapsed), d.load)
 	}
 	for _, x := range rows {
 		line("0", x.c, x.zero, "-", "-")
@@ -346,6 +351,7 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 		"recording transaction; claim, record: share of the wall time a claim, or a recording statement (and lease renewals), was\n" +
 		"waited for (the recorder is one goroutine: near 100%% it is the bottleneck)\n")
 	r.printf("cpu/op, cpu%%: this process's CPU time (outbox, the fake bank's HTTP server and both ends of every connection) per payout and as a share of the %d CPUs; PostgreSQL's is not included\n", runtime.NumCPU())
+	r.printf("db/op, /db core, db: the database server's CPU time per payout, payouts per second of it, and the cores it kept busy (\"-\": not measured)\n")
 	r.printf("slowbank peak RSS: %s\n", rss.peak())
 	return nil
 }

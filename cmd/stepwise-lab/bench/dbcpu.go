@@ -1,0 +1,224 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The database's CPU time, for the figures "per database core". A rate per process says what
+// one process reached with the database on the same two cores; a rate per core-second of the
+// database says what each core given to PostgreSQL buys, which is what sizing a database
+// server needs.
+//
+// When the server runs on this host, the CPU time of its processes is read from /proc: the
+// postmaster's own and its reaped children's (utime, stime, cutime, cstime of
+// /proc/<postmaster>/stat) plus the live children's own (backends, the WAL writer, the
+// checkpointer, the background writer). A backend that exits between two readings moves from
+// the live sum into the postmaster's reaped time with all of it, so the difference of two
+// readings is what the server used between them, whichever processes used it. It counts
+// every database of the server: the bench's sections run one at a time, and the machine has
+// no other users of the server during a measurement. CPU time is not the whole cost of a
+// commit: the wait for the WAL flush uses none, which is why B=1 reads far more merchants a
+// database core-second than its wall rate.
+//
+// Elsewhere (a server on another host or in another PID namespace) the figures are "-".
+
+// serverCPU reads the CPU time of a PostgreSQL server on this host.
+type serverCPU struct {
+	postmaster int
+}
+
+// clockTick is the unit of /proc's times: USER_HZ, 100 on every Linux the bench runs on.
+const clockTick = 10 * time.Millisecond
+
+// findServerCPU finds the server behind pool among this host's processes, or says why the
+// server's CPU time cannot be read.
+func findServerCPU(ctx context.Context, pool *pgxpool.Pool) (*serverCPU, string) {
+	var (
+		pid  int
+		addr *string
+	)
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid(), host(inet_server_addr())`).Scan(&pid, &addr); err != nil {
+		return nil, fmt.Sprintf("asking the server for its process id: %v", err)
+	}
+	// A Unix socket (addr NULL) or a loopback address: the server is on this host, unless it
+	// runs in a container of its own (then the pid below is not a postgres process here).
+	if addr != nil {
+		if ip := net.ParseIP(*addr); ip == nil || !ip.IsLoopback() {
+			return nil, fmt.Sprintf("the server is reached at %s, not over loopback", *addr)
+		}
+	}
+	backend, err := readProcStat(pid)
+	if err != nil || backend.comm != "postgres" {
+		return nil, fmt.Sprintf("the server's backend (pid %d) is not a process of this host", pid)
+	}
+	pm, err := readProcStat(backend.ppid)
+	if err != nil || (pm.comm != "postgres" && pm.comm != "postmaster") {
+		return nil, fmt.Sprintf("the parent of the server's backend (pid %d) is not its postmaster", backend.ppid)
+	}
+	s := &serverCPU{postmaster: backend.ppid}
+	if _, err := s.total(); err != nil {
+		return nil, err.Error()
+	}
+	return s, ""
+}
+
+// total is the CPU time the server's processes used since the postmaster started.
+func (s *serverCPU) total() (time.Duration, error) {
+	// A child reaped while the children are read would be counted twice (live, then in the
+	// postmaster's reaped time) or not at all: read again when the reaped time moved.
+	for range 5 {
+		before, err := readProcStat(s.postmaster)
+		if err != nil {
+			return 0, fmt.Errorf("reading the postmaster's CPU time: %w", err)
+		}
+		live, err := s.children()
+		if err != nil {
+			return 0, err
+		}
+		after, err := readProcStat(s.postmaster)
+		if err != nil {
+			return 0, fmt.Errorf("reading the postmaster's CPU time: %w", err)
+		}
+		if after.cutime+after.cstime != before.cutime+before.cstime {
+			continue
+		}
+		return time.Duration(after.utime+after.stime+after.cutime+after.cstime+live) * clockTick, nil
+	}
+	return 0, fmt.Errorf("the server's processes kept exiting while their CPU time was read")
+}
+
+// children sums the own CPU time (ticks) of the postmaster's live children.
+func (s *serverCPU) children() (int64, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var ticks int64
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := readProcStat(pid)
+		if err != nil || st.ppid != s.postmaster {
+			continue // gone since the listing, or not the server's
+		}
+		ticks += st.utime + st.stime
+	}
+	return ticks, nil
+}
+
+type procStat struct {
+	comm                         string
+	ppid                         int
+	utime, stime, cutime, cstime int64
+}
+
+// readProcStat parses /proc/<pid>/stat (proc(5)): the command name in parentheses, then
+// space-separated fields, ppid the 4th, utime to cstime the 14th to 17th.
+func readProcStat(pid int) (procStat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, err
+	}
+	return parseProcStat(pid, string(b))
+}
+
+func parseProcStat(pid int, s string) (procStat, error) {
+	// The name may hold spaces and parentheses: it ends at the last ')'.
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state)
+	if len(f) < 15 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	st := procStat{comm: s[open+1 : end]}
+	nums := make([]int64, 5)
+	for i, field := range []int{4, 14, 15, 16, 17} {
+		var err error
+		if nums[i], err = strconv.ParseInt(f[field-3], 10, 64); err != nil {
+			return procStat{}, fmt.Errorf("/proc/%d/stat field %d: %w", pid, field, err)
+		}
+	}
+	st.ppid = int(nums[0])
+	st.utime, st.stime, st.cutime, st.cstime = nums[1], nums[2], nums[3], nums[4]
+	return st, nil
+}
+
+// dbCPUMeter measures the server's CPU time over one measurement. Its zero value, and one
+// started where the server's CPU cannot be read, reports unknown (-1).
+type dbCPUMeter struct {
+	s     *serverCPU
+	start time.Duration
+}
+
+// dbCPU starts measuring the server's CPU time.
+func (r *runner) dbCPU() dbCPUMeter { return r.serverCPU.meter() }
+
+// meter starts measuring the server's CPU time; on a nil s it measures nothing.
+func (s *serverCPU) meter() dbCPUMeter {
+	if s == nil {
+		return dbCPUMeter{}
+	}
+	t, err := s.total()
+	if err != nil {
+		return dbCPUMeter{}
+	}
+	return dbCPUMeter{s: s, start: t}
+}
+
+// used is the server's CPU time since the meter started, or -1 when it cannot be read.
+func (m dbCPUMeter) used() time.Duration {
+	if m.s == nil {
+		return -1
+	}
+	t, err := m.s.total()
+	if err != nil {
+		return -1
+	}
+	return t - m.start
+}
+
+// fmtCores is CPU time over a wall time, in cores ("0.93"), or "-" when unknown.
+func fmtCores(cpu, wall time.Duration) string {
+	if cpu <= 0 || wall <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", cpu.Seconds()/wall.Seconds())
+}
+
+// fmtPerCore is items per second of CPU time ("per database core"), or "-" when unknown.
+func fmtPerCore(items int, cpu time.Duration) string {
+	if cpu <= 0 {
+		return "-"
+	}
+	return fmtRate(float64(items) / cpu.Seconds())
+}
+
+// dbCPULine is the database's CPU time per item over the measured runs (the median), the
+// items per second of it, and the cores it kept busy (the median of CPU time over wall
+// time), or "-" when it was not measured.
+func dbCPULine(ms []measurement, unit string) string {
+	var per, cores []float64
+	for _, m := range ms {
+		if m.db > 0 && m.items > 0 && m.elapsed > 0 {
+			per = append(per, m.db.Seconds()/float64(m.items))
+			cores = append(cores, m.db.Seconds()/m.elapsed.Seconds())
+		}
+	}
+	if len(per) == 0 {
+		return "-"
+	}
+	p := median(per)
+	return fmt.Sprintf("%s a %s, %s per db core, %.2f cores", fmtDur(time.Duration(p*float64(time.Second))), unit, fmtRate(1/p), median(cores))
+}

@@ -23,8 +23,8 @@ import (
 // checkpointer, the background writer). A backend that exits between two readings moves from
 // the live sum into the postmaster's reaped time with all of it, so the difference of two
 // readings is what the server used between them, whichever processes used it. It counts
-// every database of the server: the bench's sections run one at a time, and the machine has
-// no other users of the server during a measurement. CPU time is not the whole cost of a
+// every database of the server: the bench's sections run one at a time, and the figures hold
+// only while nothing else uses the server (nothing checks that; the header line says it). CPU time is not the whole cost of a
 // commit: the wait for the WAL flush uses none, which is why B=1 reads far more merchants a
 // database core-second than its wall rate.
 //
@@ -42,26 +42,39 @@ const clockTick = 10 * time.Millisecond
 // server's CPU time cannot be read.
 func findServerCPU(ctx context.Context, pool *pgxpool.Pool) (*serverCPU, string) {
 	var (
-		pid  int
-		addr *string
+		pid     int
+		addr    *string
+		started time.Time
 	)
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid(), host(inet_server_addr())`).Scan(&pid, &addr); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid(), host(inet_server_addr()), pg_postmaster_start_time()`).Scan(&pid, &addr, &started); err != nil {
 		return nil, fmt.Sprintf("asking the server for its process id: %v", err)
 	}
 	// A Unix socket (addr NULL) or a loopback address: the server is on this host, unless it
-	// runs in a container of its own (then the pid below is not a postgres process here).
+	// runs in a container of its own (then the pid below is not its backend, which the
+	// postmaster's start time shows).
 	if addr != nil {
 		if ip := net.ParseIP(*addr); ip == nil || !ip.IsLoopback() {
-			return nil, fmt.Sprintf("the server is reached at %s, not over loopback", *addr)
+			return nil, fmt.Sprintf("the server is reached at %s, not over loopback or a Unix socket", *addr)
 		}
 	}
+	isPostgres := func(st procStat) bool { return st.comm == "postgres" || st.comm == "postmaster" }
 	backend, err := readProcStat(pid)
-	if err != nil || backend.comm != "postgres" {
+	if err != nil || !isPostgres(backend) {
 		return nil, fmt.Sprintf("the server's backend (pid %d) is not a process of this host", pid)
 	}
 	pm, err := readProcStat(backend.ppid)
-	if err != nil || (pm.comm != "postgres" && pm.comm != "postmaster") {
+	if err != nil || !isPostgres(pm) {
 		return nil, fmt.Sprintf("the parent of the server's backend (pid %d) is not its postmaster", backend.ppid)
+	}
+	boot, err := bootTime()
+	if err != nil {
+		return nil, err.Error()
+	}
+	// The process's start and the server's own record of it differ by the postmaster's
+	// start-up, well under seconds; another server's, or another namespace's process, by far
+	// more.
+	if d := boot.Add(time.Duration(pm.starttime) * clockTick).Sub(started); d < -5*time.Second || d > 5*time.Second {
+		return nil, fmt.Sprintf("process %d started %s apart from the server's postmaster: not the same process", backend.ppid, d.Round(time.Second))
 	}
 	s := &serverCPU{postmaster: backend.ppid}
 	if _, err := s.total(); err != nil {
@@ -74,7 +87,10 @@ func findServerCPU(ctx context.Context, pool *pgxpool.Pool) (*serverCPU, string)
 func (s *serverCPU) total() (time.Duration, error) {
 	// A child reaped while the children are read would be counted twice (live, then in the
 	// postmaster's reaped time) or not at all: read again when the reaped time moved.
-	for range 5 {
+	for try := range 50 {
+		if try > 0 {
+			time.Sleep(time.Millisecond)
+		}
 		before, err := readProcStat(s.postmaster)
 		if err != nil {
 			return 0, fmt.Errorf("reading the postmaster's CPU time: %w", err)
@@ -95,7 +111,8 @@ func (s *serverCPU) total() (time.Duration, error) {
 	return 0, fmt.Errorf("the server's processes kept exiting while their CPU time was read")
 }
 
-// children sums the own CPU time (ticks) of the postmaster's live children.
+// children sums the CPU time (ticks) of the postmaster's live children, their own and their
+// reaped children's (an archive_command's, say).
 func (s *serverCPU) children() (int64, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -111,7 +128,7 @@ func (s *serverCPU) children() (int64, error) {
 		if err != nil || st.ppid != s.postmaster {
 			continue // gone since the listing, or not the server's
 		}
-		ticks += st.utime + st.stime
+		ticks += st.utime + st.stime + st.cutime + st.cstime
 	}
 	return ticks, nil
 }
@@ -120,10 +137,29 @@ type procStat struct {
 	comm                         string
 	ppid                         int
 	utime, stime, cutime, cstime int64
+	starttime                    int64 // clock ticks after the boot
+}
+
+// bootTime is when this host booted (btime of /proc/stat).
+func bootTime() (time.Time, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("/proc/stat btime: %w", err)
+			}
+			return time.Unix(sec, 0), nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("/proc/stat: no btime")
 }
 
 // readProcStat parses /proc/<pid>/stat (proc(5)): the command name in parentheses, then
-// space-separated fields, ppid the 4th, utime to cstime the 14th to 17th.
+// space-separated fields, ppid the 4th, utime to cstime the 14th to 17th, starttime the 22nd.
 func readProcStat(pid int) (procStat, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
@@ -139,19 +175,19 @@ func parseProcStat(pid int, s string) (procStat, error) {
 		return procStat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
 	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state)
-	if len(f) < 15 {
+	if len(f) < 20 {
 		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
 	st := procStat{comm: s[open+1 : end]}
-	nums := make([]int64, 5)
-	for i, field := range []int{4, 14, 15, 16, 17} {
+	nums := make([]int64, 6)
+	for i, field := range []int{4, 14, 15, 16, 17, 22} {
 		var err error
 		if nums[i], err = strconv.ParseInt(f[field-3], 10, 64); err != nil {
 			return procStat{}, fmt.Errorf("/proc/%d/stat field %d: %w", pid, field, err)
 		}
 	}
 	st.ppid = int(nums[0])
-	st.utime, st.stime, st.cutime, st.cstime = nums[1], nums[2], nums[3], nums[4]
+	st.utime, st.stime, st.cutime, st.cstime, st.starttime = nums[1], nums[2], nums[3], nums[4], nums[5]
 	return st, nil
 }
 
@@ -189,20 +225,37 @@ func (m dbCPUMeter) used() time.Duration {
 	return t - m.start
 }
 
-// fmtCores is CPU time over a wall time, in cores ("0.93"), or "-" when unknown.
+// fmtCores is CPU time over a wall time, in cores ("0.93"), or "-" when unknown (negative).
 func fmtCores(cpu, wall time.Duration) string {
-	if cpu <= 0 || wall <= 0 {
+	if cpu < 0 || wall <= 0 {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", cpu.Seconds()/wall.Seconds())
 }
 
-// fmtPerCore is items per second of CPU time ("per database core"), or "-" when unknown.
+// fmtPerCore is items per second of CPU time ("per database core"), or "-" when unknown
+// (negative). CPU time is counted in clock ticks: under one tick, it is at least items per
+// tick.
 func fmtPerCore(items int, cpu time.Duration) string {
-	if cpu <= 0 {
+	switch {
+	case cpu < 0:
 		return "-"
+	case cpu == 0:
+		return ">" + fmtRate(float64(items)/clockTick.Seconds())
 	}
 	return fmtRate(float64(items) / cpu.Seconds())
+}
+
+// fmtCPUPer is CPU time per item, or "-" when unknown (negative); under one tick, "<" the
+// tick's share.
+func fmtCPUPer(cpu time.Duration, items int) string {
+	switch {
+	case cpu < 0 || items <= 0:
+		return "-"
+	case cpu == 0:
+		return "<" + fmtDur(clockTick/time.Duration(items))
+	}
+	return fmtDur(cpu / time.Duration(items))
 }
 
 // dbCPULine is the database's CPU time per item over the measured runs (the median), the
@@ -211,7 +264,7 @@ func fmtPerCore(items int, cpu time.Duration) string {
 func dbCPULine(ms []measurement, unit string) string {
 	var per, cores []float64
 	for _, m := range ms {
-		if m.db > 0 && m.items > 0 && m.elapsed > 0 {
+		if m.db >= 0 && m.items > 0 && m.elapsed > 0 {
 			per = append(per, m.db.Seconds()/float64(m.items))
 			cores = append(cores, m.db.Seconds()/m.elapsed.Seconds())
 		}
@@ -220,5 +273,8 @@ func dbCPULine(ms []measurement, unit string) string {
 		return "-"
 	}
 	p := median(per)
+	if p == 0 {
+		return fmt.Sprintf("under one clock tick (%s) in all, %.2f cores", clockTick, median(cores))
+	}
 	return fmt.Sprintf("%s a %s, %s per db core, %.2f cores", fmtDur(time.Duration(p*float64(time.Second))), unit, fmtRate(1/p), median(cores))
 }

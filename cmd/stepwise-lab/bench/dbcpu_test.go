@@ -22,7 +22,7 @@ func TestParseProcStat(t *testing.T) {
 	// A name with a space and a ')' of its own: the fields start after the last ')'.
 	st, err := parseProcStat(7, "7 (a b) c) S 1 7 7 0 -1 4194560 100 0 0 0 12 34 56 78 20 0 1 0 99 0 0")
 	require.NoError(t, err)
-	require.Equal(t, procStat{comm: "a b) c", ppid: 1, utime: 12, stime: 34, cutime: 56, cstime: 78}, st)
+	require.Equal(t, procStat{comm: "a b) c", ppid: 1, utime: 12, stime: 34, cutime: 56, cstime: 78, starttime: 99}, st)
 	_, err = parseProcStat(7, "7 (x) S 1 2")
 	require.ErrorContains(t, err, "fields")
 

@@ -29,7 +29,7 @@ func (r *runner) scaleSection(ctx context.Context) error {
 		elapsed time.Duration
 		payouts int
 		settled int
-		db      time.Duration // the database server's CPU time over the run (0 or less: not measured)
+		db      time.Duration // the database server's CPU time over the run (negative: not measured)
 	}
 	var rows []row
 	for _, n := range o.scaleProcs {

@@ -41,7 +41,7 @@ type measurement struct {
 	// call: River's fetch latency, once per run. Shown beside the rate; elapsed includes it.
 	pickup time.Duration
 	// db is the database server's CPU time over the run, where the bench can read it (see
-	// dbcpu.go; 0 or less: not measured).
+	// dbcpu.go; negative: not measured). Only the runs a section reports it for set it.
 	db time.Duration
 }
 

@@ -128,7 +128,7 @@ type drainResult struct {
 	rtt     time.Duration // mean send, Send called to returned, from the request rows
 	db      dbUse
 	cpu     time.Duration
-	dbCPU   time.Duration // the database server's (0 or less: not measured)
+	dbCPU   time.Duration // the database server's (negative: not measured)
 	load    string
 }
 
@@ -170,8 +170,8 @@ func timedDrain(ctx context.Context, pool *pgxpool.Pool, tracer *statementTracer
 		return drainResult{}, err
 	}
 	tracer.reset()
+	db := srv.meter() // first, so that its reading of /proc is not this process's work
 	cpu0 := cpuTime()
-	db := srv.meter()
 	start := time.Now()
 	got, err := ob.Drain(ctx, settlement.PayoutKind)
 	res := drainResult{n: n, elapsed: time.Since(start), db: dbUseOf(tracer.reset()), cpu: cpuTime() - cpu0, dbCPU: db.used(), load: loadAvg()}
@@ -327,7 +327,7 @@ func (r *runner) slowbankSection(ctx context.Context) error {
 			float64(d.db.stmts)/float64(d.n), float64(d.n)/float64(max(d.db.claims, 1)), float64(d.n)/float64(max(d.db.txs, 1)),
 			100*d.db.claimWait.Seconds()/d.elapsed.Seconds(), 100*(d.db.wait-d.db.claimWait).Seconds()/d.elapsed.Seconds(),
 			fmtDur(d.cpu/time.Duration(d.n)), 100*d.cpu.Seconds()/d.elapsed.Seconds()/float64(runtime.NumCPU()),
-			fmtDur(d.dbCPU/time.Duration(d.n)), fmtPerCore(d.n, d.dbCPU), fmtCores(d.dbCPU, d.elapsed), d.load)
+			fmtCPUPer(d.dbCPU, d.n), fmtPerCore(d.n, d.dbCPU), fmtCores(d.dbCPU, d.elapsed), d.load)
 	}
 	for _, x := range rows {
 		line("0", x.c, x.zero, "-", "-")

@@ -635,6 +635,11 @@ func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
 		pruning time.Duration
 		done    bool
 		cfg     = &retention.Config{OlderThan: historyAge, BatchSize: o.historyPruneBatch}
+		// Rows and prune time by phase: Prune does the runs (marking each and deleting
+		// its events) first, then the operations' events, at different costs a row. A
+		// window is counted to the phase that deleted more of its rows.
+		phaseRows, phaseTime [2]float64
+		recent               []float64 // rows/s of each prune window, for the progress lines
 	)
 	pruneFor := func(d time.Duration) error {
 		pctx, cancel := context.WithTimeout(ctx, d)
@@ -649,6 +654,13 @@ func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
 			total.OperationEvents += res.OperationEvents
 			total.Batches += res.Batches
 			total.Skipped += res.Skipped
+			ph := 0
+			if res.OperationEvents > res.Runs+res.RunEvents {
+				ph = 1
+			}
+			phaseRows[ph] += float64(res.Total())
+			phaseTime[ph] += end.Sub(start).Seconds()
+			recent = append(recent, float64(res.Total())/end.Sub(start).Seconds())
 		}
 		if err != nil && pctx.Err() == nil {
 			return fmt.Errorf("pruning: %w", err)
@@ -686,8 +698,9 @@ windows:
 			quietFor(o.historyWindow)
 		}
 		if pair%10 == 9 || done {
-			r.progress("history: pruning, %d pairs of windows, %s rows pruned at %s rows/s (load %s)",
-				pair+1, groupThousands(total.Total()), fmtRate(float64(total.Total())/pruning.Seconds()), loadAvg())
+			last := recent[max(0, len(recent)-10):]
+			r.progress("history: pruning, %d pairs of windows, %s rows pruned at %s rows/s, the last %d windows at %s rows/s (load %s)",
+				pair+1, groupThousands(total.Total()), fmtRate(float64(total.Total())/pruning.Seconds()), len(last), fmtRate(mean(last)), loadAvg())
 		}
 	}
 	if err := stopLoop(); err != nil {
@@ -742,6 +755,12 @@ windows:
 	r.printf("  %s rows in %s of prune windows (%s runs marked, %s run events and %s operation events deleted; %d batches, %d skipped): %s rows/s\n",
 		groupThousands(total.Total()), fmtDur(pruning), groupThousands(total.Runs), groupThousands(total.RunEvents), groupThousands(total.OperationEvents),
 		total.Batches, total.Skipped, fmtRate(rate))
+	for ph, what := range []string{"runs (each marked, its events deleted)", "the operations' events"} {
+		if phaseTime[ph] > 0 {
+			r.printf("  %s: %s rows in %s of prune windows, %s rows/s\n", what, groupThousands(int64(phaseRows[ph])),
+				fmtDur(time.Duration(phaseTime[ph]*float64(time.Second))), fmtRate(phaseRows[ph]/phaseTime[ph]))
+		}
+	}
 	switch {
 	case !done && total.Batches == 0:
 		r.printf("  stopped after --history-prune-for %s: no batch committed (each outlasted its %s window); %s of %s old events left\n",
@@ -761,4 +780,15 @@ windows:
 		o.historyWindow, median(slow), slices.Min(slow), slices.Max(slow), len(slow), stepsQuiet, stepsPrune, fmtDur(time.Since(began)))
 	r.check(median(slow) <= 1.10, "step slowdown while pruning <= 1.10: %.2f (%s rows/s pruned)", median(slow), fmtRate(rate))
 	return nil
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
 }

@@ -57,6 +57,7 @@ func TestParseFlags(t *testing.T) {
 			require.Equal(t, 2, o.kills)
 			require.Equal(t, 1, o.rounds)
 			require.Equal(t, []int{1000, 5000}, o.sizes)
+			require.Equal(t, 100, o.sizeBatch, "ten steps at the smallest size, so that one is timed")
 			require.Equal(t, 30_000, o.historyOps)
 			require.Equal(t, 3_000, o.historyRuns)
 		}},
@@ -70,6 +71,10 @@ func TestParseFlags(t *testing.T) {
 			require.False(t, o.runs("river"))
 		}},
 		{name: "unknown section", args: []string{"--only", "flor"}, err: `unknown section "flor"`},
+		{name: "size under two steps", args: []string{"--sizes", "1000,5000", "--size-batch", "1000"}, err: "1000 merchants with --size-batch 1000 is under two steps a run"},
+		{name: "size under two steps, not run", args: []string{"--sizes", "1000", "--size-batch", "1000", "--only", "floor"}, check: func(t *testing.T, o *options) {
+			require.False(t, o.runs("size"))
+		}},
 		{name: "bad list", args: []string{"--batches", "1,x"}, err: `--batches: "x" is not a number`},
 		{name: "zero batch", args: []string{"--batches", "0"}, err: "0 is not a batch size"},
 		{name: "one takeover process", args: []string{"--takeover-procs", "1"}, err: "want 2 to 64"},

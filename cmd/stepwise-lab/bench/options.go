@@ -180,6 +180,7 @@ func (o *options) applyQuick() {
 	set("river-items", func() { o.riverItems = 300 })
 	set("rounds", func() { o.rounds = 1 })
 	set("sizes", func() { o.sizes = []int{1000, 5000} })
+	set("size-batch", func() { o.sizeBatch = 100 })
 	set("kills", func() { o.kills = 2 })
 	set("delivery-ops", func() { o.deliveryOps = 1000 })
 	set("reconcile-ops", func() { o.reconcileOps = 500 })
@@ -266,6 +267,11 @@ func (o *options) validate() error {
 	for _, s := range o.sizes {
 		if s < 1 || s > 100_000_000 {
 			return fmt.Errorf("bench: --sizes: %d merchants; want 1 to 100,000,000", s)
+		}
+		// The size section times a step as the interval between two step starts of a run.
+		if o.runs("size") && s < 2*o.sizeBatch {
+			return fmt.Errorf("bench: --sizes: %d merchants with --size-batch %d is under two steps a run, and a step is timed between two; want sizes of at least %d, or a smaller --size-batch",
+				s, o.sizeBatch, 2*o.sizeBatch)
 		}
 	}
 	for _, p := range o.scaleProcs {

@@ -35,7 +35,7 @@ func TestOperationEventsBatchReadsByPrimaryKey(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE stepwise_operation; ANALYZE stepwise_event`)
 	require.NoError(t, err)
 
-	rows, err := pool.Query(ctx, "EXPLAIN (COSTS off) "+operationEventsBatchSQL, time.Now().Add(-30*24*time.Hour), 500)
+	rows, err := pool.Query(ctx, "EXPLAIN (COSTS off) "+operationEventsBatchSQL, time.Now().Add(-30*24*time.Hour), 500, time.Time{})
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {
@@ -54,7 +54,7 @@ func TestOperationEventsBatchReadsByPrimaryKey(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	n, err := pruneOperationEvents(ctx, tx, time.Now().Add(-30*24*time.Hour), 500)
+	n, _, err := pruneOperationEvents(ctx, tx, time.Now().Add(-30*24*time.Hour), time.Time{}, 500)
 	require.NoError(t, err)
 	require.EqualValues(t, 500, n)
 }
@@ -78,7 +78,7 @@ func TestRunBatchAsksTheLedgerByRunKey(t *testing.T) {
 		  FROM generate_series(1, 200000) i;
 		ANALYZE stepwise_run; ANALYZE stepwise_operation; ANALYZE stepwise_checkpoint`)
 	require.NoError(t, err)
-	sel := succeededBefore(time.Now().Add(-30*24*time.Hour), 500)
+	sel := succeededBefore(time.Now().Add(-30*24*time.Hour), time.Time{}, 500)
 	rows, err := pool.Query(ctx, "EXPLAIN (COSTS off) "+sel.sql, sel.args...)
 	require.NoError(t, err)
 	var plan []string

@@ -47,7 +47,8 @@
 //
 // Each batch is its own short transaction of at most BatchSize rows, selected oldest first
 // with FOR UPDATE SKIP LOCKED (a row a step holds is skipped, not waited for), under
-// lock_timeout: a batch that would wait longer gives up and is retried on the next pass.
+// lock_timeout: a batch that would wait longer gives up and is tried again after a pause
+// (after 100 such in one pass, the rest is left for the next pass).
 // Only finished runs and settled operations are touched. Between batches Prune sleeps, so the
 // step path keeps the database.
 package retention
@@ -93,14 +94,16 @@ type Config struct {
 	// concurrent run's steps by 25% on 2 cores). Defaults to 10ms.
 	Pause time.Duration
 
-	// LockTimeout bounds how long a batch waits for a lock before it gives up (and the
-	// rows are left for the next pass). Defaults to 100ms.
+	// LockTimeout bounds how long a batch waits for a lock before it gives up (and is
+	// tried again after a pause; after 100 such in one pass, the rest is left for the next
+	// pass). Defaults to 100ms.
 	LockTimeout time.Duration
 
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 
-	// DryRun makes Prune delete nothing: it counts what a real pass would delete now (the
+	// DryRun makes Prune delete nothing: it counts what a real pass would delete now if no
+	// row were locked or settled meanwhile (the
 	// Result's Runs, RunEvents, OperationEvents and Signals) and what it keeps (Result.Kept), in one
 	// read-only snapshot, with the very predicates the deleting batches use. Guards against
 	// an operator learning what "prune" meant only after the history is gone. The counts
@@ -178,7 +181,9 @@ func (c *Config) withDefaults() (*Config, error) {
 }
 
 // Prune deletes the history older than cfg.OlderThan (and that of cfg.FailedRuns), batch by
-// batch, until none is left or ctx ends. It is safe to run from several processes at once
+// batch, until each of its walks has reached the cutoff or ctx ends (rows a walk passed
+// without taking, locked by another pass or a step, or settled meanwhile, are the next
+// pass's). It is safe to run from several processes at once
 // (SKIP LOCKED divides the rows) and to stop at any moment (each batch commits on its own).
 func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error) {
 	cfg, err := cfg.withDefaults()
@@ -196,14 +201,16 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error
 	}
 	res := &Result{}
 	var pending func() // adds the last batch's counts to res, once it committed
-	// Each phase walks its rows oldest first and carries, from one batch to the next, where
+	// The two walks by age, the runs and the operations' events, go oldest first and carry,
+	// from one batch to the next, where
 	// the last committed batch ended: a batch starts there, not at the oldest row. Guards
 	// against a pass that slows as it goes. The rows an earlier batch deleted (or marked)
 	// stay in the walked index as dead entries until VACUUM removes them, and a batch that
 	// started at the oldest row stepped over all of them: on the bench's ledger of 10M
 	// operations, with 2M events deleted, 8,900 of a batch's 11,400 buffer reads and 24 of its
 	// 29 ms, and the pass's rate fell from 5,000 to 2,000 rows/s over 2M rows. Rows the walk
-	// passed over without taking (locked by a step, or not prunable yet) are the next pass's.
+	// passed over without taking (a run locked by a step, a row locked by another pass, or
+	// not prunable yet) are the next pass's.
 	runPhase := func(sel func(after time.Time) runSelector) func(context.Context, pgx.Tx) (int64, error) {
 		after := time.Time{} // the zero time: before every run
 		return func(ctx context.Context, tx pgx.Tx) (int64, error) {

@@ -208,7 +208,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error
 	// stay in the walked index as dead entries until VACUUM removes them, and a batch that
 	// started at the oldest row stepped over all of them: on the bench's ledger of 10M
 	// operations, with 2M events deleted, 8,900 of a batch's 11,400 buffer reads and 24 of its
-	// 29 ms, and the pass's rate fell from 5,000 to 2,000 rows/s over 2M rows. Rows the walk
+	// 29 ms, and the pass's rate fell from 5,000-6,300 to 2,000 rows/s over 2M events. Rows the walk
 	// passed over without taking (a run locked by a step, a row locked by another pass, or
 	// not prunable yet) are the next pass's.
 	runPhase := func(sel func(after time.Time) runSelector) func(context.Context, pgx.Tx) (int64, error) {
@@ -301,8 +301,9 @@ func batch(ctx context.Context, pool *pgxpool.Pool, cfg *Config, phase func(cont
 		// statements are a LIMIT over an index walk with a filter the planner cannot
 		// estimate, so on a long ledger their estimated cost passes jit_above_cost (jit is
 		// on by default) and each batch compiled its expressions with LLVM first: on a
-		// ledger of 10M operations 155-265 ms of a batch of 500 events that ran in 11 ms,
-		// so pruning went at about 600 rows/s. A batch reads about BatchSize rows; there is
+		// ledger of 10M operations, 155 ms of compiling for a batch that executed in 22 ms
+		// (a batch of 500: 222-265 ms with jit on, 11 ms off), so pruning went at about 650
+		// rows/s. A batch reads about BatchSize rows; there is
 		// nothing for JIT to win.
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('jit', 'off', true)`,
 			fmt.Sprintf("%dms", cfg.LockTimeout.Milliseconds())); err != nil {

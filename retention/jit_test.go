@@ -28,24 +28,14 @@ import (
 func TestPruneDoesNotJITCompile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testkit.DBURL(t)
-	seed, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(seed.Close)
+	seed := testkit.DB(t)
+	url := seed.Config().ConnString()
 	var jit bool
 	require.NoError(t, seed.QueryRow(ctx, `SELECT pg_jit_available()`).Scan(&jit))
 	if !jit {
 		t.Skip("this server has no JIT provider: nothing to turn off")
 	}
-	_, err = seed.Exec(ctx, `
-		WITH ops AS (
-			INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, state, created_at, updated_at, finished_at)
-			SELECT gen_random_uuid(), 'payout', 'bk-' || i, '{}', '\x00', 'SUCCEEDED', t, t, t
-			  FROM generate_series(1, 1200) i, LATERAL (SELECT now() - interval '90 days' + i * interval '1 minute' AS t) tt
-			RETURNING operation_id, finished_at)
-		INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, at)
-		SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', finished_at FROM ops`)
-	require.NoError(t, err)
+	seedSettledOperations(t, seed, 1200)
 
 	pool, explained := explainedPool(t, url, `SET jit = on`, `SET jit_above_cost = 0`, `SET jit_inline_above_cost = 0`, `SET jit_optimize_above_cost = 0`)
 	jitted := func() []string {
@@ -124,19 +114,9 @@ func explainedPool(t *testing.T, url string, sets ...string) (pool *pgxpool.Pool
 func TestPruneBatchesStartWhereTheLastEnded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testkit.DBURL(t)
-	seed, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(seed.Close)
-	_, err = seed.Exec(ctx, `
-		WITH ops AS (
-			INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, state, created_at, updated_at, finished_at)
-			SELECT gen_random_uuid(), 'payout', 'bk-' || i, '{}', '\x00', 'SUCCEEDED', t, t, t
-			  FROM generate_series(1, 1500) i, LATERAL (SELECT now() - interval '90 days' + i * interval '1 minute' AS t) tt
-			RETURNING operation_id, finished_at)
-		INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, at)
-		SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', finished_at FROM ops`)
-	require.NoError(t, err)
+	seed := testkit.DB(t)
+	url := seed.Config().ConnString()
+	seedSettledOperations(t, seed, 1500)
 	var oldest time.Time
 	require.NoError(t, seed.QueryRow(ctx, `SELECT min(at) FROM stepwise_event`).Scan(&oldest))
 	// Custom plans show the values a batch was given, in UTC whatever the server's zone.
@@ -170,4 +150,19 @@ func TestPruneBatchesStartWhereTheLastEnded(t *testing.T) {
 		want := oldest.Add(time.Duration(500*i-1) * time.Minute)
 		require.WithinDuration(t, want, at(starts[i]), time.Second, "batch %d starts at %s", i+1, starts[i])
 	}
+}
+
+// seedSettledOperations writes n SUCCEEDED operations, finished a minute apart from 90 days
+// ago, each with its op.transition event at that time: n events for Prune's second walk.
+func seedSettledOperations(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+		WITH ops AS (
+			INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, state, created_at, updated_at, finished_at)
+			SELECT gen_random_uuid(), 'payout', 'bk-' || i, '{}', '\x00', 'SUCCEEDED', t, t, t
+			  FROM generate_series(1, $1::int) i, LATERAL (SELECT now() - interval '90 days' + i * interval '1 minute' AS t) tt
+			RETURNING operation_id, finished_at)
+		INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, at)
+		SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', finished_at FROM ops`, n)
+	require.NoError(t, err)
 }

@@ -23,16 +23,8 @@ func TestOperationEventsBatchReadsByPrimaryKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testkit.DB(t)
-	_, err := pool.Exec(ctx, `
-		WITH ops AS (
-			INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, state, created_at, updated_at, finished_at)
-			SELECT gen_random_uuid(), 'payout', 'bk-' || i, '{}', '\x00', 'SUCCEEDED', t, t, t
-			  FROM generate_series(1, 20000) i, LATERAL (SELECT now() - interval '90 days' + i * interval '1 minute' AS t) tt
-			RETURNING operation_id, finished_at)
-		INSERT INTO stepwise_event (subject, kind, from_state, to_state, actor, at)
-		SELECT 'op:' || operation_id, 'op.transition', 'PROCESSING', 'SUCCEEDED', 'outbox', finished_at FROM ops`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `ANALYZE stepwise_operation; ANALYZE stepwise_event`)
+	seedSettledOperations(t, pool, 20000)
+	_, err := pool.Exec(ctx, `ANALYZE stepwise_operation; ANALYZE stepwise_event`)
 	require.NoError(t, err)
 
 	rows, err := pool.Query(ctx, "EXPLAIN (COSTS off) "+operationEventsBatchSQL, time.Now().Add(-30*24*time.Hour), 500, time.Time{})

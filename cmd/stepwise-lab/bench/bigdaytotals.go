@@ -44,6 +44,24 @@ type totalsMeasure struct {
 	entries int             // statement entries
 	took    []time.Duration // per round, sorted
 	beyond  uint64          // the largest heap peak above the statement's, over the rounds
+	db      []time.Duration // the server's CPU time per round (negative: not measured)
+}
+
+// dbLine is the median of the rounds' server CPU time and the cores it kept busy over the
+// median round, or "" when not measured.
+func (m totalsMeasure) dbLine() string {
+	var ds []float64
+	for _, d := range m.db {
+		if d < 0 {
+			return ""
+		}
+		ds = append(ds, d.Seconds())
+	}
+	if len(ds) == 0 {
+		return ""
+	}
+	d := time.Duration(median(ds) * float64(time.Second))
+	return fmt.Sprintf(", database CPU %s (%s cores)", fmtCPUPer(d, 1), fmtCores(d, m.median()))
 }
 
 func (m totalsMeasure) median() time.Duration { return m.took[len(m.took)/2] }
@@ -82,10 +100,10 @@ func (r *runner) bigDayTotals(ctx context.Context, pool *pgxpool.Pool) error {
 	statementMiB := float64(len(entries)) * float64(statementEntryBytes) / (1 << 20)
 	r.printf("CompareTotals of the day: %s payouts against a statement of %s entries (about %.0f MiB, %d differences planted, all found):\n",
 		groupThousands(int64(whole.payouts)), groupThousands(int64(whole.entries)), statementMiB, sumCounts(plantedDifferences))
-	r.printf("  whole day  %9s payouts  median %s [%s-%s] of %d (target <= 2s), heap beyond the statement %.1f MiB\n",
-		groupThousands(int64(whole.payouts)), fmtDur(whole.median()), fmtDur(whole.took[0]), fmtDur(whole.took[len(whole.took)-1]), len(whole.took), mib(whole.beyond))
-	r.printf("  tenth      %9s payouts  median %s [%s-%s] of %d, heap beyond the statement %.1f MiB\n",
-		groupThousands(int64(tenth.payouts)), fmtDur(tenth.median()), fmtDur(tenth.took[0]), fmtDur(tenth.took[len(tenth.took)-1]), len(tenth.took), mib(tenth.beyond))
+	r.printf("  whole day  %9s payouts  median %s [%s-%s] of %d (target <= 2s), heap beyond the statement %.1f MiB%s\n",
+		groupThousands(int64(whole.payouts)), fmtDur(whole.median()), fmtDur(whole.took[0]), fmtDur(whole.took[len(whole.took)-1]), len(whole.took), mib(whole.beyond), whole.dbLine())
+	r.printf("  tenth      %9s payouts  median %s [%s-%s] of %d, heap beyond the statement %.1f MiB%s\n",
+		groupThousands(int64(tenth.payouts)), fmtDur(tenth.median()), fmtDur(tenth.took[0]), fmtDur(tenth.took[len(tenth.took)-1]), len(tenth.took), mib(tenth.beyond), tenth.dbLine())
 	r.printf("  %s more payouts add %.2f MiB beyond the statement (target: memory independent of the day's size, <= 1 MiB more)\n",
 		groupThousands(int64(whole.payouts-tenth.payouts)), float64(growth)/(1<<20))
 	r.check(whole.median() <= 2*time.Second, "CompareTotals of a %s-payout day <= 2s: %s", groupThousands(int64(whole.payouts)), fmtDur(whole.median()))
@@ -167,6 +185,7 @@ func (r *runner) compareTotals(ctx context.Context, pool *pgxpool.Pool, entries 
 		var t *reconcile.Totals
 		var err error
 		var took time.Duration
+		db := r.dbCPU() // outside HeapPeak: reading /proc allocates
 		peak := memwatch.HeapPeak(func() {
 			start := time.Now()
 			t, err = reconcile.CompareTotals(ctx, pool, reconcile.StatementFunc(func(context.Context, time.Time, time.Time) ([]reconcile.StatementEntry, error) {
@@ -174,6 +193,7 @@ func (r *runner) compareTotals(ctx context.Context, pool *pgxpool.Pool, entries 
 			}), params)
 			took = time.Since(start)
 		})
+		m.db = append(m.db, db.used())
 		if err != nil {
 			return m, fmt.Errorf("comparing the big day's totals: %w", err)
 		}

@@ -234,11 +234,11 @@ func fmtCores(cpu, wall time.Duration) string {
 }
 
 // fmtPerCore is items per second of CPU time ("per database core"), or "-" when unknown
-// (negative). CPU time is counted in clock ticks: under one tick, it is at least items per
+// (negative) or no items were measured. CPU time is counted in clock ticks: under one tick, it is at least items per
 // tick.
 func fmtPerCore(items int, cpu time.Duration) string {
 	switch {
-	case cpu < 0:
+	case cpu < 0 || items <= 0:
 		return "-"
 	case cpu == 0:
 		return ">" + fmtRate(float64(items)/clockTick.Seconds())

@@ -269,6 +269,7 @@ type historyRound struct {
 	rate  float64
 	unit  string
 	items int
+	db    time.Duration // the server's CPU time over the timed part (negative: not measured)
 }
 
 // walUse is the WAL the cluster wrote between two LSNs: its bytes and, of those, the
@@ -369,6 +370,10 @@ func (r *runner) historySection(ctx context.Context) error {
 		r.progress("history: no pg_walinspect (%v): WAL bytes only, no full-page images", err)
 	}
 	units := map[string]string{}
+	// The server's CPU time per item, each side's over every round: what a long ledger costs
+	// the database's cores, beside what it costs the process's rate.
+	dbUse := map[string]map[string]time.Duration{"fresh": {}, "long": {}}
+	dbItems := map[string]map[string]int{"fresh": {}, "long": {}}
 	for round := range o.historyRounds {
 		// ABBA: each side runs its measures twice per round, first and last or in the
 		// middle (alternating by round), and its rate is the mean of the two. Measured on
@@ -400,6 +405,10 @@ func (r *runner) historySection(ctx context.Context) error {
 				}
 				wal[h.label][m] = walUse{bytes: wal[h.label][m].bytes + w.bytes, fpi: wal[h.label][m].fpi + w.fpi}
 				walItems[h.label][m] += res.items
+				if res.db >= 0 {
+					dbUse[h.label][m] += res.db
+					dbItems[h.label][m] += res.items
+				}
 				sum[h.label][m] += res.rate / 2
 				best[h.label][m] = max(best[h.label][m], res.rate)
 				units[m] = res.unit
@@ -453,6 +462,14 @@ func (r *runner) historySection(ctx context.Context) error {
 		}
 		r.printf("  %-14s %8s -> %8s B   %s\n", m, groupThousands(int64(f.bytes)), groupThousands(int64(l.bytes)), fpi)
 	}
+	if r.serverCPU != nil {
+		r.printf("database CPU per item over every round (the whole server's), and items per second of it (per db core); fresh -> history\n")
+		for _, m := range historyMeasures {
+			f, l := dbItems["fresh"][m], dbItems["long"][m]
+			r.printf("  %-14s %8s -> %8s   %9s -> %9s /s\n", m, fmtCPUPer(dbUse["fresh"][m], f), fmtCPUPer(dbUse["long"][m], l),
+				fmtPerCore(f, dbUse["fresh"][m]), fmtPerCore(l, dbUse["long"][m]))
+		}
+	}
 	for _, m := range historyMeasures {
 		if m == "enqueue-random" {
 			continue // what random ids cost, beside the target; not a target
@@ -476,7 +493,9 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 		// statements, commit and next BEGIN): River's pickup of the run, which varies by
 		// its poll, is not the ledger's doing.
 		h.rig.worker.record(true)
+		db := r.dbCPU()
 		res, err := h.rig.stepwiseRun(ctx, date, historyBatch, o.historyMerchants, "hist-"+tag)
+		dbUsed := db.used()
 		starts := h.rig.worker.record(false)
 		if err != nil {
 			return historyRound{}, fmt.Errorf("history (%s database): %w", h.label, err)
@@ -491,18 +510,20 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 		if len(steps) == 0 {
 			return historyRound{}, fmt.Errorf("history (%s database): a run of %d merchants at B=%d made one step; raise --history-merchants", h.label, o.historyMerchants, historyBatch)
 		}
-		return historyRound{rate: historyBatch / median(steps), unit: "merchants/s", items: res.items}, nil
+		return historyRound{rate: historyBatch / median(steps), unit: "merchants/s", items: res.items, db: dbUsed}, nil
 	case "delivery":
+		db := r.dbCPU()
 		start := time.Now()
 		n, err := h.svc.Outbox.Drain(ctx, settlement.PayoutKind)
 		elapsed := time.Since(start)
+		dbUsed := db.used()
 		if err != nil {
 			return historyRound{}, fmt.Errorf("history (%s database): draining payouts: %w", h.label, err)
 		}
 		if n != o.historyMerchants {
 			return historyRound{}, fmt.Errorf("history (%s database): delivered %d payouts, want the %d of the last run", h.label, n, o.historyMerchants)
 		}
-		return historyRound{rate: float64(n) / elapsed.Seconds(), unit: "payouts/s", items: n}, nil
+		return historyRound{rate: float64(n) / elapsed.Seconds(), unit: "payouts/s", items: n, db: dbUsed}, nil
 	case "enqueue", "enqueue-random":
 		// enqueue writes operations as the sample does: keys that start with a business date
 		// after every date of the history, dated ids. enqueue-random writes what a caller of
@@ -525,6 +546,7 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 		// A client's Local, as a step has: the kind is read from the registry once, not per
 		// call. No River client: nothing is woken, the ledger's insert is what is measured.
 		lctx := outbox.NewLocal().Context(ctx, nil)
+		db := r.dbCPU()
 		start := time.Now()
 		for lo := 0; lo < len(ops); lo += historyBatch {
 			if err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
@@ -534,9 +556,11 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 				return historyRound{}, fmt.Errorf("history (%s database): enqueuing: %w", h.label, err)
 			}
 		}
-		return historyRound{rate: float64(len(ops)) / time.Since(start).Seconds(), unit: "ops/s", items: len(ops)}, nil
+		elapsed := time.Since(start)
+		return historyRound{rate: float64(len(ops)) / elapsed.Seconds(), unit: "ops/s", items: len(ops), db: db.used()}, nil
 	case "claim":
 		var spent time.Duration
+		db := r.dbCPU()
 		for i := range historyClaims(o) {
 			key := fmt.Sprintf("bench-claim/%s/%d/%d", tag, i, time.Now().UnixNano())
 			start := time.Now()
@@ -552,7 +576,7 @@ func (r *runner) historyMeasure(ctx context.Context, h *historyDB, m, tag string
 			}
 			spent += time.Since(start)
 		}
-		return historyRound{rate: float64(historyClaims(o)) / spent.Seconds(), unit: "claims/s", items: historyClaims(o)}, nil
+		return historyRound{rate: float64(historyClaims(o)) / spent.Seconds(), unit: "claims/s", items: historyClaims(o), db: db.used()}, nil
 	}
 	return historyRound{}, fmt.Errorf("history: unknown measure %q", m)
 }
@@ -628,6 +652,7 @@ func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
 	type window struct {
 		from, to time.Time
 		pruning  bool
+		db       time.Duration // the server's CPU time in the window (negative: not measured)
 	}
 	var (
 		windows []window
@@ -644,9 +669,11 @@ func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
 	pruneFor := func(d time.Duration) error {
 		pctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
+		db := r.dbCPU()
 		start := time.Now()
 		res, err := retention.Prune(pctx, h.pool, cfg)
 		end := time.Now()
+		dbUsed := db.used()
 		pruning += end.Sub(start)
 		if res != nil {
 			total.Runs += res.Runs
@@ -668,13 +695,15 @@ func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
 		if err == nil {
 			done = true // Prune returned on its own: nothing left
 		}
-		windows = append(windows, window{start, end, true})
+		windows = append(windows, window{start, end, true, dbUsed})
 		return nil
 	}
 	quietFor := func(d time.Duration) {
+		db := r.dbCPU()
 		start := time.Now()
 		time.Sleep(d)
-		windows = append(windows, window{start, time.Now(), false})
+		end := time.Now()
+		windows = append(windows, window{start, end, false, db.used()})
 	}
 	began := time.Now()
 windows:
@@ -760,6 +789,30 @@ windows:
 			r.printf("  %s: %s rows in %s of prune windows, %s rows/s\n", what, groupThousands(int64(phaseRows[ph])),
 				fmtDur(time.Duration(phaseTime[ph]*float64(time.Second))), fmtRate(phaseRows[ph]/phaseTime[ph]))
 		}
+	}
+	// The prune's own share of the database's CPU: the cores busy in prune windows less those
+	// busy in quiet ones (the settle loop runs in both), over the prune windows' time.
+	var cpuIn, wallIn [2]time.Duration // [quiet, pruning]
+	measured := true
+	for _, w := range windows {
+		if w.db < 0 {
+			measured = false
+			break
+		}
+		k := 0
+		if w.pruning {
+			k = 1
+		}
+		cpuIn[k] += w.db
+		wallIn[k] += w.to.Sub(w.from)
+	}
+	if measured && wallIn[0] > 0 && wallIn[1] > 0 {
+		quiet, busy := cpuIn[0].Seconds()/wallIn[0].Seconds(), cpuIn[1].Seconds()/wallIn[1].Seconds()
+		own := "-"
+		if extra := (busy - quiet) * wallIn[1].Seconds(); extra > 0 {
+			own = fmtRate(float64(total.Total())/extra) + " rows/s"
+		}
+		r.printf("  database cores busy: %.2f in prune windows, %.2f in quiet ones; the prune's share, per db core: %s\n", busy, quiet, own)
 	}
 	switch {
 	case !done && total.Batches == 0:

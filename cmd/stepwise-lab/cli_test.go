@@ -183,9 +183,10 @@ func TestReadmeBenchCommand(t *testing.T) {
 		require.Regexp(t, `(?m)^database CPU, median of the 2 drains: `+perCore+`$`, out, "the delivery section's")
 		require.Regexp(t, `(?m)^database CPU: `+perCore+`$`, out, "the reconcile section's")
 		require.Regexp(t, `(?m)^1\s+[\d,]+\s+\S+\s+\d+\s+[\d,]+\s+\d+\.\d\d$`, out, "the scale section's row of 1 process")
-		require.Regexp(t, `(?m)^  step +<?[\d.]+[µm]?s -> +<?[\d.]+[µm]?s +>?[\d,]+ -> +>?[\d,]+ /s$`, out, "the history section's database CPU per item")
-		require.Regexp(t, `(?m)^  database cores busy: \d+\.\d\d in prune windows, \d+\.\d\d in quiet ones; the prune's share, per db core: `, out, "the prune's")
-		require.Regexp(t, `(?m)^  whole day .*, database CPU <?[\d.]+[µm]?s \(\d+\.\d\d cores\)$`, out, "CompareTotals'")
+		require.Regexp(t, `(?m)^  step +[\d.]+[µm]?s -> +[\d.]+[µm]?s +[\d,]+ -> +[\d,]+ /s$`, out, "the history section's database CPU per item")
+		require.Regexp(t, `(?m)^  database cores busy: \d+\.\d\d in prune windows, \d+\.\d\d in quiet ones, the steps at \d+\.\d\d of their quiet rate while pruning;$`, out, "the prune's")
+		require.Regexp(t, `(?m)^  the prune's own by difference: [+-]\d+\.\d\d cores, (within the noise|[\d,]+ rows per second of it \(per db core\))$`, out, "the prune's")
+		require.Regexp(t, `(?m)^  whole day .*, database CPU (\S+ a payout, [\d,]+ per db core|under one clock tick \(10ms\) in all), \d+\.\d\d cores$`, out, "CompareTotals'")
 	}
 	// The lines for scripts: one per batch size, then concurrent=8, in that order.
 	var last []string

@@ -790,9 +790,13 @@ windows:
 				fmtDur(time.Duration(phaseTime[ph]*float64(time.Second))), fmtRate(phaseRows[ph]/phaseTime[ph]))
 		}
 	}
-	// The prune's own share of the database's CPU: the cores busy in prune windows less those
-	// busy in quiet ones (the settle loop runs in both), over the prune windows' time.
+	// The prune's own database CPU, by difference: the cores busy in prune windows less what
+	// the settle loop and the rest kept busy there, estimated from the quiet windows scaled
+	// by the steps' rate (the loop is slower while pruning, so it uses less CPU then). An
+	// estimate: the rollback of a batch cut at a window's end, and the checkpointer's
+	// writes of the pages a prune dirtied, can fall in the next window of either kind.
 	var cpuIn, wallIn [2]time.Duration // [quiet, pruning]
+	var stepsIn [2]int
 	measured := true
 	for _, w := range windows {
 		if w.db < 0 {
@@ -805,14 +809,22 @@ windows:
 		}
 		cpuIn[k] += w.db
 		wallIn[k] += w.to.Sub(w.from)
-	}
-	if measured && wallIn[0] > 0 && wallIn[1] > 0 {
-		quiet, busy := cpuIn[0].Seconds()/wallIn[0].Seconds(), cpuIn[1].Seconds()/wallIn[1].Seconds()
-		own := "-"
-		if extra := (busy - quiet) * wallIn[1].Seconds(); extra > 0 {
-			own = fmtRate(float64(total.Total())/extra) + " rows/s"
+		for _, s := range samples {
+			if !s.at.Before(w.from) && s.at.Before(w.to) {
+				stepsIn[k]++
+			}
 		}
-		r.printf("  database cores busy: %.2f in prune windows, %.2f in quiet ones; the prune's share, per db core: %s\n", busy, quiet, own)
+	}
+	if measured && wallIn[0] > 0 && wallIn[1] > 0 && stepsIn[0] > 0 {
+		quiet, busy := cpuIn[0].Seconds()/wallIn[0].Seconds(), cpuIn[1].Seconds()/wallIn[1].Seconds()
+		stepRate := (float64(stepsIn[1]) / wallIn[1].Seconds()) / (float64(stepsIn[0]) / wallIn[0].Seconds())
+		own := busy - quiet*stepRate
+		perCore := "within the noise"
+		if own > 0 {
+			perCore = fmtRate(float64(total.Total())/(own*wallIn[1].Seconds())) + " rows per second of it (per db core)"
+		}
+		r.printf("  database cores busy: %.2f in prune windows, %.2f in quiet ones, the steps at %.2f of their quiet rate while pruning;\n"+
+			"  the prune's own by difference: %+.2f cores, %s\n", busy, quiet, stepRate, own, perCore)
 	}
 	switch {
 	case !done && total.Batches == 0:

@@ -609,6 +609,8 @@ func fmtDur(d time.Duration) string {
 		return "-"
 	}
 	switch {
+	case d < time.Microsecond:
+		return d.String() // a CPU time per item of a set-based statement: "490ns", not "0s"
 	case d < time.Millisecond:
 		return d.Round(time.Microsecond).String()
 	case d < time.Second:

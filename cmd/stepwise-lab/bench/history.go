@@ -827,11 +827,8 @@ windows:
 		}
 		cpuIn[k] += w.db
 		wallIn[k] += w.to.Sub(w.from)
-		for _, s := range samples {
-			if !s.at.Before(w.from) && s.at.Before(w.to) {
-				stepsIn[k]++
-			}
-		}
+		_, n := meanIn(w)
+		stepsIn[k] += n
 	}
 	if measured && wallIn[0] > 0 && wallIn[1] > 0 && stepsIn[0] > 0 {
 		quiet, busy := cpuIn[0].Seconds()/wallIn[0].Seconds(), cpuIn[1].Seconds()/wallIn[1].Seconds()

@@ -102,6 +102,15 @@ type Config struct {
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 
+	// Progress, when set, is called after each batch with the pass's totals so far (of
+	// the batches that committed), on Prune's goroutine, before the pause that follows the
+	// batch. Prune waits for it: a slow Progress slows the pass. It is for progress lines
+	// (stepwise prune --apply prints one every 10 seconds); a Progress that blocks pauses
+	// the pass between two batches without ending it, where cancelling ctx ends the pass,
+	// and the next pass starts again at the oldest row (over the dead index entries of what
+	// this one deleted, until VACUUM removes them).
+	Progress func(Result)
+
 	// DryRun makes Prune delete nothing: it counts what a real pass would delete now if no
 	// row were locked or settled meanwhile (the
 	// Result's Runs, RunEvents, OperationEvents and Signals) and what it keeps (Result.Kept), in one
@@ -264,6 +273,9 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Result, error
 			res.Batches++
 			if skipped {
 				res.Skipped++
+			}
+			if cfg.Progress != nil {
+				cfg.Progress(*res)
 			}
 			if !skipped && n < int64(cfg.BatchSize) {
 				break // this phase is done

@@ -174,3 +174,38 @@ func TestConfigErrorsNameTheFix(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 	}
 }
+
+// Progress reports, after each batch, what the pass has committed: the rows it counts are
+// gone from the database when it is called, and the last call holds the pass's Result. A
+// Progress that blocks holds the pass between two batches: nothing is deleted meanwhile.
+func TestProgressReportsCommittedBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testkit.DB(t)
+	old := time.Now().Add(-10 * 24 * time.Hour)
+	for _, k := range []string{"p-1", "p-2", "p-3", "p-4", "p-5"} {
+		history(t, pool, k, "succeeded", old, "SUCCEEDED")
+	}
+	const events = `SELECT count(*) FROM stepwise_event`
+	all := count(t, pool, events)
+
+	var calls []retention.Result
+	res, err := retention.Prune(ctx, pool, &retention.Config{OlderThan: 7 * 24 * time.Hour, BatchSize: 2, Pause: time.Millisecond,
+		Progress: func(r retention.Result) {
+			calls = append(calls, r)
+			gone := all - count(t, pool, events)
+			require.EqualValues(t, r.RunEvents+r.OperationEvents, gone, "call %d: Progress counts what is committed, no more, no less", len(calls))
+			if len(calls) == 2 {
+				time.Sleep(300 * time.Millisecond)
+				require.Equal(t, gone, all-count(t, pool, events), "a batch ran while Progress held the pass")
+			}
+		}})
+	require.NoError(t, err)
+	require.Len(t, calls, res.Batches, "one call a batch")
+	require.Equal(t, *res, calls[len(calls)-1], "the last call holds the pass's result")
+	require.EqualValues(t, 5, res.Runs)
+	require.EqualValues(t, 10, res.OperationEvents)
+	for i := 1; i < len(calls); i++ {
+		require.GreaterOrEqual(t, calls[i].Total(), calls[i-1].Total(), "totals only grow")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -183,7 +184,12 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.True(t, dry.DryRun)
 	require.Positive(t, dry.RunEvents)
 	require.Positive(t, dry.OperationEvents)
-	stepwise(t, db, "prune", "--older-than", "168h", "--apply", "--json").ok(t).json(t, &applied)
+	defer func(d time.Duration) { pruneProgressEvery = d }(pruneProgressEvery)
+	pruneProgressEvery = 0 // a line after every batch
+	r = stepwise(t, db, "prune", "--older-than", "168h", "--apply", "--json").ok(t)
+	r.json(t, &applied)
+	require.Regexp(t, `(?m)^prune: \d+s so far: the history of \d+ runs, \d+ run events, \d+ operation events, \d+ signals \(\d+ batches, \d+ rows/s\)$`, r.stderr,
+		"a long prune says on stderr that it is moving (stdout stays JSON)")
 	require.False(t, applied.DryRun)
 	require.Equal(t, [3]int64{dry.Runs, dry.RunEvents, dry.OperationEvents}, [3]int64{applied.Runs, applied.RunEvents, applied.OperationEvents}, "the dry run said what --apply deleted")
 	require.Equal(t, int64(events)-applied.RunEvents-applied.OperationEvents, int64(count(t, pool, `SELECT count(*) FROM stepwise_event`)))

@@ -684,37 +684,47 @@ func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
 		phaseRows, phaseTime [2]float64
 		recent               []float64 // rows/s of each prune window, for the progress lines
 	)
-	pruneFor := func(d time.Duration) error {
-		pctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
+	// One pass for the whole prune, held between two batches while a quiet window runs.
+	pctx, cancelPass := context.WithCancel(ctx)
+	defer cancelPass()
+	pass := newPrunePass(pctx)
+	cfg.Progress = pass.progress
+	passEnded := make(chan struct{})
+	var passRes *retention.Result
+	var passErr error
+	started := false
+	startPass := func() {
+		started = true
+		go func() {
+			defer close(passEnded)
+			passRes, passErr = retention.Prune(pctx, h.pool, cfg)
+			pass.end()
+		}()
+	}
+	pruneFor := func(d time.Duration) {
 		db := r.dbCPU()
 		start := time.Now()
-		res, err := retention.Prune(pctx, h.pool, cfg)
-		end := time.Now()
+		from := pass.open()
+		if !started {
+			startPass()
+		}
+		select {
+		case <-time.After(d):
+		case <-passEnded:
+		}
+		to, end := pass.close()
 		dbUsed := db.used()
 		pruning += end.Sub(start)
-		if res != nil {
-			total.Runs += res.Runs
-			total.RunEvents += res.RunEvents
-			total.OperationEvents += res.OperationEvents
-			total.Batches += res.Batches
-			total.Skipped += res.Skipped
-			ph := 0
-			if res.OperationEvents > res.Runs+res.RunEvents {
-				ph = 1
-			}
-			phaseRows[ph] += float64(res.Total())
-			phaseTime[ph] += end.Sub(start).Seconds()
-			recent = append(recent, float64(res.Total())/end.Sub(start).Seconds())
+		got := to.Total() - from.Total()
+		ph := 0
+		if to.OperationEvents-from.OperationEvents > (to.Runs-from.Runs)+(to.RunEvents-from.RunEvents) {
+			ph = 1
 		}
-		if err != nil && pctx.Err() == nil {
-			return fmt.Errorf("pruning: %w", err)
-		}
-		if err == nil {
-			done = true // Prune returned on its own: nothing left
-		}
+		phaseRows[ph] += float64(got)
+		phaseTime[ph] += end.Sub(start).Seconds()
+		recent = append(recent, float64(got)/end.Sub(start).Seconds())
+		total = to
 		windows = append(windows, window{start, end, true, dbUsed})
-		return nil
 	}
 	quietFor := func(d time.Duration) {
 		db := r.dbCPU()
@@ -722,6 +732,14 @@ func (r *runner) historyPrune(ctx context.Context, h *historyDB) error {
 		time.Sleep(d)
 		end := time.Now()
 		windows = append(windows, window{start, end, false, db.used()})
+	}
+	passDone := func() bool {
+		select {
+		case <-passEnded:
+			return true
+		default:
+			return false
+		}
 	}
 	began := time.Now()
 windows:
@@ -733,21 +751,35 @@ windows:
 		}
 		if pair%2 == 0 {
 			quietFor(o.historyWindow)
-			if err := pruneFor(o.historyWindow); err != nil {
-				_ = stopLoop()
-				return err
-			}
+			pruneFor(o.historyWindow)
 		} else {
-			if err := pruneFor(o.historyWindow); err != nil {
-				_ = stopLoop()
-				return err
-			}
+			pruneFor(o.historyWindow)
 			quietFor(o.historyWindow)
+		}
+		if passDone() {
+			if passErr != nil {
+				_ = stopLoop()
+				return fmt.Errorf("pruning: %w", passErr)
+			}
+			done = true // Prune returned on its own: nothing left
 		}
 		if pair%10 == 9 || done {
 			last := recent[max(0, len(recent)-10):]
 			r.progress("history: pruning, %d pairs of windows, %s rows pruned at %s rows/s, the last %d windows at %s rows/s (load %s)",
 				pair+1, groupThousands(total.Total()), fmtRate(float64(total.Total())/pruning.Seconds()), len(last), fmtRate(mean(last)), loadAvg())
+		}
+	}
+	// Stopped by the cap (or the settle loop): end the pass, held at a report, and keep what
+	// it committed.
+	cancelPass()
+	if started {
+		<-passEnded
+		if passErr != nil && !errors.Is(passErr, context.Canceled) {
+			_ = stopLoop()
+			return fmt.Errorf("pruning: %w", passErr)
+		}
+		if passRes != nil {
+			total = *passRes
 		}
 	}
 	if err := stopLoop(); err != nil {
@@ -811,8 +843,8 @@ windows:
 	// The prune's own database CPU, by difference: the cores busy in prune windows less what
 	// the settle loop and the rest kept busy there, estimated from the quiet windows scaled
 	// by the steps' rate (the loop is slower while pruning, so it uses less CPU then). An
-	// estimate: the rollback of a batch cut at a window's end, and the checkpointer's
-	// writes of the pages a prune dirtied, can fall in the next window of either kind.
+	// estimate: the checkpointer's writes of the pages a prune dirtied can fall in the next
+	// window of either kind.
 	var cpuIn, wallIn [2]time.Duration // [quiet, pruning]
 	var stepsIn [2]int
 	measured := true
@@ -871,4 +903,75 @@ func mean(xs []float64) float64 {
 		sum += x
 	}
 	return sum / float64(len(xs))
+}
+
+// prunePass holds one retention.Prune pass between two batches (through Config.Progress)
+// while the gate is closed, so that every prune window continues the pass where the last one
+// stopped, as a production pass runs from its start to its end. Guards against a measure of
+// the bench's own making: a pass cut at each window's end and started anew in the next began
+// at the oldest event, over the dead index entries of every event deleted before it (they
+// stay until VACUUM, which does not run in the bench's minutes), so the rate fell as the
+// prune went on.
+type prunePass struct {
+	ctx     context.Context
+	mu      sync.Mutex
+	cond    *sync.Cond // broadcast on every change below, and when ctx ends
+	gate    bool       // batches may run
+	last    retention.Result
+	reports int
+	ended   bool
+}
+
+func newPrunePass(ctx context.Context) *prunePass {
+	p := &prunePass{ctx: ctx}
+	p.cond = sync.NewCond(&p.mu)
+	context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.cond.Broadcast()
+	})
+	return p
+}
+
+// progress is the pass's Config.Progress: it records the totals and, with the gate closed,
+// waits for it to open (or the pass's ctx to end).
+func (p *prunePass) progress(r retention.Result) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.last, p.reports = r, p.reports+1
+	p.cond.Broadcast()
+	for !p.gate && p.ctx.Err() == nil {
+		p.cond.Wait()
+	}
+}
+
+// open lets batches run and returns the totals so far (exact: the pass is held, or not
+// started).
+func (p *prunePass) open() retention.Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gate = true
+	p.cond.Broadcast()
+	return p.last
+}
+
+// close stops batches and waits until the pass is held at its next report, or has ended: the
+// batch under way when the window ran out (or the one after the pause under way) belongs to
+// this window. It returns the totals then, and when.
+func (p *prunePass) close() (retention.Result, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gate = false
+	for n := p.reports; p.reports == n && !p.ended && p.ctx.Err() == nil; {
+		p.cond.Wait()
+	}
+	return p.last, time.Now()
+}
+
+// end records that Prune returned.
+func (p *prunePass) end() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ended = true
+	p.cond.Broadcast()
 }

@@ -106,9 +106,10 @@ type Config struct {
 	// the batches that committed), on Prune's goroutine, before the pause that follows the
 	// batch. Prune waits for it: a slow Progress slows the pass. It is for progress lines
 	// (stepwise prune --apply prints one every 10 seconds); a Progress that blocks pauses
-	// the pass between two batches without ending it, where cancelling ctx ends the pass,
-	// and the next pass starts again at the oldest row (over the dead index entries of what
-	// this one deleted, until VACUUM removes them).
+	// the pass between two batches without ending it (and must itself return once ctx
+	// ends: Prune looks at ctx only after it returns). Cancelling ctx ends the pass, and the
+	// next pass starts again at the oldest row (over the dead index entries of what this one
+	// deleted, until VACUUM removes them).
 	Progress func(Result)
 
 	// DryRun makes Prune delete nothing: it counts what a real pass would delete now if no

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -184,8 +183,7 @@ func TestCommandsOnAQuickStartDatabase(t *testing.T) {
 	require.True(t, dry.DryRun)
 	require.Positive(t, dry.RunEvents)
 	require.Positive(t, dry.OperationEvents)
-	defer func(d time.Duration) { pruneProgressEvery = d }(pruneProgressEvery)
-	pruneProgressEvery = 0 // a line after every batch
+	defer pruneProgressEvery.Store(pruneProgressEvery.Swap(0)) // a line after every batch
 	r = stepwise(t, db, "prune", "--older-than", "168h", "--apply", "--json").ok(t)
 	r.json(t, &applied)
 	require.Regexp(t, `(?m)^prune: \d+s so far: the history of \d+ runs, \d+ run events, \d+ operation events, \d+ signals \(\d+ batches, \d+ rows/s\)$`, r.stderr,

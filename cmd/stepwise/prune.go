@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/stepwise-go/stepwise/retention"
@@ -38,10 +39,11 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	if *apply {
 		// A first prune of a long history runs for tens of minutes (9M events at 5,000-10,000
 		// rows/s on the bench's 2-core machine): say on stderr that it is moving, and how fast.
-		next := start.Add(pruneProgressEvery)
+		every := time.Duration(pruneProgressEvery.Load())
+		next := start.Add(every)
 		cfg.Progress = func(r retention.Result) {
 			if now := time.Now(); !now.Before(next) {
-				next = now.Add(pruneProgressEvery)
+				next = now.Add(every)
 				fmt.Fprintf(c.stderr, "prune: %s so far: the history of %d runs, %d run events, %d operation events, %d signals (%d batches, %.0f rows/s)\n",
 					now.Sub(start).Round(time.Second), r.Runs, r.RunEvents, r.OperationEvents, r.Signals, r.Batches, float64(r.Total())/now.Sub(start).Seconds())
 			}
@@ -79,8 +81,11 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	return err
 }
 
-// pruneProgressEvery is how often prune --apply prints its progress on stderr.
-var pruneProgressEvery = 10 * time.Second
+// pruneProgressEvery is how often, in ns, prune --apply prints its progress on stderr (a
+// test sets it to 0 while other tests run prune).
+var pruneProgressEvery atomic.Int64
+
+func init() { pruneProgressEvery.Store(int64(10 * time.Second)) }
 
 // stringList is a repeatable flag.
 type stringList []string

@@ -37,9 +37,12 @@ import (
 //     to the checkpoint table and the audit trail), time per claim.
 //
 // Then retention.Prune deletes the history's old events beside a settle loop on the history
-// database, in windows: each prune window is paired with a quiet window of the same length
-// right before or after it (the order alternating), both with Stepwise steps running, and
-// the pair's ratio is the mean step time while pruning over the mean step time without.
+// database, in windows: each prune window is paired with a quiet window right before or after
+// it (the order alternating), both with Stepwise steps running, and the pair's ratio is the
+// mean step time while pruning over the mean step time without. The prune is one pass, held
+// between two batches through each quiet window (prunePass); a prune window lasts
+// --history-window and then until the pass is held (the batch under way, or the pause under
+// way and the batch after it, committed).
 const (
 	historyBatch   = 100
 	historyAge     = 30 * 24 * time.Hour
@@ -880,6 +883,9 @@ windows:
 	case !done:
 		r.printf("  stopped after --history-prune-for %s: %s of %s old events left (at this rate about %s more)\n",
 			o.historyPruneFor, groupThousands(left), groupThousands(before), fmtDur(time.Duration(float64(left)/max(rate, 1)*float64(time.Second))))
+	case total.Skipped > 100:
+		r.printf("  stopped contended: %d batches gave up on a lock (the settle loop's rows), and Prune left the rest for the next pass; %s of %s old events left\n",
+			total.Skipped, groupThousands(left), groupThousands(before))
 	default:
 		r.printf("  done: %s old events before, %s left (events younger than %s, and none but those are deleted)\n", groupThousands(before), groupThousands(left), historyAge)
 	}
@@ -917,6 +923,7 @@ type prunePass struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // broadcast on every change below, and when ctx ends
 	gate    bool       // batches may run
+	opens   int        // how many times the gate opened: a waiter leaves on a change, however short the opening
 	last    retention.Result
 	reports int
 	ended   bool
@@ -940,7 +947,9 @@ func (p *prunePass) progress(r retention.Result) {
 	defer p.mu.Unlock()
 	p.last, p.reports = r, p.reports+1
 	p.cond.Broadcast()
-	for !p.gate && p.ctx.Err() == nil {
+	// Guards against a lost wakeup: an open followed by a close before this waiter ran would
+	// find the gate closed again, and the close would wait for a report that never came.
+	for g := p.opens; !p.gate && p.opens == g && p.ctx.Err() == nil; {
 		p.cond.Wait()
 	}
 }
@@ -951,6 +960,7 @@ func (p *prunePass) open() retention.Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.gate = true
+	p.opens++
 	p.cond.Broadcast()
 	return p.last
 }

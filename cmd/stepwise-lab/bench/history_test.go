@@ -90,3 +90,36 @@ func TestPrunePassHoldsBetweenWindows(t *testing.T) {
 	require.Zero(t, events())
 	require.Greater(t, holds, 3, "the pass was held between windows")
 }
+
+// A window shorter than the pass's wake-up (an open followed at once by a close) must not
+// lose the pass: the held report leaves on the opening however short, so the close finds the
+// next report.
+func TestPrunePassShortOpeningWakesTheHeldPass(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pass := newPrunePass(ctx)
+	go func() { // a pass that reports as fast as it can: each report is a batch
+		for i := 0; ctx.Err() == nil; i++ {
+			pass.progress(retention.Result{Batches: i})
+		}
+	}()
+	done := make(chan int)
+	go func() {
+		last := -1
+		for range 1000 {
+			pass.open()
+			got, _ := pass.close()
+			if got.Batches <= last {
+				panic("close returned without a new report")
+			}
+			last = got.Batches
+		}
+		done <- last
+	}()
+	select {
+	case last := <-done:
+		require.GreaterOrEqual(t, last, 999)
+	case <-time.After(20 * time.Second):
+		t.Fatal("a close after a short opening waits for a report the held pass never makes")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/stepwise-go/stepwise/cmd/sample-settlement/cmdline"
@@ -46,7 +47,19 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer pool.Close()
 	start := time.Now()
-	res, err := retention.Prune(ctx, pool, &retention.Config{OlderThan: *olderThan, BatchSize: *batchSize, FailedRuns: failedRuns})
+	cfg := &retention.Config{OlderThan: *olderThan, BatchSize: *batchSize, FailedRuns: failedRuns}
+	// A first prune of a long history runs for tens of minutes: say on stderr, every
+	// pruneProgressEvery, that it is moving and how fast (stdout keeps the one result line).
+	every := time.Duration(pruneProgressEvery.Load())
+	next := start.Add(every)
+	cfg.Progress = func(r retention.Result) {
+		if now := time.Now(); !now.Before(next) {
+			next = now.Add(every)
+			fmt.Fprintf(stderr, "prune: %s so far: the history of %d runs, %d run events, %d operation events (%d batches, %.0f rows/s)\n",
+				now.Sub(start).Round(time.Second), r.Runs, r.RunEvents, r.OperationEvents, r.Batches, float64(r.Total())/now.Sub(start).Seconds())
+		}
+	}
+	res, err := retention.Prune(ctx, pool, cfg)
 	if res != nil {
 		fmt.Fprintf(stdout, "pruned in %s: the history of %d runs, %d run events, %d operation events (%d batches, %d skipped on a lock); "+
 			"every run, operation and slot is kept, and every decision a person made\n",
@@ -54,6 +67,12 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	return err
 }
+
+// pruneProgressEvery is how often, in ns, prune prints its progress on stderr (a test sets it
+// to 0 while other tests run prune).
+var pruneProgressEvery atomic.Int64
+
+func init() { pruneProgressEvery.Store(int64(10 * time.Second)) }
 
 // stringList is a repeatable flag.
 type stringList []string

@@ -71,8 +71,11 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE stepwise_operation SET finished_at = finished_at - interval '40 days', updated_at = updated_at - interval '40 days'`)
 	require.NoError(t, err)
+	defer pruneProgressEvery.Store(pruneProgressEvery.Swap(0)) // a line after every batch
 	r = runCLI(t, "prune", "--older-than", "720h", "--database-url", dbURL)
 	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^prune: \d+s so far: the history of \d+ runs, \d+ run events, \d+ operation events \(\d+ batches, \d+ rows/s\)$`, r.stderr,
+		"a long prune says on stderr that it is moving")
 
 	var actor, reason string
 	var at time.Time

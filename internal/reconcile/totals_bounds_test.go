@@ -3,12 +3,14 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepwise-go/stepwise/internal/outbox"
@@ -150,5 +152,89 @@ func TestTotalsKeysOfAnotherSpelling(t *testing.T) {
 		} else {
 			require.Equal(t, outbox.State(""), d.OurState)
 		}
+	}
+}
+
+// TestTotalsFindEachKeyAmongItsNeighbours: the statement is looked up a batch of the ledger's
+// rows at a time, through an index of key prefixes. Every payout of a period longer than a
+// batch shares its prefix with keys the ledger never sent (one before it, one after it, or
+// both), and differences sit on either side of the batches' edges: each payout is found under
+// its own key, each difference is reported once, and each kind is listed in key order.
+func TestTotalsFindEachKeyAmongItsNeighbours(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, nil, nil)
+	from := time.Now().Add(-time.Minute)
+	const n = 600 // more than two of CompareTotals' batches of 256
+	var ops []outbox.EnqueueParams
+	for i := range n {
+		ops = append(ops, payout(key(i), "acct", int64(100+i)))
+	}
+	b.enqueue(t, ops...)
+	b.drain(t)
+	to := time.Now().Add(time.Minute)
+
+	// The ledger's keys in the order CompareTotals reads them.
+	rows, err := b.pool.Query(ctx, `SELECT operation_id::text FROM stepwise_operation WHERE kind = 'payout'
+		ORDER BY greatest(last_sent_at, claimed_at), operation_id`)
+	require.NoError(t, err)
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, keys, n)
+	entries, err := bankStatement(b.client).Entries(ctx, from, to)
+	require.NoError(t, err)
+	byKey := map[string]reconcile.StatementEntry{}
+	for _, e := range entries {
+		byKey[e.Key] = e
+	}
+	// Around the edges of the first two batches (255/256, 511/512) and at the ends.
+	differs := map[int]bool{0: true, 255: true, 256: true, 511: true, n - 1: true}
+	missing := map[int]bool{1: true, 254: true, 257: true, 512: true, n - 2: true}
+	var stmt []reconcile.StatementEntry
+	neighbours := 0
+	for i, k := range keys {
+		e, ok := byKey[k]
+		require.True(t, ok, "the bank applied %s", k)
+		if differs[i] {
+			e.Amount++
+		}
+		if !missing[i] {
+			stmt = append(stmt, e)
+		}
+		// Keys the ledger never sent under the same five-digit prefix: before this one, after
+		// it, or both.
+		if i%3 != 1 {
+			stmt = append(stmt, reconcile.StatementEntry{Key: k[:5] + "000-0000-0000-0000-000000000000", ExternalRef: "before", Amount: 1, Currency: "EUR"})
+			neighbours++
+		}
+		if i%3 != 0 {
+			stmt = append(stmt, reconcile.StatementEntry{Key: k[:5] + "fff-ffff-ffff-ffff-ffffffffffff", ExternalRef: "after", Amount: 1, Currency: "EUR"})
+			neighbours++
+		}
+	}
+	rand.Shuffle(len(stmt), func(i, j int) { stmt[i], stmt[j] = stmt[j], stmt[i] })
+	totals, err := reconcile.CompareTotals(ctx, b.pool, reconcile.StatementFunc(func(context.Context, time.Time, time.Time) ([]reconcile.StatementEntry, error) {
+		return stmt, nil
+	}), &reconcile.TotalsParams{Kind: "payout", From: from, To: to})
+	require.NoError(t, err)
+	require.Equal(t, n, totals.Here["EUR"].Count)
+	require.Equal(t, map[reconcile.DifferenceKind]int{reconcile.DifferenceAmountDiffers: len(differs), reconcile.DifferenceOnlyHere: len(missing),
+		reconcile.DifferenceOnlyThere: neighbours}, totals.Counts)
+	want := map[reconcile.DifferenceKind][]string{}
+	for i := range differs {
+		want[reconcile.DifferenceAmountDiffers] = append(want[reconcile.DifferenceAmountDiffers], keys[i])
+	}
+	for i := range missing {
+		want[reconcile.DifferenceOnlyHere] = append(want[reconcile.DifferenceOnlyHere], keys[i])
+	}
+	got := map[reconcile.DifferenceKind][]string{}
+	for _, d := range totals.Differences {
+		if d.Kind != reconcile.DifferenceOnlyThere {
+			got[d.Kind] = append(got[d.Kind], d.Key)
+		}
+	}
+	for k, list := range want {
+		slices.Sort(list)
+		require.Equal(t, list, got[k], "%s: each once, in key order", k)
 	}
 }

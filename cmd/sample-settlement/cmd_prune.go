@@ -55,8 +55,8 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.Progress = func(r retention.Result) {
 		if now := time.Now(); !now.Before(next) {
 			next = now.Add(every)
-			fmt.Fprintf(stderr, "prune: %s so far: the history of %d runs, %d run events, %d operation events (%d batches, %.0f rows/s)\n",
-				now.Sub(start).Round(time.Second), r.Runs, r.RunEvents, r.OperationEvents, r.Batches, float64(r.Total())/now.Sub(start).Seconds())
+			fmt.Fprintf(stderr, "prune: %s so far: the history of %d runs, %d run events, %d operation events, %d signals (%d batches, %.0f rows/s)\n",
+				now.Sub(start).Round(time.Second), r.Runs, r.RunEvents, r.OperationEvents, r.Signals, r.Batches, float64(r.Total())/now.Sub(start).Seconds())
 		}
 	}
 	res, err := retention.Prune(ctx, pool, cfg)

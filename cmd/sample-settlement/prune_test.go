@@ -74,7 +74,7 @@ func TestPruneKeepsWhoResolved(t *testing.T) {
 	defer pruneProgressEvery.Store(pruneProgressEvery.Swap(0)) // a line after every batch
 	r = runCLI(t, "prune", "--older-than", "720h", "--database-url", dbURL)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `(?m)^prune: \d+s so far: the history of \d+ runs, \d+ run events, \d+ operation events \(\d+ batches, \d+ rows/s\)$`, r.stderr,
+	require.Regexp(t, `(?m)^prune: \d+s so far: the history of \d+ runs, \d+ run events, \d+ operation events, \d+ signals \(\d+ batches, \d+ rows/s\)$`, r.stderr,
 		"a long prune says on stderr that it is moving")
 
 	var actor, reason string

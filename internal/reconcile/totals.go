@@ -34,7 +34,7 @@ type StatementEntry struct {
 // Statement is an external system's list of applied effects (a bank statement).
 type Statement interface {
 	// Entries returns the effects applied at or after from and before to. The slice is
-	// CompareTotals's to keep for the call: it sorts it by Key in place.
+	// CompareTotals's to keep for the call: it reorders it in place.
 	Entries(ctx context.Context, from, to time.Time) ([]StatementEntry, error)
 }
 
@@ -112,8 +112,10 @@ type Totals struct {
 	From, To time.Time
 	Here     map[string]Sum // per currency, the ledger's SUCCEEDED operations
 	There    map[string]Sum // per currency, the statement's entries
-	// Differences lists the differences, at most TotalsParams.MaxDifferences of each kind, by
-	// kind (amount differs, only here, duplicate, only there) and key.
+	// Differences lists the differences by kind (amount differs, only here, duplicate, only
+	// there) and, within a kind, by key. Beyond TotalsParams.MaxDifferences of a kind the rest
+	// are only counted (Counts), so a long list is a sample: the first found, not the lowest
+	// keys (for those found in the ledger, the earliest sent).
 	Differences []Difference
 	// Counts is the number of differences of each kind found, listed or not.
 	Counts map[DifferenceKind]int
@@ -205,9 +207,9 @@ const ledgerSQL = `SELECT operation_id, coalesce(amount, 0), coalesce(currency, 
 // Its cost is bounded by the period, not by the ledger, and its memory by neither: the
 // database selects the period with one range of an index (migration 012) and streams key,
 // amount and currency of each operation once, never a payload; the totals are summed and each
-// operation is looked up in the statement (sorted by key in place, with a fixed-size index of
-// key prefixes) as it streams, so memory holds the statement the caller returned, one bit per
-// entry, and at most MaxDifferences differences of each kind.
+// operation is looked up in the statement (reordered in place into buckets by the key's last
+// hex digits, with a fixed-size index of them) as it streams, so memory holds the statement
+// the caller returned, one bit per entry, and at most MaxDifferences differences of each kind.
 func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
 	if params == nil || params.Kind == "" || params.From.IsZero() || params.To.IsZero() || !params.From.Before(params.To) {
 		return nil, errors.New("reconcile.CompareTotals: TotalsParams needs a Kind and a period with From before To")
@@ -262,34 +264,39 @@ func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, par
 	return t, nil
 }
 
-// keyIndex finds a key in a statement sorted by key: starts[p] is the first entry whose key
-// begins with the 20-bit hex prefix p (its first five hex digits), so a lookup compares the
-// one or two keys of its prefix on a day of a million instead of touching twenty keys spread
-// over the heap. Each comparison reads a key's bytes, wherever the statement's parser put
-// them: on a day of a million that is a cache miss, and it was most of CompareTotals' time
-// when a prefix held four keys. The same 4 MiB whatever the day (and 4 MiB more while
-// sorting).
+// keyIndex finds a key in the statement, reordered in place into buckets: starts[p] is the
+// first entry of bucket p, the keys that end in the five hex digits p (20 bits), sorted by key
+// within the bucket. A lookup compares the one or two keys of its bucket on a day of a million.
+//
+// The bucket is taken from the end of the key, not its start: a dated operation id
+// (outbox.DatedOperationID) begins with its date, so every key of a day shares its first twelve
+// hex digits, while the last twelve of every id the ledger makes (random, or a SHA-1 of the
+// business key) are evenly spread.
+//
+// Each comparison reads a key's bytes, wherever the statement's parser put them: on a day of a
+// million that is a cache miss, and it was most of CompareTotals' time when a bucket held four
+// keys. The index is 4 MiB whatever the day, and 4 MiB more while it is built.
 type keyIndex struct {
 	entries []StatementEntry
-	starts  []int32 // the 1<<keyBits prefixes, and the end of the last
+	starts  []int32 // the 1<<keyBits buckets, and the end of the last
 	matched []uint64
 }
 
-// keyBits is the width of the prefixes indexed: all 20 bits keyPrefix reads.
+// keyBits is the width of the buckets' hex suffix: five digits.
 const keyBits = 20
 
-// newKeyIndex sorts entries in place and indexes them. Keys that begin with five lower-case
-// hex digits (every key the ledger can hold: an operation_id's text) come first, in key
-// order, placed in their prefix's bucket in one pass (American flag sort) and each bucket
-// sorted; any other key follows, sorted, to be reported as only there. A key applied twice
-// keeps its entries next to each other, in the order applied.
+// newKeyIndex reorders entries in place and indexes them. Keys in the canonical text of a
+// uuid (every key the ledger can hold) come first, placed in their bucket in one pass
+// (American flag sort) and each bucket sorted by key; any other key follows, sorted, to be
+// reported as only there. A key applied twice keeps its entries next to each other, in the
+// order applied.
 func newKeyIndex(entries []StatementEntry) *keyIndex {
 	n := 1 << keyBits
-	// Buckets 0 to n-1 are the prefixes; bucket n holds every other key. Two passes over the
+	// Buckets 0 to n-1 are the suffixes; bucket n holds every other key. Two passes over the
 	// keys: count, then place.
 	bucket := func(key string) int {
-		if p := keyPrefix(key); p >= 0 {
-			return p >> (20 - keyBits)
+		if p := keyBucket(key); p >= 0 {
+			return p
 		}
 		return n
 	}
@@ -321,14 +328,15 @@ func newKeyIndex(entries []StatementEntry) *keyIndex {
 	return &keyIndex{entries: entries, starts: ends[:n+1], matched: make([]uint64, (len(entries)+63)/64)}
 }
 
-// keyPrefix is the value of key's first five characters as hex digits (20 bits), or -1 when
-// they are not five lower-case hex digits.
-func keyPrefix(key string) int {
-	if len(key) < 5 {
+// keyBucket is the bucket of a key in a uuid's canonical text (36 characters, lower-case
+// hex, hyphens at 8, 13, 18 and 23): its last five hex digits as a number. It is -1 for any
+// other key, which no operation_id's text can equal.
+func keyBucket(key string) int {
+	if len(key) != 36 || key[8] != '-' || key[13] != '-' || key[18] != '-' || key[23] != '-' {
 		return -1
 	}
 	p := 0
-	for _, c := range []byte(key[:5]) {
+	for _, c := range []byte(key[36-keyBits/4:]) {
 		switch {
 		case '0' <= c && c <= '9':
 			p = p<<4 | int(c-'0')
@@ -349,8 +357,17 @@ func compareEntries(a, b StatementEntry) int {
 }
 
 // findFrom returns the index of the first entry under key in entries[lo:hi], sorted by key,
-// or -1. A prefix holds a few keys: they are compared in order.
+// or -1. A bucket holds a few keys on any statement the ledger's ids make, and they are
+// compared in order; a statement crowding one bucket (keys chosen to share their last five
+// digits) is searched by halves, so that it cannot make a lookup cost the whole statement.
 func (x *keyIndex) findFrom(key string, lo, hi int) int {
+	if hi-lo > 8 {
+		lo += sort.Search(hi-lo, func(j int) bool { return x.entries[lo+j].Key >= key })
+		if lo < hi && x.entries[lo].Key == key {
+			return lo
+		}
+		return -1
+	}
 	for i := lo; i < hi; i++ {
 		switch c := strings.Compare(x.entries[i].Key, key); {
 		case c == 0:
@@ -375,7 +392,7 @@ const lookupBatch = 256
 // recording every difference in diffs. lookupBatch rows at a time: memory does not grow with
 // the period.
 //
-// A lookup is a chain of reads the CPU cannot guess: the prefix's start, the entry there, the
+// A lookup is a chain of reads the CPU cannot guess: the bucket's start, the entry there, the
 // bytes of its key. On a day of a million each is a cache miss, and one row's chain cannot
 // begin before the last one's ended when each row is looked up as it arrives. Looked up a batch
 // at a time, one step for every row of the batch before the next step, the reads of a step are
@@ -398,7 +415,7 @@ func streamLedger(ctx context.Context, q stepwisetype.DBTX, params *TotalsParams
 		cur    []byte
 	)
 	// The batch: each row's key text, amount, currency (as an index into sums) and, as the
-	// lookup goes, the bounds of its prefix and the first key there.
+	// lookup goes, the bounds of its bucket and the first key there.
 	var (
 		keys     [lookupBatch][36]byte
 		amounts  [lookupBatch]int64
@@ -409,7 +426,7 @@ func streamLedger(ctx context.Context, q stepwisetype.DBTX, params *TotalsParams
 	n := 0
 	lookUp := func() {
 		for j := range n {
-			p := keyPrefix(unsafe.String(&keys[j][0], 36)) >> (20 - keyBits)
+			p := keyBucket(unsafe.String(&keys[j][0], 36))
 			lo[j], hi[j] = idx.starts[p], idx.starts[p+1]
 		}
 		for j := range n {

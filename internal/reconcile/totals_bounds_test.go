@@ -156,31 +156,49 @@ func TestTotalsKeysOfAnotherSpelling(t *testing.T) {
 }
 
 // TestTotalsFindEachKeyAmongItsNeighbours: the statement is looked up a batch of the ledger's
-// rows at a time, through an index of key prefixes. Every payout of a period longer than a
-// batch shares its prefix with keys the ledger never sent (one before it, one after it, or
-// both), and differences sit on either side of the batches' edges: each payout is found under
-// its own key, each difference is reported once, and each kind is listed in key order.
+// rows at a time, through an index of buckets by the key's last hex digits. Every payout of a
+// period longer than a batch shares its bucket with keys the ledger never sent (one before it,
+// one after it, or both; one bucket crowded with twenty), and differences sit on either side of
+// the batches' edges: each payout is found under its own key, each difference is reported
+// once, and each kind is listed in key order. With the ids the ledger makes by default, and
+// with dated ids, which share their first twelve hex digits over a whole day.
 func TestTotalsFindEachKeyAmongItsNeighbours(t *testing.T) {
 	t.Parallel()
+	for _, dated := range []bool{false, true} {
+		t.Run(map[bool]string{false: "OperationID", true: "DatedOperationID"}[dated], func(t *testing.T) {
+			t.Parallel()
+			findEachKeyAmongItsNeighbours(t, dated)
+		})
+	}
+}
+
+func findEachKeyAmongItsNeighbours(t *testing.T, dated bool) {
 	ctx := context.Background()
 	b := setup(t, nil, nil)
 	from := time.Now().Add(-time.Minute)
 	const n = 600 // more than two of CompareTotals' batches of 256
 	var ops []outbox.EnqueueParams
 	for i := range n {
-		ops = append(ops, payout(key(i), "acct", int64(100+i)))
+		op := payout(key(i), "acct", int64(100+i))
+		if dated {
+			op.ID = outbox.DatedOperationID(time.Now(), op.Kind, op.BusinessKey)
+		}
+		ops = append(ops, op)
 	}
 	b.enqueue(t, ops...)
 	b.drain(t)
 	to := time.Now().Add(time.Minute)
 
-	// The ledger's keys in the order CompareTotals reads them.
+	// The ledger's keys, roughly in the order CompareTotals reads them (by send time).
 	rows, err := b.pool.Query(ctx, `SELECT operation_id::text FROM stepwise_operation WHERE kind = 'payout'
 		ORDER BY greatest(last_sent_at, claimed_at), operation_id`)
 	require.NoError(t, err)
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Len(t, keys, n)
+	if dated {
+		require.Equal(t, keys[0][:12], keys[n-1][:12], "a day's dated ids share their start")
+	}
 	entries, err := bankStatement(b.client).Entries(ctx, from, to)
 	require.NoError(t, err)
 	byKey := map[string]reconcile.StatementEntry{}
@@ -192,6 +210,19 @@ func TestTotalsFindEachKeyAmongItsNeighbours(t *testing.T) {
 	missing := map[int]bool{1: true, 254: true, 257: true, 512: true, n - 2: true}
 	var stmt []reconcile.StatementEntry
 	neighbours := 0
+	neighbour := func(i int, k string, fill byte, ref string) {
+		// The same last five hex digits, the same bucket; unique, since two of the ledger's
+		// keys may share those digits: fill, i, fill, ... and k's last five.
+		b := []byte(strings.Map(func(r rune) rune {
+			if r == '-' {
+				return r
+			}
+			return rune(fill)
+		}, k[:31]))
+		copy(b[1:8], fmt.Sprintf("%07x", i))
+		stmt = append(stmt, reconcile.StatementEntry{Key: string(b) + k[31:], ExternalRef: ref, Amount: 1, Currency: "EUR"})
+		neighbours++
+	}
 	for i, k := range keys {
 		e, ok := byKey[k]
 		require.True(t, ok, "the bank applied %s", k)
@@ -201,15 +232,16 @@ func TestTotalsFindEachKeyAmongItsNeighbours(t *testing.T) {
 		if !missing[i] {
 			stmt = append(stmt, e)
 		}
-		// Keys the ledger never sent under the same five-digit prefix: before this one, after
-		// it, or both.
 		if i%3 != 1 {
-			stmt = append(stmt, reconcile.StatementEntry{Key: k[:5] + "000-0000-0000-0000-000000000000", ExternalRef: "before", Amount: 1, Currency: "EUR"})
-			neighbours++
+			neighbour(i, k, '0', "before")
 		}
 		if i%3 != 0 {
-			stmt = append(stmt, reconcile.StatementEntry{Key: k[:5] + "fff-ffff-ffff-ffff-ffffffffffff", ExternalRef: "after", Amount: 1, Currency: "EUR"})
-			neighbours++
+			neighbour(i, k, 'f', "after")
+		}
+		if i == 300 {
+			for _, fill := range []byte("123456789abcde") {
+				neighbour(i, k, fill, "crowd")
+			}
 		}
 	}
 	rand.Shuffle(len(stmt), func(i, j int) { stmt[i], stmt[j] = stmt[j], stmt[i] })
@@ -237,4 +269,11 @@ func TestTotalsFindEachKeyAmongItsNeighbours(t *testing.T) {
 		slices.Sort(list)
 		require.Equal(t, list, got[k], "%s: each once, in key order", k)
 	}
+	var there []string
+	for _, d := range totals.Differences {
+		if d.Kind == reconcile.DifferenceOnlyThere {
+			there = append(there, d.Key)
+		}
+	}
+	require.True(t, slices.IsSorted(there), "only there: in key order")
 }

@@ -98,7 +98,12 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 		)
 		INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key,
 			state, attempts, claims, last_sent_at, claimed_at, external_ref, finished_at)
-		SELECT gen_random_uuid(), $4, $1::date || '/' || code || '/pos/EUR', payload,
+		-- Dated ids, as the sample's payouts have (settlement.PayoutID): the date's midnight
+		-- in milliseconds, version 8, the rest a hash of the business key. A day's ids share
+		-- their first twelve hex digits, which a comparison of the day's totals must not
+		-- depend on.
+		SELECT (lpad(to_hex((extract(epoch FROM $1::date) * 1000)::bigint), 12, '0') || '8' || substr(h, 14, 3) || '9' || substr(h, 18, 15))::uuid,
+			$4, $1::date || '/' || code || '/pos/EUR', payload,
 			sha256(convert_to(payload::text, 'UTF8')), amount, 'EUR', run_key,
 			CASE WHEN status = 'PENDING' THEN 'PENDING' ELSE 'SUCCEEDED' END,
 			CASE WHEN status = 'PENDING' THEN 0 ELSE 1 END,
@@ -107,7 +112,7 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 			CASE WHEN status = 'PENDING' THEN NULL ELSE sent - interval '5 ms' END,
 			CASE WHEN status = 'PENDING' THEN NULL ELSE 'seed-' || id END,
 			CASE WHEN status = 'PENDING' THEN NULL ELSE sent + interval '50 ms' END
-		FROM p`, date, n, pendingEvery, settlement.PayoutKind)
+		FROM p CROSS JOIN LATERAL (SELECT md5($4 || '/' || $1::date || '/' || p.code) AS h) k`, date, n, pendingEvery, settlement.PayoutKind)
 	if err != nil {
 		return 0, fmt.Errorf("seeding %d payouts of %s: %w", n, date.Format(time.DateOnly), err)
 	}

@@ -61,9 +61,9 @@ func runPrune(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	res, err := retention.Prune(ctx, pool, cfg)
 	if res != nil {
-		fmt.Fprintf(stdout, "pruned in %s: the history of %d runs, %d run events, %d operation events (%d batches, %d skipped on a lock); "+
+		fmt.Fprintf(stdout, "pruned in %s: the history of %d runs, %d run events, %d operation events, %d signals (%d batches, %d skipped on a lock); "+
 			"every run, operation and slot is kept, and every decision a person made\n",
-			time.Since(start).Round(time.Millisecond), res.Runs, res.RunEvents, res.OperationEvents, res.Batches, res.Skipped)
+			time.Since(start).Round(time.Millisecond), res.Runs, res.RunEvents, res.OperationEvents, res.Signals, res.Batches, res.Skipped)
 	}
 	return err
 }

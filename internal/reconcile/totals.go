@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -114,8 +115,8 @@ type Totals struct {
 	There    map[string]Sum // per currency, the statement's entries
 	// Differences lists the differences by kind (amount differs, only here, duplicate, only
 	// there) and, within a kind, by key. Beyond TotalsParams.MaxDifferences of a kind the rest
-	// are only counted (Counts), so a long list is a sample: the first found, not the lowest
-	// keys (for those found in the ledger, the earliest sent).
+	// are only counted (Counts), so a long list is a sample, not the lowest keys: the first
+	// found (the earliest sent of those the ledger holds, the first buckets' of the others).
 	Differences []Difference
 	// Counts is the number of differences of each kind found, listed or not.
 	Counts map[DifferenceKind]int
@@ -207,8 +208,8 @@ const ledgerSQL = `SELECT operation_id, coalesce(amount, 0), coalesce(currency, 
 // Its cost is bounded by the period, not by the ledger, and its memory by neither: the
 // database selects the period with one range of an index (migration 012) and streams key,
 // amount and currency of each operation once, never a payload; the totals are summed and each
-// operation is looked up in the statement (reordered in place into buckets by the key's last
-// hex digits, with a fixed-size index of them) as it streams, so memory holds the statement
+// operation is looked up in the statement (reordered in place into buckets by a hash of the
+// key, with a fixed-size index of them) as it streams, so memory holds the statement
 // the caller returned, one bit per entry, and at most MaxDifferences differences of each kind.
 func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, params *TotalsParams) (*Totals, error) {
 	if params == nil || params.Kind == "" || params.From.IsZero() || params.To.IsZero() || !params.From.Before(params.To) {
@@ -241,8 +242,8 @@ func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, par
 	if err := streamLedger(ctx, q, params, idx, t, diffs); err != nil {
 		return nil, err
 	}
-	// What the ledger's operations had no match for, in key order; a key listed again right
-	// after itself was applied more than once.
+	// What the ledger's operations had no match for, bucket by bucket; a key listed again
+	// right after itself was applied more than once.
 	for i, e := range idx.entries {
 		switch {
 		case i > 0 && e.Key == idx.entries[i-1].Key:
@@ -255,8 +256,8 @@ func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, par
 		return nil, err
 	}
 	for _, k := range differenceKinds {
-		// Found in the ledger's order (when each was sent) or the statement's (by key):
-		// listed by key, as Differences says.
+		// Found in the ledger's order (when each was sent) or the index's (bucket by
+		// bucket): listed by key, as Differences says.
 		list := diffs.byKind[k]
 		slices.SortStableFunc(list, func(a, b Difference) int { return strings.Compare(a.Key, b.Key) })
 		t.Differences = append(t.Differences, list...)
@@ -265,13 +266,14 @@ func CompareTotals(ctx context.Context, q stepwisetype.DBTX, stmt Statement, par
 }
 
 // keyIndex finds a key in the statement, reordered in place into buckets: starts[p] is the
-// first entry of bucket p, the keys that end in the five hex digits p (20 bits), sorted by key
-// within the bucket. A lookup compares the one or two keys of its bucket on a day of a million.
+// first entry of bucket p, the keys whose hash (keyBucket) is p, sorted by key within the
+// bucket. A lookup compares the one or two keys of its bucket on a day of a million.
 //
-// The bucket is taken from the end of the key, not its start: a dated operation id
+// The bucket is a hash of the whole key, not a run of its digits: a dated operation id
 // (outbox.DatedOperationID) begins with its date, so every key of a day shares its first twelve
-// hex digits, while the last twelve of every id the ledger makes (random, or a SHA-1 of the
-// business key) are evenly spread.
+// hex digits, and a caller's own ids (EnqueueParams.ID) may end alike (version 1 and 6 uuids end
+// in the host's node id). An index of the first five digits put a whole day of dated ids in one
+// bucket.
 //
 // Each comparison reads a key's bytes, wherever the statement's parser put them: on a day of a
 // million that is a cache miss, and it was most of CompareTotals' time when a bucket held four
@@ -282,38 +284,29 @@ type keyIndex struct {
 	matched []uint64
 }
 
-// keyBits is the width of the buckets' hex suffix: five digits.
+// keyBits is the width of a bucket's number: 1,048,576 buckets.
 const keyBits = 20
 
-// newKeyIndex reorders entries in place and indexes them. Keys in the canonical text of a
-// uuid (every key the ledger can hold) come first, placed in their bucket in one pass
-// (American flag sort) and each bucket sorted by key; any other key follows, sorted, to be
-// reported as only there. A key applied twice keeps its entries next to each other, in the
-// order applied.
+// newKeyIndex reorders entries in place and indexes them: each placed in its bucket in one
+// pass (American flag sort), then each bucket sorted by key. A key applied twice keeps its
+// entries next to each other, in the order applied.
 func newKeyIndex(entries []StatementEntry) *keyIndex {
 	n := 1 << keyBits
-	// Buckets 0 to n-1 are the suffixes; bucket n holds every other key. Two passes over the
-	// keys: count, then place.
-	bucket := func(key string) int {
-		if p := keyBucket(key); p >= 0 {
-			return p
-		}
-		return n
-	}
-	ends := make([]int32, n+2)
+	// Two passes over the keys: count, then place.
+	ends := make([]int32, n+1)
 	for _, e := range entries {
-		ends[bucket(e.Key)+1]++
+		ends[keyBucket(e.Key)+1]++
 	}
-	for p := range n + 1 {
+	for p := range n {
 		ends[p+1] += ends[p]
 	}
 	// next[p] is where bucket p's next entry goes; ends[p+1] stays bucket p's end (and
 	// bucket p+1's start), since placing an entry from an earlier bucket moves next[p+1].
-	next := slices.Clone(ends[:n+1])
-	for p := range n + 1 {
+	next := slices.Clone(ends[:n])
+	for p := range n {
 		for next[p] < ends[p+1] {
 			i := next[p]
-			q := bucket(entries[i].Key)
+			q := keyBucket(entries[i].Key)
 			if q == p {
 				next[p]++
 				continue
@@ -325,28 +318,31 @@ func newKeyIndex(entries []StatementEntry) *keyIndex {
 			slices.SortFunc(b, compareEntries)
 		}
 	}
-	return &keyIndex{entries: entries, starts: ends[:n+1], matched: make([]uint64, (len(entries)+63)/64)}
+	return &keyIndex{entries: entries, starts: ends, matched: make([]uint64, (len(entries)+63)/64)}
 }
 
-// keyBucket is the bucket of a key in a uuid's canonical text (36 characters, lower-case
-// hex, hyphens at 8, 13, 18 and 23): its last five hex digits as a number. It is -1 for any
-// other key, which no operation_id's text can equal.
+// keyBucket is key's bucket: a hash of all its bytes, eight at a time (multiply and fold,
+// then MurmurHash3's finalizer, so that keys differing in a few digits anywhere, as the
+// uuids of one host a moment apart do, land far apart), the same for the same key in every
+// process. Every key has one: a key of another spelling than the ledger's (upper case,
+// short) lands in some bucket, where no ledger key matches it.
 func keyBucket(key string) int {
-	if len(key) != 36 || key[8] != '-' || key[13] != '-' || key[18] != '-' || key[23] != '-' {
-		return -1
+	const m = 0x9e3779b97f4a7c15 // 2^64 / the golden ratio: odd, its bits well mixed
+	h := uint64(len(key)) * m
+	for ; len(key) >= 8; key = key[8:] {
+		w := uint64(key[0]) | uint64(key[1])<<8 | uint64(key[2])<<16 | uint64(key[3])<<24 |
+			uint64(key[4])<<32 | uint64(key[5])<<40 | uint64(key[6])<<48 | uint64(key[7])<<56
+		h = bits.RotateLeft64((h^w)*m, 31)
 	}
-	p := 0
-	for _, c := range []byte(key[36-keyBits/4:]) {
-		switch {
-		case '0' <= c && c <= '9':
-			p = p<<4 | int(c-'0')
-		case 'a' <= c && c <= 'f':
-			p = p<<4 | int(c-'a'+10)
-		default:
-			return -1
-		}
+	for i := range len(key) {
+		h = bits.RotateLeft64((h^uint64(key[i]))*m, 31)
 	}
-	return p
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return int(h >> (64 - keyBits))
 }
 
 func compareEntries(a, b StatementEntry) int {
@@ -357,9 +353,9 @@ func compareEntries(a, b StatementEntry) int {
 }
 
 // findFrom returns the index of the first entry under key in entries[lo:hi], sorted by key,
-// or -1. A bucket holds a few keys on any statement the ledger's ids make, and they are
-// compared in order; a statement crowding one bucket (keys chosen to share their last five
-// digits) is searched by halves, so that it cannot make a lookup cost the whole statement.
+// or -1. A bucket holds a few keys, compared in order; more than 8 left to compare (keys
+// chosen to share a bucket) are searched by halves, so that no statement can make a lookup
+// cost all of it.
 func (x *keyIndex) findFrom(key string, lo, hi int) int {
 	if hi-lo > 8 {
 		lo += sort.Search(hi-lo, func(j int) bool { return x.entries[lo+j].Key >= key })

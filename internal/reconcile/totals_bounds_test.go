@@ -156,34 +156,50 @@ func TestTotalsKeysOfAnotherSpelling(t *testing.T) {
 }
 
 // TestTotalsFindEachKeyAmongItsNeighbours: the statement is looked up a batch of the ledger's
-// rows at a time, through an index of buckets by the key's last hex digits. Every payout of a
-// period longer than a batch shares its bucket with keys the ledger never sent (one before it,
-// one after it, or both; one bucket crowded with twenty), and differences sit on either side of
-// the batches' edges: each payout is found under its own key, each difference is reported
-// once, and each kind is listed in key order. With the ids the ledger makes by default, and
-// with dated ids, which share their first twelve hex digits over a whole day.
+// rows at a time, through an index of buckets by a hash of the key. Every payout of a period
+// longer than a batch shares its bucket with keys the ledger never sent (it is the first, the
+// middle or the last of three; one bucket is crowded with sixteen), and differences sit on
+// either side of the batches' edges: each payout is found under its own key, each difference
+// is reported once, and each kind is listed in key order. The payouts' ids are dated
+// (DatedOperationID, as the sample's), a day of which shares its first twelve hex digits.
 func TestTotalsFindEachKeyAmongItsNeighbours(t *testing.T) {
 	t.Parallel()
-	for _, dated := range []bool{false, true} {
-		t.Run(map[bool]string{false: "OperationID", true: "DatedOperationID"}[dated], func(t *testing.T) {
-			t.Parallel()
-			findEachKeyAmongItsNeighbours(t, dated)
-		})
-	}
-}
-
-func findEachKeyAmongItsNeighbours(t *testing.T, dated bool) {
 	ctx := context.Background()
 	b := setup(t, nil, nil)
 	from := time.Now().Add(-time.Minute)
 	const n = 600 // more than two of CompareTotals' batches of 256
-	var ops []outbox.EnqueueParams
-	for i := range n {
-		op := payout(key(i), "acct", int64(100+i))
-		if dated {
-			op.ID = outbox.DatedOperationID(time.Now(), op.Kind, op.BusinessKey)
+	day := time.Now()
+
+	// Dated ids of the day, until n buckets hold three of them: the first n such triples.
+	type triple struct {
+		keys [3]string
+		i    [3]int // the business key's number of each
+	}
+	var triples []triple
+	seen := map[int][]int{}
+	idOf := func(i int) string { return outbox.DatedOperationID(day, "payout", key(i)).String() }
+	for i := 0; len(triples) < n; i++ {
+		bk := reconcile.KeyBucket(idOf(i))
+		seen[bk] = append(seen[bk], i)
+		if len(seen[bk]) == 3 {
+			var tr triple
+			for j, x := range seen[bk] {
+				tr.i[j], tr.keys[j] = x, idOf(x)
+			}
+			triples = append(triples, tr)
 		}
+	}
+	// Payout number t is the first, the middle or the last key of its triple.
+	var ops []outbox.EnqueueParams
+	payoutOf := map[string]bool{}
+	for t, tr := range triples {
+		idx := []int{0, 1, 2}
+		slices.SortFunc(idx, func(x, y int) int { return strings.Compare(tr.keys[x], tr.keys[y]) })
+		j := idx[t%3]
+		op := payout(key(tr.i[j]), "acct", int64(100+t))
+		op.ID = uuid.MustParse(tr.keys[j])
 		ops = append(ops, op)
+		payoutOf[tr.keys[j]] = true
 	}
 	b.enqueue(t, ops...)
 	b.drain(t)
@@ -196,9 +212,7 @@ func findEachKeyAmongItsNeighbours(t *testing.T, dated bool) {
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Len(t, keys, n)
-	if dated {
-		require.Equal(t, keys[0][:12], keys[n-1][:12], "a day's dated ids share their start")
-	}
+	require.Equal(t, keys[0][:12], keys[n-1][:12], "a day's dated ids share their start")
 	entries, err := bankStatement(b.client).Entries(ctx, from, to)
 	require.NoError(t, err)
 	byKey := map[string]reconcile.StatementEntry{}
@@ -209,20 +223,6 @@ func findEachKeyAmongItsNeighbours(t *testing.T, dated bool) {
 	differs := map[int]bool{0: true, 255: true, 256: true, 511: true, n - 1: true}
 	missing := map[int]bool{1: true, 254: true, 257: true, 512: true, n - 2: true}
 	var stmt []reconcile.StatementEntry
-	neighbours := 0
-	neighbour := func(i int, k string, fill byte, ref string) {
-		// The same last five hex digits, the same bucket; unique, since two of the ledger's
-		// keys may share those digits: fill, i, fill, ... and k's last five.
-		b := []byte(strings.Map(func(r rune) rune {
-			if r == '-' {
-				return r
-			}
-			return rune(fill)
-		}, k[:31]))
-		copy(b[1:8], fmt.Sprintf("%07x", i))
-		stmt = append(stmt, reconcile.StatementEntry{Key: string(b) + k[31:], ExternalRef: ref, Amount: 1, Currency: "EUR"})
-		neighbours++
-	}
 	for i, k := range keys {
 		e, ok := byKey[k]
 		require.True(t, ok, "the bank applied %s", k)
@@ -232,16 +232,29 @@ func findEachKeyAmongItsNeighbours(t *testing.T, dated bool) {
 		if !missing[i] {
 			stmt = append(stmt, e)
 		}
-		if i%3 != 1 {
-			neighbour(i, k, '0', "before")
-		}
-		if i%3 != 0 {
-			neighbour(i, k, 'f', "after")
-		}
-		if i == 300 {
-			for _, fill := range []byte("123456789abcde") {
-				neighbour(i, k, fill, "crowd")
+	}
+	neighbours := 0
+	for _, tr := range triples {
+		for _, k := range tr.keys {
+			if !payoutOf[k] {
+				stmt = append(stmt, reconcile.StatementEntry{Key: k, ExternalRef: "neighbour", Amount: 1, Currency: "EUR"})
+				neighbours++
 			}
+		}
+	}
+	// One bucket crowded: thirteen more keys of the first payout's bucket, past the eight a
+	// bucket is scanned in order up to.
+	crowded := reconcile.KeyBucket(keys[0])
+	var buf [36]byte
+	copy(buf[:], keys[0])
+	for c, added := uint64(0), 0; added < 13; c++ {
+		for j, d := 0, c; j < 8; j, d = j+1, d>>4 {
+			buf[24+j] = "0123456789abcdef"[d&15]
+		}
+		if k := string(buf[:]); k != keys[0] && reconcile.KeyBucket(k) == crowded {
+			stmt = append(stmt, reconcile.StatementEntry{Key: k, ExternalRef: "crowd", Amount: 1, Currency: "EUR"})
+			neighbours++
+			added++
 		}
 	}
 	rand.Shuffle(len(stmt), func(i, j int) { stmt[i], stmt[j] = stmt[j], stmt[i] })

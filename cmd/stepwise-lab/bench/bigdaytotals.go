@@ -170,7 +170,7 @@ func dayStatement(ctx context.Context, pool *pgxpool.Pool, from, to time.Time) (
 }
 
 // compareTotals compares [from, to) against entries totalsRounds times, each round on a fresh
-// copy in the order given (CompareTotals sorts its copy in place), and checks the differences
+// copy in the order given (CompareTotals reorders its copy in place), and checks the differences
 // against want (nil: expect none beyond what the entries hold, unchecked).
 func (r *runner) compareTotals(ctx context.Context, pool *pgxpool.Pool, entries []reconcile.StatementEntry, from, to time.Time,
 	want map[reconcile.DifferenceKind]int) (totalsMeasure, error) {

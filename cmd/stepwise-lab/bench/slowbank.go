@@ -98,10 +98,10 @@ func seedPayouts(ctx context.Context, pool *pgxpool.Pool, date time.Time, n, pen
 		)
 		INSERT INTO stepwise_operation (operation_id, kind, business_key, payload, payload_hash, amount, currency, run_key,
 			state, attempts, claims, last_sent_at, claimed_at, external_ref, finished_at)
-		-- Dated ids, as the sample's payouts have (settlement.PayoutID): the date's midnight
-		-- in milliseconds, version 8, the rest a hash of the business key. A day's ids share
-		-- their first twelve hex digits, which a comparison of the day's totals must not
-		-- depend on.
+		-- Ids laid out as the sample's payouts' (settlement.PayoutID, a DatedOperationID),
+		-- not their values: the date's midnight in milliseconds, version 8, then an md5 of
+		-- kind, date and merchant code with a fixed variant digit. A day's ids share their
+		-- first twelve hex digits, which a comparison of the day's totals must not depend on.
 		SELECT (lpad(to_hex((extract(epoch FROM $1::date) * 1000)::bigint), 12, '0') || '8' || substr(h, 14, 3) || '9' || substr(h, 18, 15))::uuid,
 			$4, $1::date || '/' || code || '/pos/EUR', payload,
 			sha256(convert_to(payload::text, 'UTF8')), amount, 'EUR', run_key,

@@ -165,12 +165,16 @@ func run(ctx context.Context, opts *options, stdout, stderr io.Writer) (err erro
 		r.progress("%s section... (load %s)", s.name, loadAvg())
 		t := time.Now()
 		peak := startPeak()
+		steal := startSteal()
 		stopTicker := r.progressTicker(s.name, t)
 		err := s.run(ctx)
 		stopTicker()
 		// Every section says what memory it took, so a section that needs more than the
 		// machine has shows which.
 		r.printf("%s: peak RSS %s\n", s.name, peak)
+		if st := steal.String(); st != "" {
+			r.printf("%s: %s\n", s.name, st)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"regexp"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -167,5 +169,27 @@ func TestSweepDropsOnlyThisHostsDeadBenches(t *testing.T) {
 		var exists bool
 		require.NoError(t, srv.admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists))
 		require.Equal(t, suffix != "ours_dead", exists, "database %s (%s) after the sweep", name, suffix)
+	}
+}
+
+// TestCPUTicksReadsSteal: on Linux the machine's CPU time and its stolen part are read from
+// /proc/stat, and a section's line says what share was stolen.
+func TestCPUTicksReadsSteal(t *testing.T) {
+	total, steal, ok := cpuTicks()
+	if !ok {
+		t.Skip("no /proc/stat here")
+	}
+	if total == 0 || steal > total {
+		t.Fatalf("cpuTicks: total %d, steal %d", total, steal)
+	}
+	w := startSteal()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		if t2, _, _ := cpuTicks(); t2 > w.total {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := w.String(); !regexp.MustCompile(`^CPU stolen by the host: \d+\.\d% of the machine's CPU time \(/proc/stat steal\)$`).MatchString(got) {
+		t.Fatalf("steal line %q", got)
 	}
 }

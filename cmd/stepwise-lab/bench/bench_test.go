@@ -172,19 +172,19 @@ func TestSweepDropsOnlyThisHostsDeadBenches(t *testing.T) {
 	}
 }
 
-// TestCPUTicksReadsSteal: on Linux the machine's CPU time and its stolen part are read from
+// TestStealLine: on Linux the machine's CPU time and its stolen part are read from
 // /proc/stat, and a section's line says what share was stolen.
-func TestCPUTicksReadsSteal(t *testing.T) {
-	total, steal, ok := cpuTicks()
+func TestStealLine(t *testing.T) {
+	total, steal, ok := cpuSeconds()
 	if !ok {
 		t.Skip("no /proc/stat here")
 	}
 	if total == 0 || steal > total {
-		t.Fatalf("cpuTicks: total %d, steal %d", total, steal)
+		t.Fatalf("cpuSeconds: total %g, steal %g", total, steal)
 	}
 	w := startSteal()
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
-		if t2, _, _ := cpuTicks(); t2 > w.total {
+		if t2, _, _ := cpuSeconds(); t2 > w.total {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -324,7 +324,8 @@ func newKeyIndex(entries []StatementEntry) *keyIndex {
 // keyBucket is key's bucket: a hash of all its bytes, eight at a time (multiply and fold,
 // then MurmurHash3's finalizer, so that keys differing in a few digits anywhere, as the
 // uuids of one host a moment apart do, land far apart), the same for the same key in every
-// process. Every key has one: a key of another spelling than the ledger's (upper case,
+// process: hash/maphash seeds at random, and the sample of differences listed beyond
+// MaxDifferences would change from one comparison of a day to the next. Every key has one: a key of another spelling than the ledger's (upper case,
 // short) lands in some bucket, where no ledger key matches it.
 func keyBucket(key string) int {
 	const m = 0x9e3779b97f4a7c15 // 2^64 / the golden ratio: odd, its bits well mixed
@@ -440,7 +441,6 @@ func streamLedger(ctx context.Context, q stepwisetype.DBTX, params *TotalsParams
 			case first[j] < key:
 				i = idx.findFrom(key, int(lo[j])+1, int(hi[j]))
 			}
-			first[j] = ""
 			c := sums[currency[j]].currency
 			if i < 0 {
 				diffs.add(Difference{Kind: DifferenceOnlyHere, Key: strings.Clone(key), OurState: outbox.StateSucceeded, OurAmount: amounts[j], OurCurrency: c})

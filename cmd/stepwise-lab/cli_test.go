@@ -173,6 +173,11 @@ func TestReadmeBenchCommand(t *testing.T) {
 	require.Regexp(t, `bench: settle: round \d+/\d+ B=100: floor `, out)
 	require.Regexp(t, `bench: settle: concurrent round \d+/\d+: 8 loops `, out)
 	require.Regexp(t, `Index (Only )?Scan using merchant_pkey on merchant`, out, "the settle statement's plan must reach merchants by their primary key")
+	// This process's CPU beside the settle rates (getrusage, so on any Linux host): what a
+	// variant spends beyond the other in the process is what its ratio pays on busy cores.
+	procLine := `\S+ a merchant, \d+\.\d\d cores`
+	require.Regexp(t, `(?m)^B=100\s+floor `+procLine+` · stepwise `+procLine+`$`, out, "the settle section's process CPU")
+	require.Regexp(t, `(?m)^this process's CPU, median of the rounds: a8 `+procLine+` · b8 `+procLine+` · b1 `+procLine+`$`, out, "the concurrent part's process CPU")
 	// The database's CPU beside each rate, for the figures per database core, where the
 	// server runs on this host (as the tests' own server or throwaway cluster does).
 	require.Regexp(t, `(?m)^database CPU: (read from /proc|not measured)`, out)

@@ -397,7 +397,7 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 					return err
 				}
 				var m measurement
-				db := r.dbCPU()
+				db, proc := r.dbCPU(), cpuTime()
 				if v == "floor" {
 					m, err = rig.floor(ctx, date, b, items)
 				} else {
@@ -406,7 +406,7 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 				if err != nil {
 					return err
 				}
-				m.db = db.used()
+				m.db, m.proc = db.used(), cpuTime()-proc
 				if err := rig.verify(ctx, date, m.items); err != nil {
 					return err
 				}
@@ -515,6 +515,10 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 			r.printf("B=%-5d floor %s · stepwise %s\n", b, dbCPULine(results[key{"floor", b}], "merchant"), dbCPULine(results[key{"stepwise", b}], "merchant"))
 		}
 	}
+	r.printf("this process's CPU, median of the rounds: per merchant (user + system, River's client and GC included)\n")
+	for _, b := range o.batches {
+		r.printf("B=%-5d floor %s · stepwise %s\n", b, procCPULine(results[key{"floor", b}], "merchant"), procCPULine(results[key{"stepwise", b}], "merchant"))
+	}
 	if fresh.items > 0 {
 		r.printf("fresh tables (first run on the new database: empty output tables, cold caches): floor B=%d %s/s; steady state above: %s/s\n",
 			probeB, fmtRate(fresh.rate()), fmtRate(bestRate(results[key{"floor", probeB}])))
@@ -541,6 +545,8 @@ func (r *runner) reportConcurrent(c *concurrentResult) {
 		r.printf("database CPU, median of the rounds: a8 %s · b8 %s · b1 %s\n",
 			dbCPULine(c.runs["floor8"], "merchant"), dbCPULine(c.runs["stepwise8"], "merchant"), dbCPULine(c.runs["stepwise1"], "merchant"))
 	}
+	r.printf("this process's CPU, median of the rounds: a8 %s · b8 %s · b1 %s\n",
+		procCPULine(c.runs["floor8"], "merchant"), procCPULine(c.runs["stepwise8"], "merchant"), procCPULine(c.runs["stepwise1"], "merchant"))
 	r.check(median(c.vsFloor) >= 0.95, "stepwise/floor >= 0.95 with %d runs at once: %s (median of %d paired rounds%s)",
 		concurrentRuns, ratioAgainst(median(c.vsFloor), 0.95), len(c.vsFloor), fewRounds(len(c.vsFloor)))
 	r.check(median(c.vsSingle) >= 1, "%d runs at once at least as fast as 1 run: %s", concurrentRuns, ratioAgainst(median(c.vsSingle), 1))

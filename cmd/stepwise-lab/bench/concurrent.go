@@ -86,7 +86,7 @@ func (r *runner) concurrentRun(ctx context.Context, rig *settleRig, v string, it
 		return measurement{}, err
 	}
 	var m measurement
-	db := r.dbCPU()
+	db, proc := r.dbCPU(), cpuTime()
 	switch v {
 	case "floor8":
 		m, err = floorConcurrent(ctx, rig, date, concurrentBatch, items)
@@ -98,7 +98,7 @@ func (r *runner) concurrentRun(ctx context.Context, rig *settleRig, v string, it
 	if err != nil {
 		return measurement{}, fmt.Errorf("concurrent %s: %w", v, err)
 	}
-	m.db = db.used()
+	m.db, m.proc = db.used(), cpuTime()-proc
 	if err := rig.verify(ctx, date, items); err != nil {
 		return measurement{}, fmt.Errorf("concurrent %s: %w", v, err)
 	}

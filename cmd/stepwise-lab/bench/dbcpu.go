@@ -278,3 +278,19 @@ func dbCPULine(ms []measurement, unit string) string {
 	}
 	return fmt.Sprintf("%s a %s, %s per db core, %.2f cores", fmtDur(time.Duration(p*float64(time.Second))), unit, fmtRate(1/p), median(cores))
 }
+
+// procCPULine is the median of ms's process CPU per unit and the cores it kept busy, or "-"
+// when no run measured it.
+func procCPULine(ms []measurement, unit string) string {
+	var per, cores []float64
+	for _, m := range ms {
+		if m.proc > 0 && m.items > 0 && m.elapsed > 0 {
+			per = append(per, m.proc.Seconds()/float64(m.items))
+			cores = append(cores, m.proc.Seconds()/m.elapsed.Seconds())
+		}
+	}
+	if len(per) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s a %s, %.2f cores", fmtDur(time.Duration(median(per)*float64(time.Second))), unit, median(cores))
+}

@@ -43,6 +43,11 @@ type measurement struct {
 	// db is the database server's CPU time over the run, where the bench can read it (see
 	// dbcpu.go; negative: not measured). Only the runs a section reports it for set it.
 	db time.Duration
+	// proc is this process's CPU time over the run (user + system: the variant's Go code,
+	// River's client, pgx, GC), where a section reports it; zero: not measured. On a machine
+	// whose cores the database already keeps busy, what the process spends beyond the floor
+	// comes out of the database's share, so the ratio pays for it too.
+	proc time.Duration
 }
 
 func (m measurement) rate() float64 { return float64(m.items) / m.elapsed.Seconds() }

@@ -175,7 +175,7 @@ func TestReadmeBenchCommand(t *testing.T) {
 	require.Regexp(t, `Index (Only )?Scan using merchant_pkey on merchant`, out, "the settle statement's plan must reach merchants by their primary key")
 	// This process's CPU beside the settle rates (getrusage, so on any Linux host): what a
 	// variant spends beyond the other in the process is what its ratio pays on busy cores.
-	procLine := `\S+ a merchant, \d+\.\d\d cores`
+	procLine := `\d[\d.]*(ns|µs|ms|s) a merchant, \d+\.\d\d cores`
 	require.Regexp(t, `(?m)^B=100\s+floor `+procLine+` · stepwise `+procLine+`$`, out, "the settle section's process CPU")
 	require.Regexp(t, `(?m)^this process's CPU, median of the rounds: a8 `+procLine+` · b8 `+procLine+` · b1 `+procLine+`$`, out, "the concurrent part's process CPU")
 	// The database's CPU beside each rate, for the figures per database core, where the

@@ -406,7 +406,8 @@ func (r *runner) settleSection(ctx context.Context) (err error) {
 				if err != nil {
 					return err
 				}
-				m.db, m.proc = db.used(), cpuTime()-proc
+				m.proc = cpuTime() - proc // before db.used(), whose /proc reads cost this process
+				m.db = db.used()
 				if err := rig.verify(ctx, date, m.items); err != nil {
 					return err
 				}

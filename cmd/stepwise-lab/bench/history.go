@@ -896,7 +896,7 @@ windows:
 	}
 	r.printf("  step slowdown while pruning (mean step with / without, per pair of %s windows): median %.2f [%.2f-%.2f] over %d pairs, %d steps quiet, %d pruning; %s in all\n",
 		o.historyWindow, median(slow), slices.Min(slow), slices.Max(slow), len(slow), stepsQuiet, stepsPrune, fmtDur(time.Since(began)))
-	r.check(median(slow) <= 1.10, "step slowdown while pruning <= 1.10: %.2f (%s rows/s pruned)", median(slow), fmtRate(rate))
+	r.check(median(slow) <= 1.10, "step slowdown while pruning <= 1.10: %s (%s rows/s pruned)", ratioAgainst(median(slow), 1.10), fmtRate(rate))
 	return nil
 }
 

@@ -44,9 +44,11 @@ type measurement struct {
 	// dbcpu.go; negative: not measured). Only the runs a section reports it for set it.
 	db time.Duration
 	// proc is this process's CPU time over the run (user + system: the variant's Go code,
-	// River's client, pgx, GC), where a section reports it; zero: not measured. On a machine
-	// whose cores the database already keeps busy, what the process spends beyond the floor
-	// comes out of the database's share, so the ratio pays for it too.
+	// River's clients, pgx, GC), where a section reports it; zero: not measured. Every
+	// variant's window holds the idle background of the River clients this process runs (the
+	// floor's too), and Stepwise's its last status read after the run. On a machine whose
+	// cores the database already keeps busy, what the process spends beyond the floor comes
+	// out of the database's share, so the ratio pays for it too.
 	proc time.Duration
 }
 

@@ -325,8 +325,9 @@ func newKeyIndex(entries []StatementEntry) *keyIndex {
 // then MurmurHash3's finalizer, so that keys differing in a few digits anywhere, as the
 // uuids of one host a moment apart do, land far apart), the same for the same key in every
 // process: hash/maphash seeds at random, and the sample of differences listed beyond
-// MaxDifferences would change from one comparison of a day to the next. Every key has one: a key of another spelling than the ledger's (upper case,
-// short) lands in some bucket, where no ledger key matches it.
+// MaxDifferences would change from one comparison of a day to the next. Every key has one:
+// a key of another spelling than the ledger's (upper case, short) lands in some bucket,
+// where no ledger key matches it.
 func keyBucket(key string) int {
 	const m = 0x9e3779b97f4a7c15 // 2^64 / the golden ratio: odd, its bits well mixed
 	h := uint64(len(key)) * m

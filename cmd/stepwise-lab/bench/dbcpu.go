@@ -258,39 +258,43 @@ func fmtCPUPer(cpu time.Duration, items int) string {
 	return fmtDur(cpu / time.Duration(items))
 }
 
+// cpuPerItem is the median over ms of the CPU time cpu reports per item, in seconds, and of
+// the cores it kept busy (CPU time over wall time); ok is false when no run measured it
+// (cpu reports it not measured).
+func cpuPerItem(ms []measurement, cpu func(measurement) (time.Duration, bool)) (per, cores float64, ok bool) {
+	var pers, coress []float64
+	for _, m := range ms {
+		if c, measured := cpu(m); measured && m.items > 0 && m.elapsed > 0 {
+			pers = append(pers, c.Seconds()/float64(m.items))
+			coress = append(coress, c.Seconds()/m.elapsed.Seconds())
+		}
+	}
+	if len(pers) == 0 {
+		return 0, 0, false
+	}
+	return median(pers), median(coress), true
+}
+
 // dbCPULine is the database's CPU time per item over the measured runs (the median), the
 // items per second of it, and the cores it kept busy (the median of CPU time over wall
 // time), or "-" when it was not measured.
 func dbCPULine(ms []measurement, unit string) string {
-	var per, cores []float64
-	for _, m := range ms {
-		if m.db >= 0 && m.items > 0 && m.elapsed > 0 {
-			per = append(per, m.db.Seconds()/float64(m.items))
-			cores = append(cores, m.db.Seconds()/m.elapsed.Seconds())
-		}
-	}
-	if len(per) == 0 {
+	p, cores, ok := cpuPerItem(ms, func(m measurement) (time.Duration, bool) { return m.db, m.db >= 0 })
+	switch {
+	case !ok:
 		return "-"
+	case p == 0:
+		return fmt.Sprintf("under one clock tick (%s) in all, %.2f cores", clockTick, cores)
 	}
-	p := median(per)
-	if p == 0 {
-		return fmt.Sprintf("under one clock tick (%s) in all, %.2f cores", clockTick, median(cores))
-	}
-	return fmt.Sprintf("%s a %s, %s per db core, %.2f cores", fmtDur(time.Duration(p*float64(time.Second))), unit, fmtRate(1/p), median(cores))
+	return fmt.Sprintf("%s a %s, %s per db core, %.2f cores", fmtDur(time.Duration(p*float64(time.Second))), unit, fmtRate(1/p), cores)
 }
 
-// procCPULine is the median of ms's process CPU per unit and the cores it kept busy, or "-"
-// when no run measured it.
+// procCPULine is this process's CPU time per item over the measured runs (the median) and
+// the cores it kept busy, or "-" when it was not measured.
 func procCPULine(ms []measurement, unit string) string {
-	var per, cores []float64
-	for _, m := range ms {
-		if m.proc > 0 && m.items > 0 && m.elapsed > 0 {
-			per = append(per, m.proc.Seconds()/float64(m.items))
-			cores = append(cores, m.proc.Seconds()/m.elapsed.Seconds())
-		}
-	}
-	if len(per) == 0 {
+	p, cores, ok := cpuPerItem(ms, func(m measurement) (time.Duration, bool) { return m.proc, m.proc > 0 })
+	if !ok {
 		return "-"
 	}
-	return fmt.Sprintf("%s a %s, %.2f cores", fmtDur(time.Duration(median(per)*float64(time.Second))), unit, median(cores))
+	return fmt.Sprintf("%s a %s, %.2f cores", fmtDur(time.Duration(p*float64(time.Second))), unit, cores)
 }

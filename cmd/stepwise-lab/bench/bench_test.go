@@ -193,3 +193,28 @@ func TestStealLine(t *testing.T) {
 		t.Fatalf("steal line %q", got)
 	}
 }
+
+// The median's interval is the order statistics the binomial gives (a table value for 9 and
+// 15 rounds), and a target line says when its interval holds the target.
+func TestMedianInterval(t *testing.T) {
+	seq := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(n - i) // reversed: the interval must come from the sorted values
+		}
+		return xs
+	}
+	for _, c := range []struct {
+		n      int
+		lo, hi float64
+		ok     bool
+	}{{5, 0, 0, false}, {6, 1, 6, true}, {9, 2, 8, true}, {15, 4, 12, true}, {20, 6, 15, true}} {
+		lo, hi, ok := medianInterval(seq(c.n))
+		require.Equal(t, c.ok, ok, "n=%d", c.n)
+		require.Equal(t, []float64{c.lo, c.hi}, []float64{lo, hi}, "n=%d", c.n)
+	}
+	require.Equal(t, "; its 95% interval 0.96-1.04", medianNoise([]float64{1.04, 0.96, 1, 1, 1, 1.1, 0.9, 1, 1}, 0.95))
+	require.Equal(t, "; its 95% interval 0.90-1.04 holds the target: noise can decide this line",
+		medianNoise([]float64{1.04, 0.90, 1, 1, 1, 1.1, 0.8, 1, 1}, 0.95))
+	require.Equal(t, "", medianNoise([]float64{1, 1, 1}, 0.95))
+}

@@ -275,6 +275,24 @@ func cpuPerItem(ms []measurement, cpu func(measurement) (time.Duration, bool)) (
 	return median(pers), median(coress), true
 }
 
+// machineCost is the CPU time per item of the database and this process together over the
+// measured runs (the median of their sums), in seconds, or 0 where either was not measured.
+// Where the two keep the machine's cores busy (8 runs at once), a variant's rate is the
+// cores over this cost, so the ratio of two variants' costs is the ratio of rates the CPU
+// allows: a measure with little of the scheduling noise that moves single rounds' rates.
+func machineCost(ms []measurement) float64 {
+	var per []float64
+	for _, m := range ms {
+		if m.db >= 0 && m.proc > 0 && m.items > 0 {
+			per = append(per, (m.db+m.proc).Seconds()/float64(m.items))
+		}
+	}
+	if len(per) == 0 {
+		return 0
+	}
+	return median(per)
+}
+
 // dbCPULine is the database's CPU time per item over the measured runs (the median), the
 // items per second of it, and the cores it kept busy (the median of CPU time over wall
 // time), or "-" when it was not measured.

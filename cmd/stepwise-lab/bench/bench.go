@@ -550,9 +550,9 @@ func (r *runner) reportConcurrent(c *concurrentResult) {
 	}
 	r.printf("this process's CPU, median of the rounds: a8 %s · b8 %s · b1 %s\n",
 		procCPULine(c.runs["floor8"], "merchant"), procCPULine(c.runs["stepwise8"], "merchant"), procCPULine(c.runs["stepwise1"], "merchant"))
-	if a, b, ok := machineCost(c.runs["floor8"]), machineCost(c.runs["stepwise8"]), r.serverCPU != nil; ok && a > 0 && b > 0 {
-		r.printf("CPU a merchant, database and this process, median of the rounds: a8 %s · b8 %s; a8/b8 %.3f, the rate ratio the CPU allows\n",
-			fmtDur(time.Duration(a*float64(time.Second))), fmtDur(time.Duration(b*float64(time.Second))), a/b)
+	if a, b, ratio, ok := machineCost(c.runs["floor8"], c.runs["stepwise8"]); ok && r.serverCPU != nil {
+		r.printf("CPU a merchant, database and this process, median of the rounds: a8 %s · b8 %s; cost a8/b8 %.2f (median of the rounds' pairs), the b8/a8 the CPU allows\n",
+			fmtDur(time.Duration(a*float64(time.Second))), fmtDur(time.Duration(b*float64(time.Second))), ratio)
 	}
 	r.check(median(c.vsFloor) >= 0.95, "stepwise/floor >= 0.95 with %d runs at once: %s (median of %d paired rounds%s%s)",
 		concurrentRuns, ratioAgainst(median(c.vsFloor), 0.95), len(c.vsFloor), fewRounds(len(c.vsFloor)), medianNoise(c.vsFloor, 0.95))
@@ -579,25 +579,29 @@ func fewRounds(n int) string {
 	return fmt.Sprintf("; fewer than %d: one noisy round can decide it", minPairedRounds)
 }
 
-// medianInterval is a 95% confidence interval of the median of the population xs were drawn
-// from, assuming nothing of its shape: the k-th smallest and the k-th largest of xs, k the
-// largest for which P(Binomial(n, ½) < k) ≤ 2.5% (9 rounds: the 2nd and the 8th; 15: the 4th
-// and the 12th). ok is false under 6 values, where no k qualifies.
+// medianInterval is a confidence interval of at least 95% for the median of the distribution
+// xs were drawn from, taking them as independent draws of one distribution and assuming
+// nothing of its shape: the k-th smallest and the k-th largest of xs, k the largest for which
+// P(Binomial(n, ½) < k) ≤ 2.5% (9 rounds: the 2nd and the 8th, 96% coverage; 15: the 4th and
+// the 12th, 96.5%). ok is false under 6 values, where no k qualifies. Load that drifts through
+// a run breaks the independence, so read it as the least of the noise.
 //
-// Why it is printed: the paired rounds of one run range 0.63-1.70 on the 2-core machine with
-// 8 runs at once, so a median of 15 moves by several hundredths between two runs of unchanged
-// code (0.92 and 0.97, one session apart). A reader of a target line needs to see whether this
-// run could tell the target from the noise.
+// Why it is printed: with 8 runs at once on the 2-core machine single rounds ranged 0.63-1.43
+// over four runs of 6-15 rounds, and medians of unchanged code read 0.92 (15 rounds) one
+// session and 0.953-0.98 the next. A reader of a target line needs to see whether this run
+// could tell the target from the noise.
 func medianInterval(xs []float64) (lo, hi float64, ok bool) {
 	n := len(xs)
-	k := 0
-	pj, cum := math.Pow(0.5, float64(n)), 0.0 // P(X = j) for X ~ Binomial(n, ½), from j = 0
+	k, cum := 0, 0.0
+	lgN, _ := math.Lgamma(float64(n + 1))
 	for j := range n {
-		if cum += pj; cum > 0.025 {
+		// P(X = j) for X ~ Binomial(n, ½), in logarithms: 0.5^n underflows past 1,074 rounds.
+		lgJ, _ := math.Lgamma(float64(j + 1))
+		lgRest, _ := math.Lgamma(float64(n - j + 1))
+		if cum += math.Exp(lgN - lgJ - lgRest - float64(n)*math.Ln2); cum > 0.025 {
 			break
 		}
 		k = j + 1
-		pj = pj * float64(n-j) / float64(j+1)
 	}
 	if k == 0 {
 		return 0, 0, false
@@ -609,16 +613,17 @@ func medianInterval(xs []float64) (lo, hi float64, ok bool) {
 
 // medianNoise is the part of a target line that gives the median's 95% interval and, when
 // the interval holds the target, says that the run alone cannot decide it; "" under 6 rounds
-// (fewRounds says those are too few).
+// (fewRounds says those are too few). The ends print as the ratio does (ratioAgainst), with a
+// third decimal where two would round one onto the target.
 func medianNoise(xs []float64, target float64) string {
 	lo, hi, ok := medianInterval(xs)
 	if !ok {
 		return ""
 	}
 	if lo < target && hi >= target {
-		return fmt.Sprintf("; its 95%% interval %.2f-%.2f holds the target: noise can decide this line", lo, hi)
+		return fmt.Sprintf("; its 95%% interval %s-%s holds the target: noise can decide this line", ratioAgainst(lo, target), ratioAgainst(hi, target))
 	}
-	return fmt.Sprintf("; its 95%% interval %.2f-%.2f", lo, hi)
+	return fmt.Sprintf("; its 95%% interval %s-%s", ratioAgainst(lo, target), ratioAgainst(hi, target))
 }
 
 func median(xs []float64) float64 {

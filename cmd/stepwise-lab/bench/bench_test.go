@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -216,5 +217,31 @@ func TestMedianInterval(t *testing.T) {
 	require.Equal(t, "; its 95% interval 0.96-1.04", medianNoise([]float64{1.04, 0.96, 1, 1, 1, 1.1, 0.9, 1, 1}, 0.95))
 	require.Equal(t, "; its 95% interval 0.90-1.04 holds the target: noise can decide this line",
 		medianNoise([]float64{1.04, 0.90, 1, 1, 1, 1.1, 0.8, 1, 1}, 0.95))
+	require.Equal(t, "; its 95% interval 0.80-0.91", medianNoise([]float64{0.94, 0.80, 0.9, 0.9, 0.9, 0.91, 0.7, 0.9, 0.9}, 0.95),
+		"an interval wholly below the target is a miss the noise cannot explain")
+	require.Equal(t, "; its 95% interval 0.95-1.04", medianNoise([]float64{1.04, 0.95, 1, 1, 1, 1.1, 0.9, 1, 1}, 0.95),
+		"an interval that starts at the target does not hold it below")
+	require.Equal(t, "; its 95% interval 0.949-1.04 holds the target: noise can decide this line",
+		medianNoise([]float64{1.04, 0.949, 1, 1, 1, 1.1, 0.9, 1, 1}, 0.95), "an end that rounds onto the target shows a third decimal")
 	require.Equal(t, "", medianNoise([]float64{1, 1, 1}, 0.95))
+	// Past 1,074 rounds 0.5^n underflows; the interval must still be the middle of the values.
+	lo, hi, ok := medianInterval(seq(2000))
+	require.True(t, ok)
+	require.Greater(t, hi, lo)
+	require.InDelta(t, 1000, (lo+hi)/2, 2)
+	require.InDelta(t, 2*1.96*math.Sqrt(2000)/2, hi-lo, 5, "about 1.96 standard deviations of Binomial(n, ½) either side")
+}
+
+// machineCost pairs the two variants' rounds and leaves out a round either did not measure.
+func TestMachineCost(t *testing.T) {
+	m := func(db, proc time.Duration) measurement { return measurement{items: 1000, db: db, proc: proc} }
+	a := []measurement{m(90*time.Millisecond, 10*time.Millisecond), m(-1, 10*time.Millisecond), m(180*time.Millisecond, 20*time.Millisecond)}
+	b := []measurement{m(100*time.Millisecond, 25*time.Millisecond), m(100*time.Millisecond, 10*time.Millisecond), m(190*time.Millisecond, 10*time.Millisecond)}
+	ac, bc, ratio, ok := machineCost(a, b)
+	require.True(t, ok)
+	require.InDelta(t, 150e-6, ac, 1e-9, "the median of 100 and 200 µs a merchant")
+	require.InDelta(t, 162.5e-6, bc, 1e-9)
+	require.InDelta(t, (0.8+1.0)/2, ratio, 1e-9, "the median of the rounds' own ratios, not the ratio of the medians")
+	_, _, _, ok = machineCost([]measurement{m(-1, time.Millisecond)}, b[:1])
+	require.False(t, ok, "no round measured both")
 }

@@ -275,22 +275,37 @@ func cpuPerItem(ms []measurement, cpu func(measurement) (time.Duration, bool)) (
 	return median(pers), median(coress), true
 }
 
-// machineCost is the CPU time per item of the database and this process together over the
-// measured runs (the median of their sums), in seconds, or 0 where either was not measured.
-// Where the two keep the machine's cores busy (8 runs at once), a variant's rate is the
-// cores over this cost, so the ratio of two variants' costs is the ratio of rates the CPU
-// allows: a measure with little of the scheduling noise that moves single rounds' rates.
-func machineCost(ms []measurement) float64 {
-	var per []float64
-	for _, m := range ms {
-		if m.db >= 0 && m.proc > 0 && m.items > 0 {
-			per = append(per, (m.db+m.proc).Seconds()/float64(m.items))
+// machineCost is the CPU time per item of the database and this process together, for two
+// variants run in the same rounds (a[i] and b[i] met the same round): each one's median in
+// seconds, and the median of the rounds' ratios a/b. Rounds where either variant's database
+// CPU was not measured are left out; ok is false when none is left.
+//
+// Where the two processes keep the machine's cores busy (8 runs at once), a variant's rate is
+// the cores over this cost, so a/b is the b/a rate ratio the work allows. It tells work from
+// waiting: a rate ratio well below it was lost to locks, pickup or a slow shard's tail, not to
+// what Stepwise computes or sends.
+func machineCost(a, b []measurement) (aCost, bCost, ratio float64, ok bool) {
+	var as, bs, ratios []float64
+	for i := range min(len(a), len(b)) {
+		ca, cb := itemCost(a[i]), itemCost(b[i])
+		if ca <= 0 || cb <= 0 {
+			continue
 		}
+		as, bs, ratios = append(as, ca), append(bs, cb), append(ratios, ca/cb)
 	}
-	if len(per) == 0 {
+	if len(ratios) == 0 {
+		return 0, 0, 0, false
+	}
+	return median(as), median(bs), median(ratios), true
+}
+
+// itemCost is m's CPU time per item of the database and this process, in seconds, or 0 where
+// either was not measured.
+func itemCost(m measurement) float64 {
+	if m.db < 0 || m.proc <= 0 || m.items <= 0 {
 		return 0
 	}
-	return median(per)
+	return (m.db + m.proc).Seconds() / float64(m.items)
 }
 
 // dbCPULine is the database's CPU time per item over the measured runs (the median), the

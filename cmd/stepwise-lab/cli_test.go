@@ -168,6 +168,12 @@ func TestReadmeBenchCommand(t *testing.T) {
 	}
 	require.Contains(t, out, "step slowdown while pruning")
 	require.Regexp(t, `(?m)^  enqueue +[\d,]+ -> +[\d,]+ B`, out, "the history section's WAL per item")
+	// The depth of the ledger's indexes on each side: what a long ledger adds to an insert
+	// with dated ids. Where pageinspect cannot be installed the line says why instead.
+	require.Regexp(t, `(?m)^B-tree pages a descent reads .*(; fresh -> history|: not read \(CREATE EXTENSION pageinspect: .*)$`, out, "the history section's index depths")
+	if !strings.Contains(out, "not read (CREATE EXTENSION pageinspect: ") {
+		require.Regexp(t, `(?m)^  stepwise_operation_pkey +\d+ -> \d+ +[\d,]+ -> +[\d,]+ pages$`, out, "the history section's index depths")
+	}
 	// Each section says how far it got while it runs, not only at its end.
 	require.Regexp(t, `bench: history: round (\d+)/\d+, history/fresh: step `, out)
 	require.Regexp(t, `bench: settle: round \d+/\d+ B=100: floor `, out)

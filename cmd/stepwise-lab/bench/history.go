@@ -491,6 +491,9 @@ func (r *runner) historySection(ctx context.Context) error {
 				fmtPerCore(f, dbUse["fresh"][m]), fmtPerCore(l, dbUse["long"][m]))
 		}
 	}
+	if err := r.printIndexDepths(ctx, fresh, hist); err != nil {
+		return err
+	}
 	for _, m := range historyMeasures {
 		if m == "enqueue-random" {
 			continue // what random ids cost, beside the target; not a target
@@ -499,6 +502,56 @@ func (r *runner) historySection(ctx context.Context) error {
 		r.check(median(ps) >= 0.90, "history/fresh >= 0.90 for %s with %s operations: %s", m, groupThousands(int64(o.historyOps)), ratioAgainst(median(ps), 0.90))
 	}
 	return r.historyPrune(ctx, hist)
+}
+
+// printIndexDepths prints, for each B-tree index of stepwise_operation, the pages one
+// descent from its root to a leaf reads on the fresh ledger and on the long one. With dated
+// ids no write lands at a random position, so what a long ledger still adds to every insert
+// is depth: one more page per level in each index the row enters (a level per a hundred-odd
+// times more rows). The depth comes from pageinspect's bt_metap, which a role that is not a
+// superuser may not be allowed to install: then the line says so and the section goes on.
+func (r *runner) printIndexDepths(ctx context.Context, fresh, long *historyDB) error {
+	const title = "B-tree pages a descent reads (pageinspect's bt_metap: root level + 1) and index pages, of stepwise_operation's indexes; fresh -> history"
+	depths := map[string]map[string][2]int64{}
+	var names []string
+	for _, h := range []*historyDB{fresh, long} {
+		if _, err := h.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pageinspect`); err != nil {
+			r.printf("%s: not read (CREATE EXTENSION pageinspect: %v)\n", title, err)
+			return nil
+		}
+		rows, err := h.pool.Query(ctx, `
+			SELECT ic.relname::text, (bt_metap(ic.oid::regclass::text)).level + 1, pg_relation_size(ic.oid) / current_setting('block_size')::int
+			  FROM pg_index i
+			  JOIN pg_class ic ON ic.oid = i.indexrelid
+			  JOIN pg_am am ON am.oid = ic.relam AND am.amname = 'btree'
+			 WHERE i.indrelid = 'stepwise_operation'::regclass
+			 ORDER BY 1`)
+		if err != nil {
+			return err
+		}
+		depths[h.label] = map[string][2]int64{}
+		for rows.Next() {
+			var name string
+			var d [2]int64
+			if err := rows.Scan(&name, &d[0], &d[1]); err != nil {
+				rows.Close()
+				return err
+			}
+			depths[h.label][name] = d
+			if h == fresh {
+				names = append(names, name)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	r.printf("%s\n", title)
+	for _, n := range names {
+		f, l := depths["fresh"][n], depths["long"][n]
+		r.printf("  %-42s %d -> %d   %9s -> %9s pages\n", n, f[0], l[0], groupThousands(f[1]), groupThousands(l[1]))
+	}
+	return nil
 }
 
 // historyMeasure runs measure m once on h and returns its rate.

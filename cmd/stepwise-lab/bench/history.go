@@ -505,53 +505,70 @@ func (r *runner) historySection(ctx context.Context) error {
 }
 
 // printIndexDepths prints, for each B-tree index of stepwise_operation, the pages one
-// descent from its root to a leaf reads on the fresh ledger and on the long one. With dated
-// ids no write lands at a random position, so what a long ledger still adds to every insert
-// is depth: one more page per level in each index the row enters (a level per a hundred-odd
-// times more rows). The depth comes from pageinspect's bt_metap, which a role that is not a
-// superuser may not be allowed to install: then the line says so and the section goes on.
+// descent from its root to a leaf reads on the fresh ledger and on the long one, and each
+// index's size. With dated ids a day's inserts share the end of each index, and one thing a
+// long ledger still adds to each is depth: a page more for every extra level of each index the row
+// enters (a level per a hundred-odd times more rows). The depth is the fast root's level + 1
+// (where a search starts: pageinspect's bt_metap), which a role that is not a superuser may not
+// be allowed to install or call: then the line says so and the section goes on.
 func (r *runner) printIndexDepths(ctx context.Context, fresh, long *historyDB) error {
-	const title = "B-tree pages a descent reads (pageinspect's bt_metap: root level + 1) and index pages, of stepwise_operation's indexes; fresh -> history"
+	const title = "B-tree pages a descent reads (pageinspect's bt_metap: fast root's level + 1) and index pages, of stepwise_operation's indexes; fresh -> history"
 	depths := map[string]map[string][2]int64{}
 	var names []string
 	for _, h := range []*historyDB{fresh, long} {
-		if _, err := h.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pageinspect`); err != nil {
-			r.printf("%s: not read (CREATE EXTENSION pageinspect: %v)\n", title, err)
+		d, err := indexDepths(ctx, h)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			r.printf("%s: not read (%v)\n", title, err)
 			return nil
 		}
-		rows, err := h.pool.Query(ctx, `
-			SELECT ic.relname::text, (bt_metap(ic.oid::regclass::text)).level + 1, pg_relation_size(ic.oid) / current_setting('block_size')::int
-			  FROM pg_index i
-			  JOIN pg_class ic ON ic.oid = i.indexrelid
-			  JOIN pg_am am ON am.oid = ic.relam AND am.amname = 'btree'
-			 WHERE i.indrelid = 'stepwise_operation'::regclass
-			 ORDER BY 1`)
-		if err != nil {
-			return err
-		}
-		depths[h.label] = map[string][2]int64{}
-		for rows.Next() {
-			var name string
-			var d [2]int64
-			if err := rows.Scan(&name, &d[0], &d[1]); err != nil {
-				rows.Close()
-				return err
+		depths[h.label] = d
+		if h == fresh {
+			for n := range d {
+				names = append(names, n)
 			}
-			depths[h.label][name] = d
-			if h == fresh {
-				names = append(names, name)
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return err
 		}
 	}
+	slices.Sort(names)
 	r.printf("%s\n", title)
 	for _, n := range names {
 		f, l := depths["fresh"][n], depths["long"][n]
 		r.printf("  %-42s %d -> %d   %9s -> %9s pages\n", n, f[0], l[0], groupThousands(f[1]), groupThousands(l[1]))
 	}
 	return nil
+}
+
+// indexDepths returns, by index name, the pages a descent reads and the index's pages.
+func indexDepths(ctx context.Context, h *historyDB) (map[string][2]int64, error) {
+	if _, err := h.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pageinspect`); err != nil {
+		return nil, fmt.Errorf("CREATE EXTENSION pageinspect: %w", err)
+	}
+	rows, err := h.pool.Query(ctx, `
+		SELECT ic.relname::text, (bt_metap(ic.oid::regclass::text)).fastlevel + 1,
+		       pg_relation_size(ic.oid) / current_setting('block_size')::int
+		  FROM pg_index i
+		  JOIN pg_class ic ON ic.oid = i.indexrelid
+		  JOIN pg_am am ON am.oid = ic.relam AND am.amname = 'btree'
+		 WHERE i.indrelid = 'stepwise_operation'::regclass`)
+	if err != nil {
+		return nil, fmt.Errorf("bt_metap: %w", err)
+	}
+	d := map[string][2]int64{}
+	for rows.Next() {
+		var name string
+		var v [2]int64
+		if err := rows.Scan(&name, &v[0], &v[1]); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("bt_metap: %w", err)
+		}
+		d[name] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("bt_metap: %w", err)
+	}
+	return d, nil
 }
 
 // historyMeasure runs measure m once on h and returns its rate.

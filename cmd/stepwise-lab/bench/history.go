@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -515,9 +516,8 @@ func (r *runner) historySection(ctx context.Context) error {
 // Any other error (the query itself) fails the section, so that CI sees it.
 func (r *runner) printIndexDepths(ctx context.Context, fresh, long *historyDB) error {
 	const title = "B-tree pages a descent reads (pageinspect's bt_metap: fast root's level + 1) and index pages, of stepwise_operation's indexes; fresh -> history"
-	depths := map[string]map[string][2]int64{}
-	var names []string
-	for _, h := range []*historyDB{fresh, long} {
+	var sides [2]map[string]indexSize // fresh, long
+	for i, h := range []*historyDB{fresh, long} {
 		d, err := indexDepths(ctx, h)
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -530,24 +530,21 @@ func (r *runner) printIndexDepths(ctx context.Context, fresh, long *historyDB) e
 		if err != nil {
 			return err
 		}
-		depths[h.label] = d
-		if h == fresh {
-			for n := range d {
-				names = append(names, n)
-			}
-		}
+		sides[i] = d
 	}
-	slices.Sort(names)
 	r.printf("%s\n", title)
-	for _, n := range names {
-		f, l := depths["fresh"][n], depths["long"][n]
-		r.printf("  %-42s %d -> %d   %9s -> %9s pages\n", n, f[0], l[0], groupThousands(f[1]), groupThousands(l[1]))
+	for _, n := range slices.Sorted(maps.Keys(sides[0])) {
+		f, l := sides[0][n], sides[1][n]
+		r.printf("  %-42s %d -> %d   %9s -> %9s pages\n", n, f.depth, l.depth, groupThousands(f.pages), groupThousands(l.pages))
 	}
 	return nil
 }
 
-// indexDepths returns, by index name, the pages a descent reads and the index's pages.
-func indexDepths(ctx context.Context, h *historyDB) (map[string][2]int64, error) {
+// indexSize is a B-tree index's depth (the pages a descent from its fast root reads) and size.
+type indexSize struct{ depth, pages int64 }
+
+// indexDepths returns the depth and size of each B-tree index of stepwise_operation, by name.
+func indexDepths(ctx context.Context, h *historyDB) (map[string]indexSize, error) {
 	if _, err := h.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pageinspect`); err != nil {
 		return nil, fmt.Errorf("CREATE EXTENSION pageinspect: %w", err)
 	}
@@ -561,11 +558,11 @@ func indexDepths(ctx context.Context, h *historyDB) (map[string][2]int64, error)
 	if err != nil {
 		return nil, fmt.Errorf("bt_metap: %w", err)
 	}
-	d := map[string][2]int64{}
+	d := map[string]indexSize{}
 	for rows.Next() {
 		var name string
-		var v [2]int64
-		if err := rows.Scan(&name, &v[0], &v[1]); err != nil {
+		var v indexSize
+		if err := rows.Scan(&name, &v.depth, &v.pages); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("bt_metap: %w", err)
 		}

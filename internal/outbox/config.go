@@ -104,12 +104,13 @@ type KindConfig struct {
 	// Concurrency is how many Send calls of this kind run at once in one process. It is
 	// the knob of delivery's throughput against a real external system: one process
 	// delivers at most Concurrency / latency operations per second (16 sends at once to a
-	// bank answering in 200ms: 80/s; 256: 1,280/s). The bench's slowbank section reaches
-	// 0.83-0.97 of that until the ledger's own write rate caps it (outcomes are recorded one
-	// transaction at a time), past which more Concurrency does not help: see the
-	// performance budget in docs/design.md. Size it as
-	// target rate × the external system's typical latency, within what that system allows
-	// (its rate limit: see RatePerSecond). Senders hold no database connection: a
+	// bank answering in 200ms: 80/s; 256: 1,280/s). The bench's slowbank section reached
+	// 0.91-0.98 of that in a full run with no CPU stolen by its host (on loaded machines
+	// 0.83-0.97 at 16, as low as 0.49 at 256) until the ledger's own write rate caps it
+	// (outcomes are recorded one transaction at a time), past which more Concurrency does
+	// not help: see "Against a real bank" in docs/design.md.
+	// Size it as target rate × the external system's typical latency, within what that
+	// system allows (its rate limit: see RatePerSecond). Senders hold no database connection: a
 	// dispatcher uses a handful of the pool's per kind (the claim, the recorder, the lease
 	// renewer, its heartbeat) whatever Concurrency is, so size the pool by River's workers,
 	// not by this. Give the Sender's HTTP client as many idle connections per host

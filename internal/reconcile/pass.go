@@ -17,7 +17,8 @@ import (
 // record in the same transaction, unless it holds BatchSize already. At a low lookup rate
 // (Concurrency 8 at a bank answering in 100 ms: 80 a second) it makes a transaction of about
 // eight decisions instead of one each; at a high one the recording transaction itself takes
-// longer than this, and every decision that arrived meanwhile goes into the next.
+// longer than this, and the decisions that arrived meanwhile go into the next, up to
+// BatchSize (the rest into the one after).
 const recordLinger = 100 * time.Millisecond
 
 // recordTimeout bounds one recording transaction (apply, its one-by-one retry included): the
@@ -39,7 +40,7 @@ type checked struct {
 
 // pass reconciles one kind: a claimer takes due operations BatchSize at a time and hands them to
 // Concurrency lookup workers; a recorder records the decisions as they arrive, in transactions
-// of whatever arrived while the last one committed (at most BatchSize). The three overlap: the
+// of what arrived while the last one committed, at most BatchSize each. The three overlap: the
 // next claim is made while the last batch is still being looked up, and lookups go on while
 // decisions are recorded.
 //
@@ -56,16 +57,18 @@ func (r *Reconciler) pass(ctx context.Context, ks *kindState, opts *RunOpts, pas
 	// The queues are bounded so that claimHold can bound an operation's wait from its claim to
 	// its lookup (see there): a claimed operation has at most the rest of its batch, todo and
 	// the lookups in flight ahead of it. done holds a batch of decisions (at least
-	// Concurrency), so that the lookups go on while the recorder's transaction commits: the
-	// recorder takes what waits, up to a batch, per transaction.
+	// Concurrency), so that the lookups go on while the recorder's transaction commits, for
+	// up to a batch's worth of lookups (BatchSize / rate: 400 ms at 256 in flight, a batch of
+	// 1,024 and 100 ms a lookup); the recorder takes what waits, up to a batch, per
+	// transaction. Where BatchSize ≤ Concurrency nothing changes.
 	//
 	// Guards against: lookups stalled behind the recorder. With done only Concurrency deep, it
 	// filled in Concurrency / rate (100 ms at 256 in flight and 100 ms a lookup), and every
 	// recording transaction longer than that blocked every lookup worker until it committed:
 	// the recorder busy only part of the time, the bank's limit out of reach all the same
-	// (bench bigday at 256, batch 1,024, on a host that spent 350-390 µs of database CPU a
-	// lookup: 0.61-0.71 of the limit over five runs, the recorder waited for 57-62% of the
-	// pass; 0.72-0.83 with this queue, the two builds alternating).
+	// (bench bigday at 256, batch 1,024, on a host that spent 326-390 µs of database CPU a
+	// lookup: 0.61-0.71 of the limit over five runs, the recorder busy 57-62% of the pass;
+	// 0.72-0.83 with this queue and the recorder busy 62-74%, the two builds alternating).
 	todo := make(chan claimed, c)
 	done := make(chan checked, max(c, ks.cfg.BatchSize))
 

@@ -66,8 +66,9 @@ func TestPanickingCallbackLeavesNoPassGoroutines(t *testing.T) {
 // it. Before, the queue held Concurrency decisions, so a recording transaction longer than
 // Concurrency / rate stalled every lookup worker until it committed (bench bigday: 0.61-0.71
 // of the bank's limit at 256 in flight, the recorder busy 57-62% of the pass). Here the first
-// recording blocks in its outcome callback until the lookups go a batch further, or 10 s;
-// with the old queue they stopped 2 × Concurrency further.
+// recording blocks in its outcome callback until the lookups go a batch and Concurrency
+// further (a batch queued, one held by each blocked worker), or 10 s; with the old queue they
+// stopped 2 × Concurrency further.
 func TestLookupsGoOnWhileRecording(t *testing.T) {
 	ctx := context.Background()
 	const conc, batch, n = 4, 40, 120

@@ -154,14 +154,17 @@ func (r *Reconciler) run(ctx context.Context, opts *RunOpts, deadline time.Time)
 // rounds of C, each at most Timeout, and at RatePerSecond), then its own lookup, and one
 // recording (at most recordTimeout).
 //
-// One recording, not every recording that can be ahead of it: when recordings are that slow
-// (several of 10 s and more in a row), an overlapping pass may claim an operation whose answer
-// still waits, ask the bank again and spend a check; the checks guard records only one of the
-// two answers (TestOverlappingPassesProcessEachOperationOnce). Budgeting every recording ahead
-// (up to 2B + 3C decisions) made the hold five times longer at short timeouts (166 s instead of
-// 46 s at Timeout 1 s, BatchSize 100, Concurrency 8), and the claims of a pass killed mid-way
-// then waited that long: the chaos drill's slow-bank profile saw 100 payouts stand
-// UNKNOWN_EXTERNAL, unchecked, for over a minute.
+// One recording, not every recording that can be ahead of it. A decision waits behind at most
+// max(B, C) queued decisions and C more held by blocked workers, besides the transaction in
+// flight: with B > C (the default is B ≥ 4C) its own recording may come third, after the one in
+// flight and one more. When recordings are that slow (three of 10 s and more in a row), an
+// overlapping pass may claim an operation whose answer still waits, ask the bank again and
+// spend a check; the checks guard records only one of the two answers
+// (TestOverlappingPassesProcessEachOperationOnce). Budgeting every recording ahead (up to 2B +
+// 3C decisions, when the decisions' queue held C) made the hold five times longer at short
+// timeouts (166 s instead of 46 s at Timeout 1 s, BatchSize 100, Concurrency 8), and the claims
+// of a pass killed mid-way then waited that long: the chaos drill's slow-bank profile saw 100
+// payouts stand UNKNOWN_EXTERNAL, unchecked, for over a minute.
 func claimHold(k *KindConfig) time.Duration {
 	b, c := k.BatchSize, k.Concurrency
 	lookups := time.Duration((b+2*c+c-1)/c+1) * k.Timeout
